@@ -1,0 +1,313 @@
+//! `bench formats`: the segment store's write, seal and read paths against their bare baselines.
+//!
+//! Every figure is single-threaded (records/s on one core) and printed beside the baseline
+//! measured in the same run on the same records: memcpy of the same bytes, and rkyv
+//! serialisation alone. It also measures the row layout the column layout was chosen over.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rkyv::rancor;
+use rkyv::ser::allocator::Arena;
+use rkyv::util::AlignedVec;
+use rocemesh_formats::record::{ArchivedProbeRecord, EndpointRole, ProbeColumns, ProbeRecord};
+use rocemesh_formats::segment::{SegmentReader, SegmentWriter, WriteMode, WriterConfig, WriterIdentity, seal};
+
+use crate::synth::ShardStream;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Records to write.
+    pub records: usize,
+    /// Records per chunk.
+    pub chunk_records: usize,
+    /// Size of each open segment.
+    pub segment_bytes: u64,
+    /// zstd level for sealing.
+    pub zstd_level: i32,
+    /// Keep the sealed segments here instead of a temporary directory.
+    pub keep: Option<PathBuf>,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// What was measured.
+    pub what: String,
+    /// Records per second (or another rate, see `unit`).
+    pub value: f64,
+    /// Unit of `value`.
+    pub unit: &'static str,
+    /// Free-text comparison with the baseline.
+    pub note: String,
+}
+
+/// The measurements, in report order.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Lines.
+    pub lines: Vec<Line>,
+    /// Where the sealed segments are (when kept).
+    pub kept: Option<PathBuf>,
+}
+
+impl Report {
+    fn push(&mut self, what: &str, value: f64, unit: &'static str, note: String) {
+        self.lines.push(Line { what: what.into(), value, unit, note });
+    }
+
+    /// The value of the line whose `what` starts with `prefix`.
+    pub fn value(&self, prefix: &str) -> Option<f64> {
+        self.lines.iter().find(|l| l.what.starts_with(prefix)).map(|l| l.value)
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for l in &self.lines {
+            let v =
+                if l.unit == "records/s" { format!("{:>8.1} M", l.value / 1e6) } else { format!("{:>10.2}", l.value) };
+            writeln!(f, "{:<52} {v} {:<10} {}", l.what, l.unit, l.note)?;
+        }
+        Ok(())
+    }
+}
+
+fn rate(n: usize, secs: f64) -> f64 {
+    n as f64 / secs
+}
+
+/// Best of `runs` timings of `f`, in seconds.
+fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Run the benchmark.
+pub fn run(opt: &Options) -> Result<Report> {
+    let n = opt.records;
+    let records = ShardStream::new(42, 1_700_000_000_000_000_000).take_vec(n);
+    let row_bytes = n * size_of::<ArchivedProbeRecord>();
+    let mut report = Report::default();
+
+    // Baseline 1: memcpy of the same number of bytes, into a pre-faulted buffer.
+    let src = vec![0x5Au8; row_bytes];
+    let mut dst = vec![0u8; row_bytes];
+    let memcpy_s = best_of(3, || {
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&mut dst);
+    });
+    let memcpy = rate(n, memcpy_s);
+    report.push(
+        "baseline: memcpy of the same bytes (48 B/record)",
+        memcpy,
+        "records/s",
+        format!("{:.1} GB/s", row_bytes as f64 / memcpy_s / 1e9),
+    );
+    drop((src, dst));
+
+    // Baseline 2: rkyv serialisation alone, columns, into a reused buffer (no file, no crc).
+    let mut cols = ProbeColumns::with_capacity(opt.chunk_records);
+    let mut arena = Arena::new();
+    let mut buf = AlignedVec::<16>::with_capacity(ProbeColumns::archived_bound(opt.chunk_records));
+    let ser_s = best_of(3, || {
+        for chunk in records.chunks(opt.chunk_records) {
+            cols.clear();
+            for r in chunk {
+                cols.push(r);
+            }
+            buf.clear();
+            let out = rkyv::api::high::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+                &cols,
+                std::mem::take(&mut buf),
+                arena.acquire(),
+            );
+            buf = out.unwrap_or_default();
+            std::hint::black_box(&buf);
+        }
+    });
+    let ser = rate(n, ser_s);
+    report.push("baseline: rkyv serialise columns alone", ser, "records/s", String::new());
+
+    // Append through the real writer into real files, rotation and closing included, once per
+    // write mode; the default mode's segments go on to be read and sealed.
+    let tmp = tempfile::tempdir().context("temporary directory")?;
+    let dir = opt.keep.clone().unwrap_or_else(|| tmp.path().join("default"));
+    let mut closed = Vec::new();
+    for mode in [WriteMode::Mmap, WriteMode::Pwrite] {
+        let is_default = mode == WriteMode::default();
+        let out = if is_default { dir.clone() } else { tmp.path().join(format!("{mode:?}")) };
+        let (paths, secs) = append_all(&records, &out, opt, mode)?;
+        let append = rate(n, secs);
+        report.push(
+            &format!("append: SegmentWriter, {mode:?} mode{}", if is_default { " (default)" } else { "" }),
+            append,
+            "records/s",
+            format!("{:.2}x memcpy, {:.2}x rkyv alone; {} segments", append / memcpy, append / ser, paths.len()),
+        );
+        if is_default {
+            closed = paths;
+        } else {
+            std::fs::remove_dir_all(&out).with_context(|| format!("remove {}", out.display()))?;
+        }
+    }
+
+    // Validated read of the open-format segments (page cache warm, as right after writing).
+    let open_read_s = best_of(3, || {
+        let sum = read_all(&closed).unwrap_or(0);
+        std::hint::black_box(sum);
+    });
+    let open_read = rate(n, open_read_s);
+    report.push(
+        "validated read: open segments (mmap, crc + bytecheck)",
+        open_read,
+        "records/s",
+        format!("{:.2}x memcpy; includes opening, validation and one pass over a column", open_read / memcpy),
+    );
+
+    // Seal: zstd, fsync, read-back verification, rename.
+    let raw_bytes: u64 = closed.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let t = Instant::now();
+    let mut sealed = Vec::new();
+    let mut sealed_bytes = 0u64;
+    for p in &closed {
+        let rep = seal(p, opt.zstd_level)?;
+        sealed_bytes += rep.sealed_bytes;
+        sealed.push(rep.sealed_path);
+    }
+    let seal_s = t.elapsed().as_secs_f64();
+    report.push(
+        &format!("seal: zstd-{} + fsync + verify, input MB/s", opt.zstd_level),
+        raw_bytes as f64 / seal_s / 1e6,
+        "MB/s",
+        format!("{:.1} M records/s", rate(n, seal_s) / 1e6),
+    );
+    let per_probe = sealed_bytes as f64 / n as f64;
+
+    let sealed_read_s = best_of(3, || {
+        let sum = read_all(&sealed).unwrap_or(0);
+        std::hint::black_box(sum);
+    });
+    report.push(
+        "validated read: sealed segments (zstd + validate)",
+        rate(n, sealed_read_s),
+        "records/s",
+        String::new(),
+    );
+
+    // The alternative layout: rows. Same records, same chunking, same zstd level.
+    let mut row_chunks: Vec<AlignedVec<16>> = Vec::new();
+    let mut row_sealed = 0usize;
+    for chunk in records.chunks(opt.chunk_records) {
+        let v: Vec<ProbeRecord> = chunk.to_vec();
+        let bytes = rkyv::to_bytes::<rancor::Error>(&v)?;
+        row_sealed += zstd::bulk::compress(&bytes, opt.zstd_level)?.len();
+        row_chunks.push(bytes);
+    }
+    report.push(
+        &format!("sealed bytes per probe: columns, zstd-{}", opt.zstd_level),
+        per_probe,
+        "B/probe",
+        format!(
+            "rows at the same level: {:.2} B/probe ({:.2}x)",
+            row_sealed as f64 / n as f64,
+            row_sealed as f64 / n as f64 / per_probe
+        ),
+    );
+    // What analyze must do with rows: validate, then transpose into column vectors.
+    let transpose_s = best_of(3, || {
+        let mut out = ProbeColumns::with_capacity(n);
+        for b in &row_chunks {
+            if let Ok(rows) = rkyv::access::<rkyv::vec::ArchivedVec<ArchivedProbeRecord>, rancor::Error>(b) {
+                for r in rows.iter() {
+                    out.push(&rkyv::deserialize::<ProbeRecord, rancor::Error>(r).unwrap_or_default());
+                }
+            }
+        }
+        std::hint::black_box(&out);
+    });
+    let transpose = rate(n, transpose_s);
+    report.push(
+        "row layout: validate + transpose into columns",
+        transpose,
+        "records/s",
+        format!("columns are read {:.1}x faster (zero-copy, no transposition)", open_read / transpose),
+    );
+    report.kept = opt.keep.clone();
+    Ok(report)
+}
+
+/// Write `records` through a fresh writer into `dir`; the closed segments and the seconds taken.
+fn append_all(records: &[ProbeRecord], dir: &Path, opt: &Options, mode: WriteMode) -> Result<(Vec<PathBuf>, f64)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut cfg = WriterConfig::new(dir);
+    cfg.chunk_records = opt.chunk_records;
+    cfg.segment_bytes = opt.segment_bytes;
+    cfg.write_mode = mode;
+    let identity = WriterIdentity {
+        host: "bench-h0".into(),
+        device: "mlx5_0".into(),
+        tor: "tor0".into(),
+        agent_epoch: 1,
+        tool: "rocemesh-bench".into(),
+    };
+    let mut w = SegmentWriter::new(cfg, identity)?;
+    for t in 0..=36 {
+        w.endpoint(EndpointRole::Rnic, &format!("bench-h{t}/mlx5_0"), if t <= 31 { "tor0" } else { "tor1" }, [0; 16]);
+    }
+    let t = Instant::now();
+    for r in records {
+        w.append(r)?;
+    }
+    let closed = w.finish()?;
+    Ok((closed, t.elapsed().as_secs_f64()))
+}
+
+/// Open, validate and touch every record of `paths`; returns a checksum of the RTT column.
+fn read_all(paths: &[PathBuf]) -> Result<i64> {
+    let mut sum = 0i64;
+    for p in paths {
+        let r = SegmentReader::open(p)?;
+        anyhow::ensure!(r.damage().is_empty(), "{}: {:?}", p.display(), r.damage());
+        for c in r.probe_chunks() {
+            sum += c.network_rtt_ns.iter().map(|v| i64::from(v.to_native())).sum::<i64>();
+        }
+    }
+    Ok(sum)
+}
+
+/// Where `--keep` put the segments, for the README's run command.
+pub fn describe_kept(p: &Path) -> String {
+    format!("sealed segments kept in {}", p.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget, not a timing: sealed size depends only on the records, the layout and the zstd
+    /// level, and it is what decides how much a fleet ships per day.
+    #[test]
+    fn realistic_records_seal_within_twenty_bytes_per_probe_and_read_back() {
+        let opt = Options { records: 300_000, chunk_records: 4096, segment_bytes: 64 << 20, zstd_level: 3, keep: None };
+        let report = run(&opt).expect("bench runs");
+        let per_probe = report.value("sealed bytes per probe").expect("line");
+        assert!(per_probe <= 20.0, "{per_probe} B/probe\n{report}");
+        assert!(per_probe > 4.0, "implausibly small: is the synthetic stream degenerate? {per_probe}");
+        for what in [
+            "append: SegmentWriter, Pwrite",
+            "append: SegmentWriter, Mmap",
+            "validated read: open",
+            "validated read: sealed",
+        ] {
+            assert!(report.value(what).is_some_and(|v| v > 0.0), "{what} missing\n{report}");
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! rocemesh's benchmarks. Each prints its figures beside a baseline measured in the same run,
+//! because absolute numbers on a shared 2-core VM mean little and ratios travel.
+
+pub mod formats;
+pub mod synth;

@@ -1,0 +1,1052 @@
+//! The fabric inventory: the one TOML file on the bastion that says which ToRs, spines,
+//! links, hosts and RNICs exist. `ctl` generates every pinglist from it, and the entity
+//! names used everywhere else (`tor3-h5/mlx5_0`) are built from the names it declares.
+//!
+//! Loading validates the whole file; every refusal is a [`FileError`] naming the line,
+//! the field (`host[4].rnic[1].tor`), what is wrong and how to fix it.
+//!
+//! ```toml
+//! version = 1
+//!
+//! [[tor]]
+//! name = "tor0"
+//! rail = 0            # optional: rail index in rail-optimised clusters
+//!
+//! [[tor]]
+//! name = "tor1"
+//! rail = 1
+//!
+//! [[spine]]
+//! name = "spine0"
+//!
+//! [[link]]            # optional: ToR-spine links, for link-level localisation
+//! a = "tor0"
+//! b = "spine0"
+//!
+//! [[link]]
+//! a = "spine0"        # either order
+//! b = "tor1"
+//!
+//! [[host]]
+//! name = "tor0-h0"
+//!
+//! [[host.rnic]]
+//! device = "mlx5_0"
+//! tor = "tor0"
+//! ip = "10.0.0.1"                 # IPv4 or IPv6 address of the RNIC (RoCEv2)
+//! gid = "::ffff:10.0.0.1"         # optional: GID as IPv6 text; default derived from ip
+//! port = 1                        # optional, default 1
+//! gid_index = 3                   # optional
+//!
+//! [[host.rnic]]
+//! device = "mlx5_1"
+//! tor = "tor1"
+//! ip = "fd00::11"
+//!
+//! [[host]]
+//! name = "tor1-h0"
+//!
+//! [[host.rnic]]
+//! device = "mlx5_0"
+//! tor = "tor1"
+//! ip = "10.0.1.1"
+//! ```
+//!
+//! Rules beyond the syntax: tor, spine and host names share one namespace and, like device
+//! names, use only `[A-Za-z0-9._:-]`; every host has at least one RNIC, each attached to a
+//! declared ToR; no two RNICs share an address or a GID; a link joins a declared ToR and a
+//! declared spine, once; and either every ToR has a `rail` or none does.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::tomlfile::FileError;
+use crate::tomlfile::{self, Document, FieldPath, NAME_FIX, VersionGate};
+
+/// The inventory format version this build reads and writes.
+pub const VERSION: u32 = 1;
+
+const GATE: VersionGate<'static> = VersionGate {
+    format: "inventory",
+    supported: VERSION as i64,
+    mismatch_fix: "write the inventory in the version this `ctl` reads, or upgrade `ctl`",
+};
+
+/// The whole fabric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Inventory {
+    pub version: u32,
+    #[serde(rename = "tor", default, skip_serializing_if = "Vec::is_empty")]
+    pub tors: Vec<Tor>,
+    #[serde(rename = "spine", default, skip_serializing_if = "Vec::is_empty")]
+    pub spines: Vec<Spine>,
+    #[serde(rename = "link", default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<Link>,
+    #[serde(rename = "host", default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Host>,
+}
+
+/// A top-of-rack (leaf) switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Tor {
+    pub name: String,
+    /// Rail index in rail-optimised clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail: Option<u16>,
+}
+
+/// A spine switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Spine {
+    pub name: String,
+}
+
+/// A ToR-spine link; `a` and `b` are one ToR and one spine, in either order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+}
+
+/// A server and its RDMA NICs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Host {
+    pub name: String,
+    #[serde(rename = "rnic", default, skip_serializing_if = "Vec::is_empty")]
+    pub rnics: Vec<Rnic>,
+}
+
+/// One RDMA NIC port of a host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Rnic {
+    /// Verbs device name, e.g. `mlx5_0`.
+    pub device: String,
+    /// Name of the ToR this port is cabled to.
+    pub tor: String,
+    pub ip: IpAddr,
+    /// GID, when it is not the one derived from `ip` (see [`Rnic::gid_or_mapped`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<Ipv6Addr>,
+    #[serde(default = "default_port")]
+    pub port: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u16>,
+}
+
+fn default_port() -> u8 {
+    1
+}
+
+impl Rnic {
+    /// The GID: the configured one, else what RoCEv2 derives from `ip` (the IPv4-mapped
+    /// `::ffff:a.b.c.d`, or the IPv6 address itself).
+    pub fn gid_or_mapped(&self) -> Ipv6Addr {
+        self.gid.unwrap_or(match self.ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        })
+    }
+}
+
+impl Inventory {
+    /// The entity name of an RNIC, `"{host}/{device}"`, as used in pinglists, records and
+    /// reports.
+    pub fn rnic_name(host: &str, device: &str) -> String {
+        format!("{host}/{device}")
+    }
+
+    /// Reads and validates the inventory at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Inventory, FileError> {
+        let path = path.as_ref();
+        Self::parse(&tomlfile::read_text(path)?, path)
+    }
+
+    /// Parses and validates `text`; `path` is only used in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Inventory, FileError> {
+        let doc = Document::parse(path, text, &GATE)?;
+        let inventory: Inventory = doc.deserialize()?;
+        inventory.validate(&doc)?;
+        Ok(inventory)
+    }
+
+    /// The inventory as TOML that [`Inventory::parse`] reads back unchanged. Fails only if
+    /// toml cannot represent a value, which these types never produce.
+    pub fn to_toml_string(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
+    fn validate(&self, doc: &Document<'_>) -> Result<(), FileError> {
+        let root = FieldPath::root();
+        let mut names = Names::default();
+
+        for (i, tor) in self.tors.iter().enumerate() {
+            let path = root.key("tor").index(i).key("name");
+            names.claim(doc, &tor.name, Kind::Tor, path)?;
+        }
+        self.check_rails(doc)?;
+        for (i, spine) in self.spines.iter().enumerate() {
+            let path = root.key("spine").index(i).key("name");
+            names.claim(doc, &spine.name, Kind::Spine, path)?;
+        }
+        self.check_links(doc, &names)?;
+        for (i, host) in self.hosts.iter().enumerate() {
+            let path = root.key("host").index(i).key("name");
+            names.claim(doc, &host.name, Kind::Host, path)?;
+        }
+        self.check_rnics(doc, &names)
+    }
+
+    // Rail-aware pinglist generation needs every ToR's rail once any is given. Rails are not
+    // unique across ToRs: with several pods (scalable units) each rail has one ToR per pod.
+    fn check_rails(&self, doc: &Document<'_>) -> Result<(), FileError> {
+        let with = self.tors.iter().position(|t| t.rail.is_some());
+        let without = self.tors.iter().position(|t| t.rail.is_none());
+        let (Some(with), Some(without)) = (with, without) else {
+            return Ok(());
+        };
+        let tors = FieldPath::root().key("tor");
+        let other_line = doc.line_of_path(&tors.index(with).key("rail"));
+        Err(doc.error(
+            &tors.index(without).key("rail"),
+            format!(
+                "tor {:?} has no rail, but tor {:?}{} has one; either every tor has a rail or none does",
+                self.tors[without].name,
+                self.tors[with].name,
+                at_line(other_line),
+            ),
+            "give every [[tor]] a `rail`, or remove `rail` from all of them",
+        ))
+    }
+
+    fn check_links(&self, doc: &Document<'_>, names: &Names<'_>) -> Result<(), FileError> {
+        let mut seen: HashMap<(&str, &str), FieldPath> = HashMap::new();
+        for (i, link) in self.links.iter().enumerate() {
+            let path = FieldPath::root().key("link").index(i);
+            let mut ends = Vec::with_capacity(2);
+            for (key, name) in [("a", &link.a), ("b", &link.b)] {
+                match names.kind_of(name) {
+                    Some(kind @ (Kind::Tor | Kind::Spine)) => ends.push((kind, name.as_str())),
+                    Some(Kind::Host) => {
+                        return Err(doc.error(
+                            &path.key(key),
+                            format!("{name:?} is a host; a link joins a tor and a spine"),
+                            "name a [[tor]] at one end and a [[spine]] at the other",
+                        ));
+                    }
+                    None => {
+                        return Err(doc.error(
+                            &path.key(key),
+                            format!("there is no tor or spine named {name:?}"),
+                            format!("add a [[tor]] or [[spine]] named {name:?} or correct the name"),
+                        ));
+                    }
+                }
+            }
+            let (tor, spine) = match (ends[0], ends[1]) {
+                ((Kind::Tor, t), (Kind::Spine, s)) | ((Kind::Spine, s), (Kind::Tor, t)) => (t, s),
+                ((kind, _), _) => {
+                    return Err(doc.error(
+                        &path.key("b"),
+                        format!(
+                            "the link joins two {}s ({:?} and {:?}); a link joins a tor and a spine",
+                            kind.as_str(),
+                            link.a,
+                            link.b
+                        ),
+                        "name a [[tor]] at one end and a [[spine]] at the other",
+                    ));
+                }
+            };
+            match seen.entry((tor, spine)) {
+                Entry::Occupied(first) => {
+                    return Err(doc.error(
+                        &path,
+                        format!("the link {tor:?}-{spine:?} is also defined{}", at_line(doc.line_of_path(first.get()))),
+                        "remove the duplicate [[link]]",
+                    ));
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(path);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_rnics(&self, doc: &Document<'_>, names: &Names<'_>) -> Result<(), FileError> {
+        // Two RNICs answering to one address would make probes to either land on whichever
+        // the fabric routes to, so addresses and GIDs are unique fabric-wide.
+        let mut ips: HashMap<IpAddr, (FieldPath, String)> = HashMap::new();
+        let mut gids: HashMap<Ipv6Addr, (FieldPath, String)> = HashMap::new();
+        for (i, host) in self.hosts.iter().enumerate() {
+            let host_path = FieldPath::root().key("host").index(i);
+            if host.rnics.is_empty() {
+                return Err(doc.error(
+                    &host_path.key("rnic"),
+                    format!("host {:?} has no [[host.rnic]]", host.name),
+                    "add a [[host.rnic]] after this [[host]] for each of its RDMA NICs, or remove the host",
+                ));
+            }
+            let mut devices: HashMap<&str, FieldPath> = HashMap::new();
+            for (j, rnic) in host.rnics.iter().enumerate() {
+                let path = host_path.key("rnic").index(j);
+                let name = Inventory::rnic_name(&host.name, &rnic.device);
+
+                let device_path = path.key("device");
+                if let Some(problem) = tomlfile::name_problem(&rnic.device) {
+                    return Err(doc.error(&device_path, problem, NAME_FIX));
+                }
+                if let Some(first) = devices.get(rnic.device.as_str()) {
+                    return Err(doc.error(
+                        &device_path,
+                        format!(
+                            "device {:?} is also defined{} for this host",
+                            rnic.device,
+                            at_line(doc.line_of_path(first))
+                        ),
+                        "give each RNIC of a host its own device name, or remove the duplicate",
+                    ));
+                }
+                devices.insert(&rnic.device, device_path);
+
+                match names.kind_of(&rnic.tor) {
+                    Some(Kind::Tor) => {}
+                    other => {
+                        let what = match other {
+                            Some(kind) => {
+                                format!("{:?} is a {}, not a tor", rnic.tor, kind.as_str())
+                            }
+                            None => format!("there is no tor named {:?}", rnic.tor),
+                        };
+                        return Err(doc.error(
+                            &path.key("tor"),
+                            what,
+                            format!("add a [[tor]] named {:?} or correct the name", rnic.tor),
+                        ));
+                    }
+                }
+
+                if rnic.port == 0 {
+                    return Err(doc.error(
+                        &path.key("port"),
+                        "port 0 does not exist: RDMA ports are numbered from 1",
+                        "use the port number `ibv_devinfo` shows (usually 1), or omit `port`",
+                    ));
+                }
+
+                let ip_path = path.key("ip");
+                if let Some((first, owner)) = ips.get(&rnic.ip) {
+                    return Err(doc.error(
+                        &ip_path,
+                        format!("ip {} is also claimed by {owner}{}", rnic.ip, at_line(doc.line_of_path(first))),
+                        "give every RNIC its own address",
+                    ));
+                }
+                ips.insert(rnic.ip, (ip_path.clone(), name.clone()));
+
+                let gid = rnic.gid_or_mapped();
+                let gid_path = if rnic.gid.is_some() { path.key("gid") } else { ip_path };
+                if let Some((first, owner)) = gids.get(&gid) {
+                    return Err(doc.error(
+                        &gid_path,
+                        format!("GID {gid} is also the GID of {owner}{}", at_line(doc.line_of_path(first))),
+                        "give every RNIC its own GID (an omitted `gid` is derived from `ip`)",
+                    ));
+                }
+                gids.insert(gid, (gid_path, name));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|l| format!(" at line {l}")).unwrap_or_default()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tor,
+    Spine,
+    Host,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Tor => "tor",
+            Kind::Spine => "spine",
+            Kind::Host => "host",
+        }
+    }
+}
+
+/// Tor, spine and host names share one namespace: links and RNICs refer to switches by
+/// name alone, and reports mix switch and host entities.
+#[derive(Default)]
+struct Names<'a> {
+    seen: HashMap<&'a str, (Kind, FieldPath)>,
+}
+
+impl<'a> Names<'a> {
+    fn claim(&mut self, doc: &Document<'_>, name: &'a str, kind: Kind, path: FieldPath) -> Result<(), FileError> {
+        if let Some(problem) = tomlfile::name_problem(name) {
+            return Err(doc.error(&path, problem, NAME_FIX));
+        }
+        match self.seen.entry(name) {
+            Entry::Occupied(first) => {
+                let (first_kind, first_path) = first.get();
+                let at = at_line(doc.line_of_path(first_path));
+                let problem = if *first_kind == kind {
+                    format!("{} name {name:?} is also defined{at}", kind.as_str())
+                } else {
+                    format!("{} name {name:?} is also the name of a {}{at}", kind.as_str(), first_kind.as_str())
+                };
+                Err(doc.error(&path, problem, "give every tor, spine and host its own name"))
+            }
+            Entry::Vacant(slot) => {
+                slot.insert((kind, path));
+                Ok(())
+            }
+        }
+    }
+
+    fn kind_of(&self, name: &str) -> Option<Kind> {
+        self.seen.get(name).map(|(kind, _)| *kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::net::Ipv4Addr;
+
+    use crate::tomlfile::testing::doc;
+
+    fn doc_example() -> String {
+        crate::tomlfile::testing::doc_example(include_str!("inventory.rs"))
+    }
+
+    fn parse(text: &str) -> Result<Inventory, FileError> {
+        Inventory::parse(&doc(text), Path::new("inv.toml"))
+    }
+
+    fn err(text: &str) -> FileError {
+        match parse(text) {
+            Ok(inv) => panic!("expected an error, parsed {inv:?}"),
+            Err(e) => e,
+        }
+    }
+
+    const HEAD: &str = r#"
+        version = 1
+        [[tor]]
+        name = "tor0"
+        [[spine]]
+        name = "spine0"
+    "#;
+
+    fn with_head(rest: &str) -> String {
+        // HEAD is lines 1-5; `rest` starts on line 6.
+        format!("{}\n{}", HEAD.trim_end(), rest.trim_start_matches('\n'))
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = doc_example();
+        assert!(text.starts_with("version = 1\n"), "{text}");
+        let inv = Inventory::parse(&text, Path::new("inv.toml")).unwrap();
+        assert_eq!(inv.version, 1);
+        assert_eq!(
+            inv.tors,
+            vec![Tor { name: "tor0".into(), rail: Some(0) }, Tor { name: "tor1".into(), rail: Some(1) }]
+        );
+        assert_eq!(inv.spines, vec![Spine { name: "spine0".into() }]);
+        assert_eq!(inv.links.len(), 2);
+        assert_eq!(inv.links[1].a, "spine0");
+        assert_eq!(inv.hosts.len(), 2);
+        let r0 = &inv.hosts[0].rnics[0];
+        assert_eq!(
+            *r0,
+            Rnic {
+                device: "mlx5_0".into(),
+                tor: "tor0".into(),
+                ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                gid: Some(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()),
+                port: 1,
+                gid_index: Some(3),
+            }
+        );
+        let r1 = &inv.hosts[0].rnics[1];
+        assert_eq!((r1.port, r1.gid, r1.gid_index), (1, None, None));
+        assert_eq!(r1.ip, "fd00::11".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let inv = Inventory::parse(&doc_example(), Path::new("inv.toml")).unwrap();
+        let text = inv.to_toml_string().unwrap();
+        let again = Inventory::parse(&text, Path::new("inv.toml")).unwrap();
+        assert_eq!(again, inv);
+        // Optional fields that are absent stay absent rather than being written as defaults.
+        assert!(!text.contains("gid_index = 0"), "{text}");
+    }
+
+    #[test]
+    fn an_empty_inventory_is_valid() {
+        let inv = parse("version = 1").unwrap();
+        assert!(inv.tors.is_empty() && inv.hosts.is_empty() && inv.links.is_empty());
+        assert_eq!(inv.to_toml_string().unwrap(), "version = 1\n");
+    }
+
+    #[test]
+    fn gid_defaults_to_the_address() {
+        let mut rnic = Rnic {
+            device: "mlx5_0".into(),
+            tor: "tor0".into(),
+            ip: "10.1.2.3".parse().unwrap(),
+            gid: None,
+            port: 1,
+            gid_index: None,
+        };
+        assert_eq!(rnic.gid_or_mapped(), "::ffff:10.1.2.3".parse::<Ipv6Addr>().unwrap());
+        rnic.ip = "fd00::7".parse().unwrap();
+        assert_eq!(rnic.gid_or_mapped(), "fd00::7".parse::<Ipv6Addr>().unwrap());
+        rnic.gid = Some("fe80::1".parse().unwrap());
+        assert_eq!(rnic.gid_or_mapped(), "fe80::1".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn rnic_name_joins_host_and_device() {
+        assert_eq!(Inventory::rnic_name("tor3-h5", "rnic0"), "tor3-h5/rnic0");
+    }
+
+    #[test]
+    fn bad_characters_in_a_name_are_refused() {
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "tor0"
+            [[tor]]
+            name = "tor/1"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("tor[1].name", Some(5)));
+        assert!(e.problem.contains("'/'"), "{e}");
+        assert!(e.fix.contains("letters, digits"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_host_name_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = ""
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].name", Some(7)));
+        assert!(e.problem.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_device_name_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5 0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].device", Some(9)));
+        assert!(e.problem.contains("' '"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_tor_says_where_the_first_is() {
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "tor0"
+            [[tor]]
+            name = "tor1"
+            [[tor]]
+            name = "tor0"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("tor[2].name", Some(7)));
+        assert!(e.problem.contains("also defined at line 3"), "{e}");
+        assert!(e.fix.contains("its own name"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_spine_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[spine]]
+            name = "spine0"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("spine[1].name", Some(7)));
+        assert!(e.problem.contains("also defined at line 5"), "{e}");
+    }
+
+    #[test]
+    fn a_spine_may_not_reuse_a_tor_name() {
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "sw0"
+            [[spine]]
+            name = "sw0"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("spine[0].name", Some(5)));
+        assert!(e.problem.contains("name of a tor at line 3"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_host_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.2"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[1].name", Some(13)));
+        assert!(e.problem.contains("also defined at line 7"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_device_within_a_host_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.2"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[1].device", Some(13)));
+        assert!(e.problem.contains("also defined at line 9"), "{e}");
+    }
+
+    #[test]
+    fn the_same_device_name_on_two_hosts_is_fine() {
+        let inv = parse(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            [[host]]
+            name = "h1"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.2"
+        "#,
+        ))
+        .unwrap();
+        assert_eq!(inv.hosts.len(), 2);
+    }
+
+    #[test]
+    fn a_host_without_rnic_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic", Some(6)));
+        assert!(e.problem.contains("has no [[host.rnic]]"), "{e}");
+    }
+
+    #[test]
+    fn an_rnic_on_an_undefined_tor_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor9"
+            ip = "10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].tor", Some(10)));
+        assert!(e.problem.contains("no tor named \"tor9\""), "{e}");
+        assert_eq!(e.fix, "add a [[tor]] named \"tor9\" or correct the name");
+    }
+
+    #[test]
+    fn an_rnic_on_a_spine_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "spine0"
+            ip = "10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].tor", Some(10)));
+        assert!(e.problem.contains("is a spine, not a tor"), "{e}");
+    }
+
+    #[test]
+    fn port_zero_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            port = 0
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].port", Some(12)));
+        assert!(e.problem.contains("numbered from 1"), "{e}");
+    }
+
+    #[test]
+    fn an_unparseable_ip_has_its_line() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.256"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].ip", Some(11)));
+        assert!(e.problem.contains("invalid IP address"), "{e}");
+    }
+
+    #[test]
+    fn an_ipv4_gid_has_its_line() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            gid = "10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].gid", Some(12)));
+        assert!(e.problem.contains("invalid IPv6 address"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_ip_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            [[host]]
+            name = "h1"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[1].rnic[0].ip", Some(17)));
+        assert!(e.problem.contains("10.0.0.1 is also claimed by h0/mlx5_0 at line 11"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_gid_is_refused_even_when_derived() {
+        // h1's explicit GID is what h0's IPv4 address maps to.
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            [[host]]
+            name = "h1"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.2"
+            gid = "::ffff:10.0.0.1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[1].rnic[0].gid", Some(18)));
+        assert!(e.problem.contains("GID ::ffff:10.0.0.1 is also the GID of h0/mlx5_0 at line 11"), "{e}");
+    }
+
+    #[test]
+    fn a_link_to_an_unknown_switch_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[link]]
+            a = "tor0"
+            b = "spine7"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("link[0].b", Some(8)));
+        assert!(e.problem.contains("no tor or spine named \"spine7\""), "{e}");
+        assert!(e.fix.contains("add a [[tor]] or [[spine]]"), "{e}");
+    }
+
+    #[test]
+    fn a_link_between_two_tors_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[tor]]
+            name = "tor1"
+            [[link]]
+            a = "tor0"
+            b = "tor1"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("link[0].b", Some(10)));
+        assert!(e.problem.contains("joins two tors"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_link_in_either_order_is_refused() {
+        let e = err(&with_head(
+            r#"
+            [[link]]
+            a = "tor0"
+            b = "spine0"
+            [[link]]
+            a = "spine0"
+            b = "tor0"
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("link[1]", Some(9)));
+        assert!(e.problem.contains("also defined at line 6"), "{e}");
+    }
+
+    #[test]
+    fn rails_are_all_or_nothing() {
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "tor0"
+            rail = 0
+            [[tor]]
+            name = "tor1"
+        "#);
+        // The missing rail is reported at its [[tor]].
+        assert_eq!((e.field.as_str(), e.line), ("tor[1].rail", Some(5)));
+        assert!(e.problem.contains("\"tor0\" at line 4 has one"), "{e}");
+        // Two pods: each rail has one ToR per pod.
+        let inv = parse(
+            r#"
+            version = 1
+            [[tor]]
+            name = "pod0-rail0"
+            rail = 0
+            [[tor]]
+            name = "pod1-rail0"
+            rail = 0
+        "#,
+        )
+        .unwrap();
+        assert_eq!(inv.tors[1].rail, Some(0));
+    }
+
+    #[test]
+    fn version_two_is_refused_before_its_fields() {
+        let e = err(r#"
+            version = 2
+            [[switch]]
+            name = "tor0"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("version", Some(1)));
+        assert_eq!(e.problem, "inventory format version 2 is not supported by this build (it reads version 1)");
+    }
+
+    #[test]
+    fn a_missing_version_is_refused() {
+        let e = err(r#"
+            [[tor]]
+            name = "tor0"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("version", None));
+        assert!(e.problem.contains("no `version`"), "{e}");
+        assert!(e.fix.contains("version = 1"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_field_is_named() {
+        let e = err(&with_head(
+            r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            gid_idx = 3
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].gid_idx", Some(12)));
+        assert!(e.problem.contains("unknown field `gid_idx`"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_has_its_line() {
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "tor0"
+            [[tor]
+            name = "tor1"
+        "#);
+        assert_eq!(e.line, Some(4));
+        assert!(e.problem.starts_with("invalid TOML"), "{e}");
+    }
+
+    #[test]
+    fn load_reads_the_file_and_names_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inventory.toml");
+        let e = Inventory::load(&path).unwrap_err();
+        assert_eq!(e.file, path);
+        assert!(e.to_string().contains("inventory.toml"), "{e}");
+
+        std::fs::write(&path, doc_example()).unwrap();
+        let inv = Inventory::load(&path).unwrap();
+        assert_eq!(inv.hosts[1].name, "tor1-h0");
+
+        std::fs::write(&path, "version = 1\n[[tor]]\nname = \"\"\n").unwrap();
+        let e = Inventory::load(&path).unwrap_err();
+        assert_eq!((e.file.as_path(), e.line), (path.as_path(), Some(3)));
+    }
+
+    fn name_prefix() -> impl Strategy<Value = String> {
+        "[A-Za-z0-9._:-]{1,8}"
+    }
+
+    prop_compose! {
+        fn arb_inventory()(
+            tor_prefixes in proptest::collection::vec(name_prefix(), 1..5),
+            rails in any::<bool>(),
+            rail_values in proptest::collection::vec(any::<u16>(), 5),
+            spine_prefixes in proptest::collection::vec(name_prefix(), 0..3),
+            link_picks in proptest::collection::vec(any::<bool>(), 0..12),
+            hosts in proptest::collection::vec(
+                (name_prefix(), proptest::collection::vec(
+                    (name_prefix(), any::<usize>(), any::<bool>(), any::<bool>(),
+                     any::<u8>(), proptest::option::of(any::<u16>())),
+                    1..4)),
+                0..5),
+        ) -> Inventory {
+            // A counter suffix after the last '-' keeps random names unique.
+            let mut counter = 0u32;
+            let mut unique = |prefix: &str| {
+                counter += 1;
+                format!("{prefix}-{counter}")
+            };
+            let tors: Vec<Tor> = tor_prefixes
+                .iter()
+                .enumerate()
+                .map(|(i, p)| Tor { name: unique(p), rail: rails.then(|| rail_values[i]) })
+                .collect();
+            let spines: Vec<Spine> = spine_prefixes
+                .iter()
+                .map(|p| Spine { name: unique(p) })
+                .collect();
+            let mut links = Vec::new();
+            let mut pick = link_picks.iter();
+            for (ti, tor) in tors.iter().enumerate() {
+                for spine in &spines {
+                    if pick.next().copied().unwrap_or(false) {
+                        // Alternate the order: either is valid.
+                        links.push(if ti % 2 == 0 {
+                            Link { a: tor.name.clone(), b: spine.name.clone() }
+                        } else {
+                            Link { a: spine.name.clone(), b: tor.name.clone() }
+                        });
+                    }
+                }
+            }
+            let mut address = 0u32;
+            let hosts = hosts
+                .iter()
+                .map(|(host_prefix, rnics)| Host {
+                    name: unique(host_prefix),
+                    rnics: rnics
+                        .iter()
+                        .map(|(device, tor, v6, explicit_gid, port, gid_index)| {
+                            address += 1;
+                            let ip = if *v6 {
+                                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, address as u16))
+                            } else {
+                                IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + address))
+                            };
+                            Rnic {
+                                device: unique(device),
+                                tor: tors[tor % tors.len()].name.clone(),
+                                ip,
+                                gid: explicit_gid
+                                    .then(|| Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, address as u16)),
+                                port: (*port).max(1),
+                                gid_index: *gid_index,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            Inventory { version: VERSION, tors, spines, links, hosts }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn valid_inventories_round_trip(inv in arb_inventory()) {
+            let text = inv.to_toml_string().unwrap();
+            let parsed = Inventory::parse(&text, Path::new("inv.toml"));
+            prop_assert_eq!(parsed, Ok(inv), "{}", text);
+        }
+    }
+}

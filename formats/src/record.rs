@@ -1,0 +1,438 @@
+//! The probe record and the path-trace record: what one probe (or one traceroute) leaves behind.
+//!
+//! [`ProbeRecord`] is the row an agent hands to the segment writer once per probe. On disk,
+//! records are stored column-wise, one [`ProbeColumns`] per chunk (an rkyv archive of column
+//! arrays), because the reader that matters, `analyze`, wants columns: it can hand whole
+//! `&[u64]` slices to polars instead of transposing row by row (see ARCHITECTURE.md and the
+//! `bench formats` numbers for the row layout measured against it).
+//!
+//! Identities are compact `u32` ids resolved through the segment's endpoint dictionary
+//! ([`Endpoint`]), not 16-byte GIDs per record: a shard probes at most a few thousand targets,
+//! so the dictionary costs a few hundred KiB per segment while GIDs would cost 32 bytes per probe.
+//!
+//! Delays are kept, not the six raw timestamps: `network_rtt_ns`, `prober_delay_ns` and
+//! `responder_delay_ns` are each computed inside one clock domain by the agent (anchors.md:
+//! rpingmesh's wall-vs-monotonic bug) and are exactly what analysis needs; together with `t1_unix_ns`
+//! they give back T6-T1 = prober_delay + network_rtt + responder_delay and T5-T2.
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// Which of a probe's three packets were seen by the prober. A lost ACK2 after ACK1 is not a
+/// lost probe: ACK1 proves the forward path and the responder alive (anchors.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Arrived(pub u8);
+
+impl Arrived {
+    /// The probe's own send completed (T2 known). A send error leaves this unset.
+    pub const PROBE_SENT: u8 = 1;
+    /// ACK1 (carrying T3) arrived back at the prober.
+    pub const ACK1: u8 = 2;
+    /// ACK2 (carrying T4) arrived back at the prober.
+    pub const ACK2: u8 = 4;
+    /// Every packet of the exchange.
+    pub const ALL: Arrived = Arrived(Self::PROBE_SENT | Self::ACK1 | Self::ACK2);
+
+    /// Whether `bit` (one of the constants above) is set.
+    pub fn has(self, bit: u8) -> bool {
+        self.0 & bit == bit
+    }
+}
+
+/// How a probe ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Outcome {
+    /// Every timestamp present and every derived delay plausible.
+    Ok = 0,
+    /// Send error, or not complete by the pinglist's timeout. [`Arrived`] says how far it got.
+    Lost = 1,
+    /// Timestamps present but a delay negative or absurd (clock step, NIC clock glitch).
+    /// Counted, never silently dropped, and never used as a latency sample.
+    Invalid = 2,
+}
+
+impl Outcome {
+    /// Decode the on-disk byte; `None` for a value this build does not know.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Ok),
+            1 => Some(Self::Lost),
+            2 => Some(Self::Invalid),
+            _ => None,
+        }
+    }
+}
+
+/// Where the completion timestamps (T2..T5) came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum TsSource {
+    /// NIC completion timestamps converted to wall-clock ns by the device (verbs, hardware).
+    Nic = 0,
+    /// Host clock read when the completion was polled (soft-RoCE, or verbs without timestamps).
+    HostPoll = 1,
+    /// Kernel socket timestamps (UDP transport, SO_TIMESTAMPING software).
+    KernelSoftware = 2,
+    /// Kernel socket timestamps taken by the NIC (UDP transport, SO_TIMESTAMPING hardware).
+    KernelHardware = 3,
+}
+
+impl TsSource {
+    /// Decode the on-disk byte; `None` for a value this build does not know.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Nic),
+            1 => Some(Self::HostPoll),
+            2 => Some(Self::KernelSoftware),
+            3 => Some(Self::KernelHardware),
+            _ => None,
+        }
+    }
+}
+
+/// One probe, as the agent reports it. 48 bytes; the archived form is identical in size.
+///
+/// Field order is widest first so that the archived struct has no padding.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct ProbeRecord {
+    /// T1: host wall clock (CLOCK_REALTIME, ns since the Unix epoch) when the probe was posted.
+    /// Windows in analysis are aligned on this.
+    pub t1_unix_ns: u64,
+    /// Probe sequence number; the high 32 bits are the prober's random epoch so that a previous
+    /// run's ACKs are never matched to this run's probes.
+    pub seq: u64,
+    /// (T5-T2) - (T4-T3), each difference in one clock domain. 0 when not [`Outcome::Ok`].
+    pub network_rtt_ns: i32,
+    /// (T6-T1) - (T5-T2): time the probe and its ACK spent in the prober's host.
+    pub prober_delay_ns: i32,
+    /// T4-T3: time the probe spent in the responder's host.
+    pub responder_delay_ns: i32,
+    /// Dictionary id of the probing endpoint (the shard's RNIC).
+    pub prober: u32,
+    /// Dictionary id of the probed endpoint.
+    pub target: u32,
+    /// GRH flow label (verbs) or the flow label the UDP source port was derived from (UDP).
+    pub flow_label: u32,
+    /// Epoch the responder reported in its ACK; 0 when no ACK arrived. A change between two
+    /// probes to the same target is an agent restart, not a network event.
+    pub responder_epoch: u32,
+    /// `ProbeKind` of the pinglist entry (tor_mesh = 0, inter_tor = 1, service = 2).
+    pub kind: u8,
+    /// [`Outcome`] as a byte.
+    pub outcome: u8,
+    /// [`Arrived`] bitmap.
+    pub arrived: u8,
+    /// [`TsSource`] as a byte.
+    pub ts_source: u8,
+}
+
+/// Maximum switch hops kept per path trace; RoCE fabrics are 3-tier at most (5 switch hops).
+pub const MAX_HOPS: usize = 8;
+
+/// One path trace: the switches a given (src, dst, flow label) crosses. Rare (one per flow label
+/// per refresh), so it is stored row-wise.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct PathRecord {
+    /// When the trace was taken (host wall clock, ns since the Unix epoch).
+    pub t_unix_ns: u64,
+    /// Dictionary id of the source endpoint.
+    pub src: u32,
+    /// Dictionary id of the destination endpoint.
+    pub dst: u32,
+    /// Flow label the trace was sent with (the same label as the probes it explains).
+    pub flow_label: u32,
+    /// Number of valid entries in `hops`.
+    pub hop_count: u32,
+    /// Dictionary ids of the switches on the path, in order; `hops[hop_count..]` are 0.
+    pub hops: [u32; MAX_HOPS],
+}
+
+const _: () = {
+    assert!(size_of::<ProbeRecord>() == 48);
+    assert!(size_of::<ArchivedProbeRecord>() == 48);
+    assert!(align_of::<ArchivedProbeRecord>() <= 8);
+    assert!(size_of::<ArchivedPathRecord>() == 56);
+};
+
+/// What a dictionary entry names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum EndpointRole {
+    /// An RNIC (or, for the UDP transport, a probing address).
+    Rnic = 0,
+    /// A switch seen in path traces.
+    Switch = 1,
+}
+
+/// One entry of a segment's dictionary: who a compact id in the records stands for.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct Endpoint {
+    /// The id records use. Ids are dense from 0 within a segment.
+    pub id: u32,
+    /// [`EndpointRole`] as a byte.
+    pub role: u8,
+    /// Entity name, as in the inventory and in findings (`tor3-h5/mlx5_0`, `spine2`).
+    pub name: String,
+    /// ToR (or rail ToR) the endpoint hangs off; empty for switches and when unknown.
+    pub tor: String,
+    /// GID or IPv4-mapped IPv6 address (16 bytes, network order); all zero when unknown.
+    pub addr: [u8; 16],
+}
+
+/// A chunk of probe records, column-wise. Every column has the same length.
+///
+/// The writer keeps one of these preallocated to the chunk size and clears it after each flush,
+/// so appending never allocates.
+#[derive(Archive, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct ProbeColumns {
+    /// See [`ProbeRecord::t1_unix_ns`].
+    pub t1_unix_ns: Vec<u64>,
+    /// See [`ProbeRecord::seq`].
+    pub seq: Vec<u64>,
+    /// See [`ProbeRecord::network_rtt_ns`].
+    pub network_rtt_ns: Vec<i32>,
+    /// See [`ProbeRecord::prober_delay_ns`].
+    pub prober_delay_ns: Vec<i32>,
+    /// See [`ProbeRecord::responder_delay_ns`].
+    pub responder_delay_ns: Vec<i32>,
+    /// See [`ProbeRecord::prober`].
+    pub prober: Vec<u32>,
+    /// See [`ProbeRecord::target`].
+    pub target: Vec<u32>,
+    /// See [`ProbeRecord::flow_label`].
+    pub flow_label: Vec<u32>,
+    /// See [`ProbeRecord::responder_epoch`].
+    pub responder_epoch: Vec<u32>,
+    /// See [`ProbeRecord::kind`].
+    pub kind: Vec<u8>,
+    /// See [`ProbeRecord::outcome`].
+    pub outcome: Vec<u8>,
+    /// See [`ProbeRecord::arrived`].
+    pub arrived: Vec<u8>,
+    /// See [`ProbeRecord::ts_source`].
+    pub ts_source: Vec<u8>,
+}
+
+impl ProbeColumns {
+    /// Columns with room for `records` rows, so that `push` does not allocate until then.
+    pub fn with_capacity(records: usize) -> Self {
+        Self {
+            t1_unix_ns: Vec::with_capacity(records),
+            seq: Vec::with_capacity(records),
+            network_rtt_ns: Vec::with_capacity(records),
+            prober_delay_ns: Vec::with_capacity(records),
+            responder_delay_ns: Vec::with_capacity(records),
+            prober: Vec::with_capacity(records),
+            target: Vec::with_capacity(records),
+            flow_label: Vec::with_capacity(records),
+            responder_epoch: Vec::with_capacity(records),
+            kind: Vec::with_capacity(records),
+            outcome: Vec::with_capacity(records),
+            arrived: Vec::with_capacity(records),
+            ts_source: Vec::with_capacity(records),
+        }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.t1_unix_ns.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.t1_unix_ns.is_empty()
+    }
+
+    /// Append one row.
+    #[inline]
+    pub fn push(&mut self, r: &ProbeRecord) {
+        self.t1_unix_ns.push(r.t1_unix_ns);
+        self.seq.push(r.seq);
+        self.network_rtt_ns.push(r.network_rtt_ns);
+        self.prober_delay_ns.push(r.prober_delay_ns);
+        self.responder_delay_ns.push(r.responder_delay_ns);
+        self.prober.push(r.prober);
+        self.target.push(r.target);
+        self.flow_label.push(r.flow_label);
+        self.responder_epoch.push(r.responder_epoch);
+        self.kind.push(r.kind);
+        self.outcome.push(r.outcome);
+        self.arrived.push(r.arrived);
+        self.ts_source.push(r.ts_source);
+    }
+
+    /// Remove every row, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.t1_unix_ns.clear();
+        self.seq.clear();
+        self.network_rtt_ns.clear();
+        self.prober_delay_ns.clear();
+        self.responder_delay_ns.clear();
+        self.prober.clear();
+        self.target.clear();
+        self.flow_label.clear();
+        self.responder_epoch.clear();
+        self.kind.clear();
+        self.outcome.clear();
+        self.arrived.clear();
+        self.ts_source.clear();
+    }
+
+    /// Upper bound of the archived size of `records` rows, for sizing a write window.
+    pub const fn archived_bound(records: usize) -> usize {
+        // 2×8 + 7×4 + 4×1 bytes per row; each column padded to 16 at most; the root struct
+        // is 13 relative pointers + lengths (8 bytes each with pointer_width_32).
+        records * (2 * 8 + 7 * 4 + 4) + 13 * 16 + 13 * 8 + 16
+    }
+}
+
+impl ArchivedProbeColumns {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.t1_unix_ns.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.t1_unix_ns.is_empty()
+    }
+
+    /// Whether every column has the same length; a chunk that fails this is corrupt even when
+    /// its checksum holds (a buggy or foreign writer).
+    pub fn is_rectangular(&self) -> bool {
+        let n = self.t1_unix_ns.len();
+        [
+            self.seq.len(),
+            self.network_rtt_ns.len(),
+            self.prober_delay_ns.len(),
+            self.responder_delay_ns.len(),
+            self.prober.len(),
+            self.target.len(),
+            self.flow_label.len(),
+            self.responder_epoch.len(),
+            self.kind.len(),
+            self.outcome.len(),
+            self.arrived.len(),
+            self.ts_source.len(),
+        ]
+        .iter()
+        .all(|&l| l == n)
+    }
+
+    /// Row `i` as an owned record (tests, tools; analysis reads the columns directly).
+    ///
+    /// # Panics
+    /// When `i >= self.len()`.
+    pub fn row(&self, i: usize) -> ProbeRecord {
+        ProbeRecord {
+            t1_unix_ns: self.t1_unix_ns[i].to_native(),
+            seq: self.seq[i].to_native(),
+            network_rtt_ns: self.network_rtt_ns[i].to_native(),
+            prober_delay_ns: self.prober_delay_ns[i].to_native(),
+            responder_delay_ns: self.responder_delay_ns[i].to_native(),
+            prober: self.prober[i].to_native(),
+            target: self.target[i].to_native(),
+            flow_label: self.flow_label[i].to_native(),
+            responder_epoch: self.responder_epoch[i].to_native(),
+            kind: self.kind[i],
+            outcome: self.outcome[i],
+            arrived: self.arrived[i],
+            ts_source: self.ts_source[i],
+        }
+    }
+}
+
+/// The description the schema hash is computed from. Any change to a record, a column or the
+/// dictionary entry must change this string (and, if old files must stay readable, the reader).
+pub const SCHEMA: &str = "probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
+responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
+path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
+endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
+
+/// FNV-1a of [`SCHEMA`]: written into every segment header and checked by every reader.
+pub const SCHEMA_HASH: u64 = fnv1a64(SCHEMA.as_bytes());
+
+const fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(i: u64) -> ProbeRecord {
+        ProbeRecord {
+            t1_unix_ns: 1_700_000_000_000_000_000 + i * 100_000,
+            seq: (0xABCD_u64 << 32) | i,
+            network_rtt_ns: 4_000 + (i % 7) as i32,
+            prober_delay_ns: 2_000,
+            responder_delay_ns: -1,
+            prober: 0,
+            target: (i % 33) as u32,
+            flow_label: 0xF_FFFF,
+            responder_epoch: 77,
+            kind: 1,
+            outcome: Outcome::Invalid as u8,
+            arrived: Arrived::ALL.0,
+            ts_source: TsSource::KernelSoftware as u8,
+        }
+    }
+
+    #[test]
+    fn columns_round_trip_through_rkyv() {
+        let mut cols = ProbeColumns::with_capacity(100);
+        let rows: Vec<_> = (0..100).map(sample).collect();
+        for r in &rows {
+            cols.push(r);
+        }
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&cols).expect("serialise");
+        assert!(bytes.len() <= ProbeColumns::archived_bound(100));
+        let arch = rkyv::access::<ArchivedProbeColumns, rkyv::rancor::Error>(&bytes).expect("access");
+        assert!(arch.is_rectangular());
+        assert_eq!(arch.len(), 100);
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(&arch.row(i), r);
+        }
+    }
+
+    #[test]
+    fn row_record_round_trips_and_has_fixed_size() {
+        let r = sample(5);
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&r).expect("serialise");
+        assert_eq!(bytes.len(), 48);
+        let back = rkyv::from_bytes::<ProbeRecord, rkyv::rancor::Error>(&bytes).expect("read");
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn enums_decode_only_known_values() {
+        assert_eq!(Outcome::from_u8(2), Some(Outcome::Invalid));
+        assert_eq!(Outcome::from_u8(3), None);
+        assert_eq!(TsSource::from_u8(3), Some(TsSource::KernelHardware));
+        assert_eq!(TsSource::from_u8(9), None);
+        assert!(Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK1));
+        assert!(!Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK2));
+    }
+
+    #[test]
+    fn archived_bound_holds_for_every_small_size() {
+        let mut cols = ProbeColumns::with_capacity(64);
+        for n in 0..64u64 {
+            let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&cols).expect("serialise");
+            assert!(bytes.len() <= ProbeColumns::archived_bound(n as usize), "n={n}");
+            cols.push(&sample(n));
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The segment reader: validates a whole segment once, then hands out zero-copy views.
+//!
+//! Open segments are mmap'd read-only; sealed ones are decompressed into one aligned buffer.
+//! Either way, [`SegmentReader::open`] checks the header, the close block, every frame checksum
+//! and every rkyv payload before it returns, and records what it had to skip as [`Damage`].
+//! After that, column access costs nothing.
+
+use std::fs::File;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+use rkyv::vec::ArchivedVec;
+
+use super::layout::{
+    CloseBlock, FRAME_HEADER_BYTES, FrameHeaderError, FrameKind, HEADER_BYTES, HeaderProblem, IDENTITY_OFFSET,
+    WriterIdentity, decode_close, decode_frame_header, decode_header, frame_span,
+};
+use super::{FORMAT_VERSION, SegmentError, io_err};
+use crate::record::{ArchivedEndpoint, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, MAX_HOPS, SCHEMA_HASH};
+
+/// A sealed segment never decompresses beyond this: a corrupt or hostile `.zst` must not be
+/// able to exhaust memory.
+const MAX_DECOMPRESSED_BYTES: u64 = 4 << 30;
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// What kind of damage a segment had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DamageKind {
+    /// The last frame is incomplete: the writer died mid-write. Expected after a crash.
+    TornTail,
+    /// A frame whose header holds but whose payload fails its checksum or validation; the
+    /// frames after it are still read.
+    CorruptChunk,
+    /// A frame header that does not decode before the end the close block promises: nothing
+    /// after it can be located.
+    CorruptFrameHeader,
+    /// The close block is present but damaged, or promises more data than the file has.
+    CloseBlock,
+}
+
+/// One thing the reader had to skip, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// Byte offset in the (decompressed) segment.
+    pub offset: u64,
+    /// What it was.
+    pub kind: DamageKind,
+    /// Records known to be lost with it (`None` when the frame header itself was unreadable).
+    pub records_lost: Option<u32>,
+    /// Human-readable detail.
+    pub detail: String,
+}
+
+enum Bytes {
+    Mapped(Mmap),
+    Owned(AlignedVec<16>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A validated segment.
+pub struct SegmentReader {
+    path: PathBuf,
+    bytes: Bytes,
+    created_unix_ns: u64,
+    identity: WriterIdentity,
+    close: Option<CloseBlock>,
+    dictionary: Vec<Endpoint>,
+    probe_chunks: Vec<Range<usize>>,
+    path_chunks: Vec<Range<usize>>,
+    records: u64,
+    time_range: Option<(u64, u64)>,
+    frames_end: usize,
+    damage: Vec<Damage>,
+}
+
+impl std::fmt::Debug for SegmentReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentReader")
+            .field("path", &self.path)
+            .field("sealed", &self.is_sealed())
+            .field("identity", &self.identity)
+            .field("records", &self.records)
+            .field("damage", &self.damage)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SegmentReader {
+    /// Open and validate an open (`.rseg`) or sealed (`.rseg.zst`) segment, recognised by content.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, SegmentError> {
+        let path = path.as_ref();
+        let mut file = File::open(path).map_err(io_err(path, "open segment"))?;
+        let mut magic = [0u8; 8];
+        let got = read_up_to(&mut file, &mut magic).map_err(io_err(path, "read segment"))?;
+        let bytes = if got >= 4 && magic[..4] == ZSTD_MAGIC {
+            Bytes::Owned(decompress(path, file)?)
+        } else {
+            if path.to_string_lossy().ends_with(super::OPEN_SUFFIX) && magic[..got].iter().all(|&b| b == 0) {
+                return Err(SegmentError::Unwritten { path: path.into() });
+            }
+            if got < 8 || magic != super::layout::SEGMENT_MAGIC {
+                return Err(SegmentError::Foreign { path: path.into(), found: hex(&magic[..got]) });
+            }
+            // SAFETY: mapped read-only. A rocemesh writer only appends frames after the ones
+            // validated below and truncates only past its data end, so validated bytes never
+            // change under us; a foreign process truncating the file is outside the contract.
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err(path, "mmap segment"))?;
+            Bytes::Mapped(map)
+        };
+        Self::validate(path.to_path_buf(), bytes)
+    }
+
+    fn validate(path: PathBuf, bytes: Bytes) -> Result<Self, SegmentError> {
+        let b = bytes.as_slice();
+        let header = decode_header(b).map_err(|p| match p {
+            HeaderProblem::Foreign => SegmentError::Foreign { path: path.clone(), found: hex(&b[..b.len().min(8)]) },
+            HeaderProblem::Version(found) => {
+                SegmentError::UnsupportedVersion { path: path.clone(), found, supported: FORMAT_VERSION }
+            }
+            HeaderProblem::Damaged(reason) => SegmentError::BadHeader { path: path.clone(), reason },
+        })?;
+        if header.schema_hash != SCHEMA_HASH {
+            return Err(SegmentError::SchemaMismatch { path, found: header.schema_hash, expected: SCHEMA_HASH });
+        }
+        let id_bytes = &b[IDENTITY_OFFSET..IDENTITY_OFFSET + header.identity_len as usize];
+        let identity = rkyv::from_bytes::<WriterIdentity, rancor::Error>(id_bytes)
+            .map_err(|e| SegmentError::BadHeader { path: path.clone(), reason: format!("writer identity: {e}") })?;
+
+        let mut damage = Vec::new();
+        let close = match decode_close(b) {
+            Ok(c) => c,
+            Err(reason) => {
+                damage.push(Damage {
+                    offset: super::layout::CLOSE_OFFSET as u64,
+                    kind: DamageKind::CloseBlock,
+                    records_lost: None,
+                    detail: reason.into(),
+                });
+                None
+            }
+        };
+        let mut limit = b.len();
+        if let Some(c) = close {
+            if c.data_end as usize > b.len() || (c.data_end as usize) < HEADER_BYTES {
+                damage.push(Damage {
+                    offset: c.data_end,
+                    kind: DamageKind::CloseBlock,
+                    records_lost: None,
+                    detail: format!("close block says data ends at {} but the file has {} bytes", c.data_end, b.len()),
+                });
+            } else {
+                limit = c.data_end as usize;
+            }
+        }
+
+        let mut scan = Scan {
+            b,
+            limit,
+            closed: close.is_some(),
+            dictionary: Vec::new(),
+            probes: Vec::new(),
+            paths: Vec::new(),
+            records: 0,
+            lo: u64::MAX,
+            hi: 0,
+            damage,
+            end: HEADER_BYTES,
+        };
+        scan.run();
+        let Scan { dictionary, probes, paths, records, lo, hi, damage, end, .. } = scan;
+        Ok(Self {
+            path,
+            created_unix_ns: header.created_unix_ns,
+            identity,
+            close,
+            dictionary,
+            probe_chunks: probes,
+            path_chunks: paths,
+            records,
+            time_range: (records > 0).then_some((lo, hi)),
+            frames_end: end,
+            damage,
+            bytes,
+        })
+    }
+
+    /// The file this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this is a sealed (compressed) segment.
+    pub fn is_sealed(&self) -> bool {
+        matches!(self.bytes, Bytes::Owned(_))
+    }
+
+    /// Whether the writer closed the segment (false: still being written, or the writer died).
+    pub fn is_closed(&self) -> bool {
+        self.close.is_some()
+    }
+
+    /// Who wrote it.
+    pub fn identity(&self) -> &WriterIdentity {
+        &self.identity
+    }
+
+    /// When the writer created it (time of its first record).
+    pub fn created_unix_ns(&self) -> u64 {
+        self.created_unix_ns
+    }
+
+    /// The endpoint dictionary; `dictionary()[id]` is the endpoint with that id.
+    pub fn dictionary(&self) -> &[Endpoint] {
+        &self.dictionary
+    }
+
+    /// Complete, valid probe records in the segment.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Smallest and largest probe `t1_unix_ns`, if there is any record.
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        self.time_range
+    }
+
+    /// What had to be skipped. Empty for a healthy segment.
+    pub fn damage(&self) -> &[Damage] {
+        &self.damage
+    }
+
+    /// The probe chunks, in file order, as zero-copy column views.
+    pub fn probe_chunks(&self) -> impl ExactSizeIterator<Item = &ArchivedProbeColumns> + '_ {
+        let b = self.bytes.as_slice();
+        self.probe_chunks.iter().map(move |r| {
+            // SAFETY: `r` was validated with `rkyv::access::<ArchivedProbeColumns>` in `open`,
+            // and the bytes behind it are immutable for the reader's lifetime.
+            unsafe { rkyv::access_unchecked::<ArchivedProbeColumns>(&b[r.clone()]) }
+        })
+    }
+
+    /// Every path trace, in file order.
+    pub fn path_records(&self) -> impl Iterator<Item = &ArchivedPathRecord> + '_ {
+        let b = self.bytes.as_slice();
+        self.path_chunks.iter().flat_map(move |r| {
+            // SAFETY: validated as `ArchivedVec<ArchivedPathRecord>` in `open`; bytes immutable.
+            let v = unsafe { rkyv::access_unchecked::<ArchivedVec<ArchivedPathRecord>>(&b[r.clone()]) };
+            v.iter()
+        })
+    }
+
+    /// The raw (decompressed) bytes.
+    pub(crate) fn raw(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    /// End of the last frame whose header could be read: what sealing keeps.
+    pub(crate) fn frames_end(&self) -> usize {
+        self.frames_end
+    }
+
+    /// Probe chunks in the segment (valid ones).
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.probe_chunks.len()
+    }
+}
+
+struct Scan<'a> {
+    b: &'a [u8],
+    limit: usize,
+    closed: bool,
+    dictionary: Vec<Endpoint>,
+    probes: Vec<Range<usize>>,
+    paths: Vec<Range<usize>>,
+    records: u64,
+    lo: u64,
+    hi: u64,
+    damage: Vec<Damage>,
+    end: usize,
+}
+
+impl Scan<'_> {
+    fn run(&mut self) {
+        let mut off = HEADER_BYTES;
+        while off < self.limit {
+            if off + FRAME_HEADER_BYTES > self.limit {
+                if self.b[off..self.limit].iter().any(|&x| x != 0) {
+                    self.torn(off, None, "frame header cut off by the end of the file".into());
+                }
+                return;
+            }
+            let h = match decode_frame_header(&self.b[off..off + FRAME_HEADER_BYTES]) {
+                Ok(h) => h,
+                Err(FrameHeaderError::Zero) => {
+                    // The writer puts the payload down before its header: a zero header followed
+                    // by data is a chunk that was being written when the writer died.
+                    let probe_end = (off + FRAME_HEADER_BYTES + 256).min(self.limit);
+                    if self.closed {
+                        self.push(
+                            off,
+                            DamageKind::CorruptFrameHeader,
+                            None,
+                            "zeros where the close block promises frames".into(),
+                        );
+                    } else if self.b[off + FRAME_HEADER_BYTES..probe_end].iter().any(|&x| x != 0) {
+                        self.torn(off, None, "payload written but its frame header not: writer died mid-chunk".into());
+                    }
+                    return;
+                }
+                Err(FrameHeaderError::Bad(reason)) => {
+                    if self.closed {
+                        self.push(off, DamageKind::CorruptFrameHeader, None, reason.into());
+                    } else {
+                        self.torn(off, None, reason.into());
+                    }
+                    return;
+                }
+            };
+            let payload_start = off + FRAME_HEADER_BYTES;
+            let payload_end = payload_start + h.payload_len as usize;
+            if payload_end > self.limit {
+                self.torn(
+                    off,
+                    Some(h.records),
+                    format!("payload of {} bytes cut off by the end of the data", h.payload_len),
+                );
+                return;
+            }
+            let next = off + frame_span(h.payload_len as usize);
+            let payload = &self.b[payload_start..payload_end];
+            if crc32c::crc32c(payload) != h.payload_crc {
+                let is_last = next >= self.limit
+                    || next + FRAME_HEADER_BYTES > self.limit
+                    || decode_frame_header(&self.b[next..next + FRAME_HEADER_BYTES]).is_err();
+                if is_last && !self.closed {
+                    self.torn(off, Some(h.records), "last chunk's payload checksum does not match: torn write".into());
+                    return;
+                }
+                self.push(off, DamageKind::CorruptChunk, Some(h.records), "payload checksum does not match".into());
+            } else if let Err(reason) = self.accept(h.kind, h.records, payload_start..payload_end) {
+                self.push(off, DamageKind::CorruptChunk, Some(h.records), reason);
+            }
+            self.end = next.min(self.limit);
+            off = next;
+        }
+    }
+
+    fn accept(&mut self, kind: FrameKind, records: u32, range: Range<usize>) -> Result<(), String> {
+        let payload = &self.b[range.clone()];
+        match kind {
+            FrameKind::Probes => {
+                let cols = rkyv::access::<ArchivedProbeColumns, rancor::Error>(payload)
+                    .map_err(|e| format!("probe chunk: {e}"))?;
+                if !cols.is_rectangular() || cols.len() != records as usize {
+                    return Err(format!("probe chunk columns disagree with each other or with its {records} records"));
+                }
+                for t in cols.t1_unix_ns.iter() {
+                    let t = t.to_native();
+                    self.lo = self.lo.min(t);
+                    self.hi = self.hi.max(t);
+                }
+                self.records += u64::from(records);
+                self.probes.push(range);
+            }
+            FrameKind::Dictionary => {
+                let v = rkyv::access::<ArchivedVec<ArchivedEndpoint>, rancor::Error>(payload)
+                    .map_err(|e| format!("dictionary: {e}"))?;
+                for (i, e) in v.iter().enumerate() {
+                    let want = self.dictionary.len() as u32;
+                    if e.id.to_native() != want {
+                        return Err(format!("dictionary entry {i} has id {} where {want} was expected", e.id));
+                    }
+                    let e = rkyv::deserialize::<Endpoint, rancor::Error>(e).map_err(|e| format!("dictionary: {e}"))?;
+                    self.dictionary.push(e);
+                }
+            }
+            FrameKind::Paths => {
+                let v = rkyv::access::<ArchivedVec<ArchivedPathRecord>, rancor::Error>(payload)
+                    .map_err(|e| format!("path chunk: {e}"))?;
+                if v.len() != records as usize || v.iter().any(|p| p.hop_count.to_native() as usize > MAX_HOPS) {
+                    return Err("path chunk length or hop count out of range".into());
+                }
+                self.paths.push(range);
+            }
+        }
+        Ok(())
+    }
+
+    fn torn(&mut self, off: usize, records_lost: Option<u32>, detail: String) {
+        self.push(off, DamageKind::TornTail, records_lost, detail);
+    }
+
+    fn push(&mut self, off: usize, kind: DamageKind, records_lost: Option<u32>, detail: String) {
+        self.damage.push(Damage { offset: off as u64, kind, records_lost, detail });
+    }
+}
+
+fn decompress(path: &Path, file: File) -> Result<AlignedVec<16>, SegmentError> {
+    let bad = |reason: String| SegmentError::BadSealed { path: path.into(), reason };
+    let mut file = file;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(io_err(path, "seek"))?;
+    let mut dec = zstd::stream::read::Decoder::new(file).map_err(|e| bad(e.to_string()))?;
+    // Look at the first bytes before inflating the rest: a foreign .zst is refused cheaply.
+    let mut head = [0u8; 8];
+    let got = read_up_to(&mut dec, &mut head).map_err(|e| bad(e.to_string()))?;
+    if got < 8 || head != super::layout::SEGMENT_MAGIC {
+        return Err(SegmentError::Foreign {
+            path: path.into(),
+            found: format!("zstd data starting with {}", hex(&head[..got])),
+        });
+    }
+    let mut out = AlignedVec::<16>::new();
+    out.extend_from_slice(&head);
+    let mut limited = dec.take(MAX_DECOMPRESSED_BYTES);
+    std::io::copy(&mut limited, &mut out).map_err(|e| bad(e.to_string()))?;
+    if out.len() as u64 >= MAX_DECOMPRESSED_BYTES {
+        return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
+    }
+    Ok(out)
+}
+
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn hex(b: &[u8]) -> String {
+    if b.is_empty() {
+        return "nothing (empty file)".into();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,454 @@
+use std::path::{Path, PathBuf};
+
+use super::layout::{FRAME_HEADER_BYTES, HEADER_BYTES, encode_header};
+use super::*;
+use crate::record::{Arrived, EndpointRole, Outcome, PathRecord, ProbeRecord, SCHEMA_HASH, TsSource};
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+fn rec(i: u64) -> ProbeRecord {
+    ProbeRecord {
+        t1_unix_ns: T0 + i * 100_000,
+        seq: (7 << 32) | i,
+        network_rtt_ns: 4_000 + (i % 13) as i32,
+        prober_delay_ns: 2_000 + (i % 5) as i32,
+        responder_delay_ns: 1_000,
+        prober: 0,
+        target: 1 + (i % 3) as u32,
+        flow_label: 1 + (i % 16) as u32,
+        responder_epoch: 9,
+        kind: (i % 2) as u8,
+        outcome: if i % 1000 == 999 { Outcome::Lost as u8 } else { Outcome::Ok as u8 },
+        arrived: Arrived::ALL.0,
+        ts_source: TsSource::KernelSoftware as u8,
+    }
+}
+
+fn identity() -> WriterIdentity {
+    WriterIdentity {
+        host: "tor0-h1".into(),
+        device: "mlx5_0".into(),
+        tor: "tor0".into(),
+        agent_epoch: 0xBEEF,
+        tool: "test".into(),
+    }
+}
+
+fn writer(dir: &Path, chunk: usize) -> SegmentWriter {
+    let mut cfg = WriterConfig::new(dir);
+    cfg.chunk_records = chunk;
+    cfg.segment_bytes = 2 << 20;
+    let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+    assert_eq!(w.endpoint(EndpointRole::Rnic, "tor0-h1/mlx5_0", "tor0", [0; 16]), 0);
+    for t in 1..4 {
+        assert_eq!(w.endpoint(EndpointRole::Rnic, &format!("tor0-h{}/mlx5_0", t + 1), "tor0", [t as u8; 16]), t);
+    }
+    w
+}
+
+fn all_records(r: &SegmentReader) -> Vec<ProbeRecord> {
+    r.probe_chunks().flat_map(|c| (0..c.len()).map(move |i| c.row(i))).collect()
+}
+
+fn segments(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    v.sort();
+    v
+}
+
+/// One closed segment of `n` records in chunks of `chunk`, returned as its bytes.
+fn one_segment(n: u64, chunk: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), chunk);
+    for i in 0..n {
+        w.append(&rec(i)).expect("append");
+    }
+    let closed = w.finish().expect("finish");
+    assert_eq!(closed.len(), 1);
+    (dir, closed[0].clone())
+}
+
+#[test]
+fn round_trip_open_and_sealed_with_dictionary_and_paths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 100);
+    let sw = w.endpoint(EndpointRole::Switch, "spine2", "", [0; 16]);
+    for i in 0..1_234 {
+        w.append(&rec(i)).expect("append");
+    }
+    let path =
+        PathRecord { t_unix_ns: T0, src: 0, dst: 2, flow_label: 5, hop_count: 3, hops: [1, sw, 3, 0, 0, 0, 0, 0] };
+    w.append_path(&path).expect("path");
+    let stats = w.stats();
+    let closed = w.finish().expect("finish");
+    assert_eq!(stats.records_appended, 1_234);
+    assert_eq!(closed.len(), 1);
+
+    let r = SegmentReader::open(&closed[0]).expect("open");
+    assert!(r.damage().is_empty(), "{:?}", r.damage());
+    assert!(r.is_closed() && !r.is_sealed());
+    assert_eq!(r.identity(), &identity());
+    assert_eq!(r.records(), 1_234);
+    assert_eq!(r.probe_chunks().len(), 13);
+    assert_eq!(all_records(&r), (0..1_234).map(rec).collect::<Vec<_>>());
+    assert_eq!(r.time_range(), Some((T0, T0 + 1_233 * 100_000)));
+    let names: Vec<&str> = r.dictionary().iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["tor0-h1/mlx5_0", "tor0-h2/mlx5_0", "tor0-h3/mlx5_0", "tor0-h4/mlx5_0", "spine2"]);
+    let paths: Vec<PathRecord> =
+        r.path_records().map(|p| rkyv::deserialize::<PathRecord, rkyv::rancor::Error>(p).expect("de")).collect();
+    assert_eq!(paths, [path]);
+    drop(r);
+
+    let report = seal(&closed[0], 3).expect("seal");
+    assert!(!closed[0].exists(), "original removed after sealing");
+    assert_eq!(report.records, 1_234);
+    assert!(report.sealed_bytes < report.raw_bytes / 2, "{report:?}");
+    let s = SegmentReader::open(&report.sealed_path).expect("open sealed");
+    assert!(s.is_sealed() && s.is_closed() && s.damage().is_empty());
+    assert_eq!(all_records(&s), (0..1_234).map(rec).collect::<Vec<_>>());
+    assert_eq!(s.dictionary().len(), 5);
+    assert_eq!(s.path_records().count(), 1);
+}
+
+#[test]
+fn both_write_modes_write_the_same_bytes() {
+    let mut files = Vec::new();
+    for mode in [WriteMode::Pwrite, WriteMode::Mmap] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = WriterConfig::new(dir.path());
+        cfg.chunk_records = 100;
+        cfg.segment_bytes = 2 << 20;
+        cfg.write_mode = mode;
+        let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+        w.endpoint(EndpointRole::Rnic, "tor0-h1/mlx5_0", "tor0", [0; 16]);
+        for i in 0..1_050 {
+            w.append(&rec(i)).expect("append");
+        }
+        let closed = w.finish().expect("finish");
+        let r = SegmentReader::open(&closed[0]).expect("open");
+        assert!(r.damage().is_empty(), "{mode:?}");
+        assert_eq!(all_records(&r), (0..1_050).map(rec).collect::<Vec<_>>(), "{mode:?}");
+        files.push((dir, std::fs::read(&closed[0]).expect("read")));
+    }
+    assert!(files[0].1 == files[1].1, "pwrite and mmap files differ");
+}
+
+#[test]
+fn rotates_by_size_and_by_age_and_each_segment_stands_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 512);
+    // 2 MiB segments hold < 40k 48-byte records: 100k records need at least 3 segments.
+    for i in 0..100_000 {
+        w.append(&rec(i)).expect("append");
+    }
+    // Then a record 11 minutes later: age rotation (per chunk, so flush the old ones first).
+    w.flush().expect("flush");
+    let mut late = rec(100_000);
+    late.t1_unix_ns = T0 + 11 * 60 * 1_000_000_000;
+    w.append(&late).expect("append");
+    let closed = w.finish().expect("finish");
+    assert!(closed.len() >= 4, "{closed:?}");
+    let mut seen = Vec::new();
+    for p in &closed {
+        let r = SegmentReader::open(p).expect("open");
+        assert!(r.damage().is_empty());
+        assert_eq!(r.dictionary().len(), 4, "every segment carries the whole dictionary");
+        seen.extend(all_records(&r));
+    }
+    let last = SegmentReader::open(closed.last().expect("last")).expect("open");
+    assert_eq!(last.records(), 1, "the late record starts its own segment");
+    let mut want: Vec<_> = (0..100_000).map(rec).collect();
+    want.push(late);
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn rotate_if_older_closes_idle_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 10);
+    w.append(&rec(0)).expect("append");
+    w.flush().expect("flush");
+    assert_eq!(w.rotate_if_older(T0 + 1_000).expect("rotate"), None);
+    let closed = w.rotate_if_older(T0 + 601 * 1_000_000_000).expect("rotate");
+    assert!(closed.is_some());
+    assert_eq!(w.current_path(), None);
+}
+
+#[test]
+fn other_version_and_other_schema_are_refused_clearly() {
+    let (_d, path) = one_segment(10, 10);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[8] = 2;
+    std::fs::write(&path, &bytes).expect("write");
+    let e = SegmentReader::open(&path).expect_err("version 2");
+    assert!(matches!(e, SegmentError::UnsupportedVersion { found: 2, supported: 1, .. }), "{e}");
+    assert!(e.to_string().contains(&path.display().to_string()));
+
+    // A correctly checksummed header with another schema hash: another build wrote it.
+    bytes[8] = 1;
+    let mut page = vec![0u8; HEADER_BYTES];
+    let id_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
+    encode_header(&mut page, 5, SCHEMA_HASH ^ 1, &bytes[48..48 + id_len]);
+    bytes[..HEADER_BYTES].copy_from_slice(&page);
+    std::fs::write(&path, &bytes).expect("write");
+    let e = SegmentReader::open(&path).expect_err("schema");
+    assert!(
+        matches!(e, SegmentError::SchemaMismatch { found, expected, .. } if found == SCHEMA_HASH ^ 1 && expected == SCHEMA_HASH),
+        "{e}"
+    );
+    assert!(e.to_string().contains("different rocemesh build"));
+}
+
+/// Every complete chunk survives, whatever byte the last chunk was cut at; the cut is reported.
+#[test]
+fn torn_tail_at_every_byte_of_the_last_chunk() {
+    let (_d, path) = one_segment(40, 8); // 5 chunks of 8
+    let full = std::fs::read(&path).expect("read");
+    let r = SegmentReader::open(&path).expect("open");
+    assert_eq!(r.records(), 40);
+    drop(r);
+    // Frames: dictionary, then 5 probe chunks. Find where the last one starts.
+    let mut starts = Vec::new();
+    let mut off = HEADER_BYTES;
+    while off < full.len() {
+        starts.push(off);
+        let len = u32::from_le_bytes(full[off + 8..off + 12].try_into().expect("4")) as usize;
+        off += layout::frame_span(len);
+    }
+    let last = *starts.last().expect("frames");
+    let torn = path.with_file_name("torn.rseg");
+    let mut unclosed = full.clone();
+    unclosed[layout::CLOSE_OFFSET..HEADER_BYTES].fill(0); // as a crashed writer leaves it
+    let last_len = u32::from_le_bytes(full[last + 8..last + 12].try_into().expect("4")) as usize;
+    let last_end = last + FRAME_HEADER_BYTES + last_len;
+    assert!(full.len() - last_end < 16, "only padding follows the last payload");
+    for cut in last..last_end {
+        // (a) preallocated open segment: the rest of the frame is still zeros.
+        let mut zeroed = unclosed.clone();
+        zeroed[cut..].fill(0);
+        zeroed.resize(full.len() + 4096, 0);
+        // (b) a copy that simply ends there.
+        let truncated = unclosed[..cut].to_vec();
+        for (what, bytes) in [("zeroed", &zeroed), ("truncated", &truncated)] {
+            std::fs::write(&torn, bytes).expect("write");
+            let r = SegmentReader::open(&torn).unwrap_or_else(|e| panic!("{what} cut at {cut}: {e}"));
+            if what == "zeroed" && unclosed[cut..].iter().all(|&b| b == 0) {
+                // The "cut" only zeroed bytes that were zero already: nothing was lost.
+                assert_eq!((r.records(), r.damage().len()), (40, 0), "cut at {cut}");
+                continue;
+            }
+            assert_eq!(r.records(), 32, "{what} cut at {cut}");
+            assert_eq!(all_records(&r), (0..32).map(rec).collect::<Vec<_>>(), "{what} cut at {cut}");
+            if cut == last {
+                assert!(r.damage().is_empty(), "nothing of the last frame written is a clean end");
+            } else {
+                assert_eq!(r.damage().len(), 1, "{what} cut at {cut}: {:?}", r.damage());
+                assert_eq!(r.damage()[0].kind, DamageKind::TornTail, "{what} cut at {cut}");
+                assert_eq!(r.damage()[0].offset, last as u64);
+            }
+        }
+    }
+    // A payload written but its header not (the writer's order): reported as torn too.
+    let mut headerless = unclosed.clone();
+    headerless[last..last + FRAME_HEADER_BYTES].fill(0);
+    std::fs::write(&torn, &headerless).expect("write");
+    let r = SegmentReader::open(&torn).expect("open");
+    assert_eq!((r.records(), r.damage()[0].kind), (32, DamageKind::TornTail));
+}
+
+#[test]
+fn a_corrupt_chunk_in_the_middle_is_skipped_and_reported() {
+    let (_d, path) = one_segment(40, 8);
+    let mut bytes = std::fs::read(&path).expect("read");
+    // Second probe frame: header of the dictionary frame, then the first probe frame.
+    let dict_len = u32::from_le_bytes(bytes[HEADER_BYTES + 8..HEADER_BYTES + 12].try_into().expect("4")) as usize;
+    let first = HEADER_BYTES + layout::frame_span(dict_len);
+    let len = u32::from_le_bytes(bytes[first + 8..first + 12].try_into().expect("4")) as usize;
+    let second = first + layout::frame_span(len);
+    bytes[second + FRAME_HEADER_BYTES + 3] ^= 0x40;
+    std::fs::write(&path, &bytes).expect("write");
+    let r = SegmentReader::open(&path).expect("open");
+    assert_eq!(r.records(), 32);
+    let want: Vec<_> = (0..8).chain(16..40).map(rec).collect();
+    assert_eq!(all_records(&r), want);
+    assert_eq!(r.damage().len(), 1);
+    assert_eq!(
+        (r.damage()[0].kind, r.damage()[0].offset, r.damage()[0].records_lost),
+        (DamageKind::CorruptChunk, second as u64, Some(8))
+    );
+
+    // Sealing keeps the damaged chunk as evidence and the sealed reader reports it again.
+    let report = seal(&path, 3).expect("seal");
+    assert_eq!(report.records, 32);
+    let s = SegmentReader::open(&report.sealed_path).expect("sealed");
+    assert_eq!(s.damage().len(), 1);
+    assert_eq!(s.damage()[0].kind, DamageKind::CorruptChunk);
+    assert_eq!(all_records(&s), want);
+
+    // A flipped header byte in a closed segment: the rest cannot be located, and it says so.
+    let (_d2, path2) = one_segment(40, 8);
+    let mut bytes = std::fs::read(&path2).expect("read");
+    bytes[second + 13] ^= 1;
+    std::fs::write(&path2, &bytes).expect("write");
+    let r = SegmentReader::open(&path2).expect("open");
+    assert_eq!(r.records(), 8);
+    assert_eq!(r.damage()[0].kind, DamageKind::CorruptFrameHeader);
+}
+
+#[test]
+fn foreign_files_are_refused_without_panicking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", vec![]),
+        ("zeros", vec![0; 8192]),
+        ("png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec()),
+        ("text", b"version = 1\nhost = \"x\"\n".to_vec()),
+        ("short-magic", b"ROCEM".to_vec()),
+        ("magic-only", b"ROCEMSEG\x01\x00".to_vec()),
+        ("random", (0..10_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()),
+        ("zstd-text", zstd::encode_all(&b"hello, not a segment"[..], 3).expect("zstd")),
+    ];
+    // Version is read before the checksum (so that a newer format gets the upgrade message),
+    // so garbage after the magic reads as an unknown version; with version 1 it is a bad header.
+    let mut magic_and_garbage = b"ROCEMSEG".to_vec();
+    magic_and_garbage.extend((0..8_000u32).map(|i| (i * 31) as u8));
+    cases.push(("magic-garbage", magic_and_garbage.clone()));
+    magic_and_garbage[8..10].copy_from_slice(&1u16.to_le_bytes());
+    cases.push(("v1-garbage", magic_and_garbage));
+    cases.push(("bad-zstd", vec![0x28, 0xB5, 0x2F, 0xFD, 1, 2, 3, 4, 5, 6]));
+    for (name, bytes) in cases {
+        let p = dir.path().join(format!("{name}.rseg"));
+        std::fs::write(&p, &bytes).expect("write");
+        let e = SegmentReader::open(&p).expect_err(name);
+        let msg = e.to_string();
+        assert!(msg.contains(&p.display().to_string()), "{name}: {msg}");
+        match name {
+            "empty" | "zeros" => assert!(matches!(e, SegmentError::Unwritten { .. }), "{name}: {msg}"),
+            "png" | "text" | "short-magic" | "random" | "zstd-text" => {
+                assert!(matches!(e, SegmentError::Foreign { .. }), "{name}: {msg}")
+            }
+            "magic-garbage" => assert!(matches!(e, SegmentError::UnsupportedVersion { .. }), "{name}: {msg}"),
+            "magic-only" | "v1-garbage" => assert!(matches!(e, SegmentError::BadHeader { .. }), "{name}: {msg}"),
+            "bad-zstd" => assert!(matches!(e, SegmentError::BadSealed { .. }), "{name}: {msg}"),
+            _ => unreachable!(),
+        }
+    }
+    let e = SegmentReader::open(dir.path().join("missing.rseg")).expect_err("missing");
+    assert!(matches!(e, SegmentError::Io { .. }) && e.to_string().contains("missing.rseg"), "{e}");
+}
+
+#[test]
+fn a_segment_left_open_by_a_crash_is_read_and_sealed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 64);
+    for i in 0..1_000 {
+        w.append(&rec(i)).expect("append");
+    }
+    // Simulate kill -9: no flush of the partial chunk, no close, no truncation.
+    std::mem::forget(w);
+    let open = segments(dir.path(), OPEN_SUFFIX);
+    assert_eq!(open.len(), 1);
+    let r = SegmentReader::open(&open[0]).expect("open");
+    assert!(!r.is_closed());
+    assert_eq!(r.records(), 960, "15 complete chunks of 64; the 40 buffered records were never written");
+    assert!(r.damage().is_empty());
+    drop(r);
+    let report = seal(&open[0], 3).expect("seal");
+    assert_eq!(report.records, 960);
+    let s = SegmentReader::open(&report.sealed_path).expect("sealed");
+    assert!(s.is_closed());
+    assert_eq!(all_records(&s), (0..960).map(rec).collect::<Vec<_>>());
+}
+
+#[test]
+fn seal_refuses_what_it_must_not_touch() {
+    let (_d, path) = one_segment(10, 10);
+    let report = seal(&path, 3).expect("seal");
+    let e = seal(&report.sealed_path, 3).expect_err("sealed twice");
+    assert!(e.to_string().contains("only open segments"), "{e}");
+}
+
+#[test]
+fn quota_evicts_oldest_sealed_first_and_never_open_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sealed = Vec::new();
+    for s in 0..5u64 {
+        let mut w = writer(dir.path(), 100);
+        for i in 0..2_000 {
+            let mut r = rec(i);
+            r.t1_unix_ns += s * 3_600 * 1_000_000_000; // one hour apart: distinct, ordered names
+            w.append(&r).expect("append");
+        }
+        for p in w.finish().expect("finish") {
+            sealed.push(seal(&p, 3).expect("seal"));
+        }
+    }
+    let mut open_writer = writer(dir.path(), 100);
+    open_writer.append(&rec(0)).expect("append");
+    open_writer.flush().expect("flush");
+    let open_len = std::fs::metadata(open_writer.current_path().expect("open")).expect("stat").len();
+
+    let size = |r: &SealReport| r.sealed_bytes;
+    let all: u64 = sealed.iter().map(size).sum::<u64>() + open_len;
+    let quota = all - size(&sealed[0]) - size(&sealed[1]) / 2;
+    let ev = enforce_quota(dir.path(), quota).expect("quota");
+    assert_eq!(ev.files_evicted, 2);
+    assert_eq!(ev.bytes_evicted, size(&sealed[0]) + size(&sealed[1]));
+    assert!(!ev.still_over_quota);
+    assert!(!sealed[0].sealed_path.exists() && !sealed[1].sealed_path.exists());
+    assert!(sealed[2..].iter().all(|r| r.sealed_path.exists()));
+
+    // A quota smaller than the open segment: every sealed file goes, the open one stays.
+    let ev = enforce_quota(dir.path(), 1).expect("quota");
+    assert_eq!(ev.files_evicted, 3);
+    assert!(ev.still_over_quota);
+    assert!(open_writer.current_path().expect("open").exists());
+    std::fs::write(dir.path().join("notes.txt"), b"keep me").expect("write");
+    enforce_quota(dir.path(), 0).expect("quota");
+    assert!(dir.path().join("notes.txt").exists(), "foreign files are never evicted");
+}
+
+#[test]
+fn config_errors_say_what_to_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.segment_bytes = 1 << 20;
+    let e = SegmentWriter::new(cfg.clone(), identity()).expect_err("too small");
+    assert!(e.to_string().contains("raise segment_bytes"), "{e}");
+    cfg.segment_bytes = 64 << 20;
+    cfg.chunk_records = 0;
+    assert!(SegmentWriter::new(cfg, identity()).expect_err("zero").to_string().contains("chunk_records"));
+    let mut long = identity();
+    long.host = "h".repeat(5000);
+    let e = SegmentWriter::new(WriterConfig::new(dir.path()), long).expect_err("long identity");
+    assert!(e.to_string().contains("shorten the host"), "{e}");
+}
+
+#[test]
+fn an_unwritable_directory_is_an_error_naming_it_and_records_are_counted_as_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 4);
+    // Replace the directory with a file: creation of the first segment must fail cleanly.
+    std::fs::remove_dir(dir.path()).expect("rmdir");
+    std::fs::write(dir.path(), b"not a directory").expect("write");
+    for i in 0..3 {
+        w.append(&rec(i)).expect("buffered, not yet written");
+    }
+    let e = w.append(&rec(3)).expect_err("no directory");
+    assert!(e.to_string().contains(&dir.path().display().to_string()), "{e}");
+    assert_eq!(w.stats().records_dropped, 4);
+    assert_eq!(w.stats().write_errors, 1);
+    // The directory comes back: the writer carries on.
+    std::fs::remove_file(dir.path()).expect("rm");
+    std::fs::create_dir(dir.path()).expect("mkdir");
+    for i in 4..8 {
+        w.append(&rec(i)).expect("append");
+    }
+    let closed = w.finish().expect("finish");
+    let r = SegmentReader::open(&closed[0]).expect("open");
+    assert_eq!(all_records(&r), (4..8).map(rec).collect::<Vec<_>>());
+}

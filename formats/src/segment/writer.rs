@@ -1,0 +1,576 @@
+//! The segment writer: one per shard, appending probe records into mmap'd segment files.
+//!
+//! The hot path is [`SegmentWriter::append`], which copies a record into preallocated column
+//! buffers and, once per `chunk_records`, serialises the columns straight into the mapping.
+//! It never allocates after the first chunk. Everything slow (file creation, msync, fsync,
+//! truncation) happens once per segment, and compression happens elsewhere ([`super::seal`]),
+//! so the shard's core is never blocked for long.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+use rkyv::rancor;
+use rkyv::ser::Positional;
+use rkyv::ser::allocator::Arena;
+use rkyv::ser::writer::Buffer;
+
+use super::layout::{
+    CLOSE_OFFSET, CloseBlock, FRAME_HEADER_BYTES, FrameKind, HEADER_BYTES, MAX_IDENTITY_BYTES, OPEN_SUFFIX,
+    WriterIdentity, decode_frame_header, encode_close, encode_header, frame_span, seal_frame_header,
+};
+use super::{SegmentError, io_err};
+use crate::record::{Endpoint, EndpointRole, PathRecord, ProbeColumns, ProbeRecord, SCHEMA_HASH};
+
+/// Path records are rare; flushing them every this many keeps their frames small.
+const PATH_CHUNK_RECORDS: usize = 1024;
+/// Pages of the mapping are write-faulted this far ahead of the write position, in one
+/// `MADV_POPULATE_WRITE` call instead of one page fault per 4 KiB (measured: faults and their
+/// zero-fill cost ~3x the column pushes themselves; see `bench formats`).
+const POPULATE_AHEAD_BYTES: usize = 2 << 20;
+/// Room kept in every segment for dictionary frames on top of two probe chunks.
+const DICTIONARY_HEADROOM_BYTES: u64 = 1 << 20;
+
+/// How a writer cuts its output into segments.
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// Directory the segments are created in (created if missing).
+    pub dir: PathBuf,
+    /// Size of each open segment file, preallocated at creation. Default 64 MiB (~1.3 M probes).
+    pub segment_bytes: u64,
+    /// A segment whose records span more than this is closed (by record time, so that the
+    /// simulator's simulated time rotates exactly like an agent's wall clock). Default 10 min.
+    pub max_age_ns: u64,
+    /// Records per chunk: the unit of checksumming, of zero-copy column access, and of what a
+    /// crash can lose. Default 4096.
+    pub chunk_records: usize,
+    /// How frames reach the file. Default [`WriteMode::Pwrite`].
+    pub write_mode: WriteMode,
+}
+
+/// How the writer puts frames into the segment file. Either way the file is preallocated, the
+/// bytes are the same, and readers mmap it; a crash of the agent loses nothing written, since
+/// both go through the page cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Serialise each frame into one reused, aligned buffer and `pwrite` it: one syscall per
+    /// chunk, and a `kill -9` cannot tear a frame (it cannot interrupt the kernel's copy).
+    /// The default, because populating a shared mapping page by page costs page faults and
+    /// zero-fill of every new page, which `bench formats` measures at several times the cost.
+    #[default]
+    Pwrite,
+    /// Serialise straight into a shared mapping of the file (no copy, but a write fault per new
+    /// page, batched with `MADV_POPULATE_WRITE`).
+    Mmap,
+}
+
+impl WriterConfig {
+    /// Defaults for `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            segment_bytes: 64 << 20,
+            max_age_ns: 600 * 1_000_000_000,
+            chunk_records: 4096,
+            write_mode: WriteMode::default(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), SegmentError> {
+        if self.chunk_records == 0 || self.chunk_records > u32::MAX as usize {
+            return Err(SegmentError::Config(format!(
+                "chunk_records = {} is out of range: use 1 to {}",
+                self.chunk_records,
+                u32::MAX
+            )));
+        }
+        let chunk_bytes = frame_span(ProbeColumns::archived_bound(self.chunk_records));
+        let needed = HEADER_BYTES as u64 + 2 * chunk_bytes as u64 + DICTIONARY_HEADROOM_BYTES;
+        if self.segment_bytes < needed {
+            return Err(SegmentError::ChunkTooLarge { chunk_bytes, segment_bytes: self.segment_bytes });
+        }
+        if self.max_age_ns == 0 {
+            return Err(SegmentError::Config("max_age_ns = 0: a segment must be allowed to live".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Counters a shard exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Records handed to `append`.
+    pub records_appended: u64,
+    /// Records inside complete, checksummed frames.
+    pub records_written: u64,
+    /// Records thrown away because no segment could be written (disk full, permissions).
+    pub records_dropped: u64,
+    /// Probe chunks written.
+    pub chunks_written: u64,
+    /// Segment files created.
+    pub segments_opened: u64,
+    /// Segment files closed.
+    pub segments_closed: u64,
+    /// Failed attempts to create, write or close a segment.
+    pub write_errors: u64,
+}
+
+struct OpenSegment {
+    path: PathBuf,
+    file: File,
+    sink: Sink,
+    /// Preallocated size of the file.
+    len: usize,
+    pos: usize,
+    close: CloseBlock,
+    dictionary_written: usize,
+}
+
+enum Sink {
+    Mapped { map: MmapMut, populated: usize },
+    Buffered { frame: rkyv::util::AlignedVec<16> },
+}
+
+impl OpenSegment {
+    /// A writable window for the next frame: its header and up to `payload_cap` payload bytes.
+    fn window(&mut self, payload_cap: usize) -> &mut [u8] {
+        let span = FRAME_HEADER_BYTES + payload_cap;
+        match &mut self.sink {
+            Sink::Mapped { map, populated } => {
+                let end = self.pos + span;
+                if end > *populated {
+                    // One MADV_POPULATE_WRITE instead of a page fault per 4 KiB. Best effort:
+                    // kernels before 5.14 refuse it and the faults simply happen one by one.
+                    let upto = end.max(*populated + POPULATE_AHEAD_BYTES).min(self.len);
+                    let ok = map.advise_range(memmap2::Advice::PopulateWrite, *populated, upto - *populated).is_ok();
+                    *populated = if ok { upto } else { self.len };
+                }
+                &mut map[self.pos..end]
+            }
+            Sink::Buffered { frame } => {
+                let want = frame_span(payload_cap);
+                if frame.len() < want {
+                    frame.resize(want, 0);
+                }
+                &mut frame[..span]
+            }
+        }
+    }
+
+    /// The payload is in the window: write the header (checksum last), put the frame in the
+    /// file, check it reads back, and advance.
+    fn commit(&mut self, kind: FrameKind, records: u32, first_ns: u64, payload_len: usize) -> Result<(), SegmentError> {
+        let end = FRAME_HEADER_BYTES + payload_len;
+        let span = frame_span(payload_len);
+        let mut readback = [0u8; FRAME_HEADER_BYTES];
+        match &mut self.sink {
+            Sink::Mapped { map, .. } => {
+                seal_frame_header(&mut map[self.pos..self.pos + end], kind, records, first_ns, payload_len);
+                readback.copy_from_slice(&map[self.pos..self.pos + FRAME_HEADER_BYTES]);
+            }
+            Sink::Buffered { frame } => {
+                seal_frame_header(&mut frame[..end], kind, records, first_ns, payload_len);
+                frame[end..span].fill(0);
+                self.file.write_all_at(&frame[..span], self.pos as u64).map_err(io_err(&self.path, "write frame"))?;
+                self.file
+                    .read_exact_at(&mut readback, self.pos as u64)
+                    .map_err(io_err(&self.path, "read frame back"))?;
+            }
+        }
+        // The other side of the write: what is now in the file must decode as what we meant.
+        let check = decode_frame_header(&readback);
+        assert!(
+            matches!(check, Ok(h) if h.kind == kind && h.records == records && h.payload_len as usize == payload_len),
+            "frame at {} of {} does not read back: {check:?}",
+            self.pos,
+            self.path.display()
+        );
+        self.pos += span;
+        Ok(())
+    }
+
+    /// Copy an already-archived payload into the next frame.
+    fn write_frame(
+        &mut self,
+        kind: FrameKind,
+        records: u32,
+        first_ns: u64,
+        payload: &[u8],
+    ) -> Result<(), SegmentError> {
+        self.window(payload.len())[FRAME_HEADER_BYTES..].copy_from_slice(payload);
+        self.commit(kind, records, first_ns, payload.len())
+    }
+
+    /// Write bytes of the header page (header or close block) and read them back.
+    fn write_header_bytes(&mut self, offset: usize, bytes: &[u8]) -> Result<(), SegmentError> {
+        let mut back = vec![0u8; bytes.len()];
+        match &mut self.sink {
+            Sink::Mapped { map, .. } => {
+                map[offset..offset + bytes.len()].copy_from_slice(bytes);
+                back.copy_from_slice(&map[offset..offset + bytes.len()]);
+            }
+            Sink::Buffered { .. } => {
+                self.file.write_all_at(bytes, offset as u64).map_err(io_err(&self.path, "write segment header"))?;
+                self.file
+                    .read_exact_at(&mut back, offset as u64)
+                    .map_err(io_err(&self.path, "read segment header back"))?;
+            }
+        }
+        assert!(back == bytes, "header bytes at {offset} of {} do not read back", self.path.display());
+        Ok(())
+    }
+}
+
+/// Appends records into rotating segment files. Not thread-safe by design: one per shard.
+pub struct SegmentWriter {
+    cfg: WriterConfig,
+    identity: WriterIdentity,
+    identity_bytes: rkyv::util::AlignedVec,
+    open: Option<OpenSegment>,
+    columns: ProbeColumns,
+    paths: Vec<PathRecord>,
+    dictionary: Vec<Endpoint>,
+    dictionary_ids: HashMap<String, u32>,
+    arena: Arena,
+    next_segment: u64,
+    spare_frame: Option<rkyv::util::AlignedVec<16>>,
+    closed: Vec<PathBuf>,
+    stats: WriterStats,
+}
+
+impl std::fmt::Debug for SegmentWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentWriter")
+            .field("dir", &self.cfg.dir)
+            .field("identity", &self.identity)
+            .field("current", &self.open.as_ref().map(|o| &o.path))
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SegmentWriter {
+    /// A writer for `identity` into `cfg.dir`. No file is created until the first flush.
+    pub fn new(cfg: WriterConfig, identity: WriterIdentity) -> Result<Self, SegmentError> {
+        cfg.validate()?;
+        std::fs::create_dir_all(&cfg.dir).map_err(io_err(&cfg.dir, "create segment directory"))?;
+        let identity_bytes =
+            rkyv::to_bytes::<rancor::Error>(&identity).map_err(|e| SegmentError::Config(e.to_string()))?;
+        if identity_bytes.len() > MAX_IDENTITY_BYTES {
+            return Err(SegmentError::Config(format!(
+                "writer identity archives to {} bytes, more than the {MAX_IDENTITY_BYTES} the header holds: \
+                 shorten the host, device or tool name",
+                identity_bytes.len()
+            )));
+        }
+        let columns = ProbeColumns::with_capacity(cfg.chunk_records);
+        // One chunk's worth of rkyv scratch so that serialising never allocates in steady state.
+        let arena = Arena::with_capacity(4096);
+        Ok(Self {
+            cfg,
+            identity,
+            identity_bytes,
+            open: None,
+            columns,
+            paths: Vec::with_capacity(PATH_CHUNK_RECORDS),
+            dictionary: Vec::new(),
+            dictionary_ids: HashMap::new(),
+            arena,
+            next_segment: 0,
+            spare_frame: None,
+            closed: Vec::new(),
+            stats: WriterStats::default(),
+        })
+    }
+
+    /// The id records use for the endpoint called `name`, defining it on first use. Call this
+    /// when a pinglist is loaded, not per probe.
+    pub fn endpoint(&mut self, role: EndpointRole, name: &str, tor: &str, addr: [u8; 16]) -> u32 {
+        if let Some(&id) = self.dictionary_ids.get(name) {
+            return id;
+        }
+        let id = self.dictionary.len() as u32;
+        self.dictionary.push(Endpoint { id, role: role as u8, name: name.to_owned(), tor: tor.to_owned(), addr });
+        self.dictionary_ids.insert(name.to_owned(), id);
+        id
+    }
+
+    /// Append one probe record. Writes a chunk when `chunk_records` have accumulated.
+    ///
+    /// An error means the chunk could not be written (its records are counted as dropped);
+    /// the writer stays usable and retries with a new segment on the next chunk.
+    #[inline]
+    pub fn append(&mut self, record: &ProbeRecord) -> Result<(), SegmentError> {
+        self.columns.push(record);
+        self.stats.records_appended += 1;
+        if self.columns.len() >= self.cfg.chunk_records { self.flush() } else { Ok(()) }
+    }
+
+    /// Append one path trace.
+    pub fn append_path(&mut self, record: &PathRecord) -> Result<(), SegmentError> {
+        self.paths.push(*record);
+        if self.paths.len() >= PATH_CHUNK_RECORDS { self.flush() } else { Ok(()) }
+    }
+
+    /// Write whatever is buffered as (possibly short) frames. The agent calls this on a timer so
+    /// that a crash loses at most one flush interval of probes.
+    pub fn flush(&mut self) -> Result<(), SegmentError> {
+        if self.columns.is_empty() && self.paths.is_empty() {
+            return Ok(());
+        }
+        let result = self.write_buffered();
+        if result.is_err() {
+            self.stats.write_errors += 1;
+            self.stats.records_dropped += self.columns.len() as u64;
+            self.columns.clear();
+            self.paths.clear();
+        }
+        result
+    }
+
+    /// Flush and close the current segment; it is then ready for [`super::seal`]. Returns its
+    /// path, if one was open.
+    pub fn rotate(&mut self) -> Result<Option<PathBuf>, SegmentError> {
+        let flushed = self.flush();
+        let closed = match self.open.take() {
+            Some(seg) => Some(self.close_segment(seg)?),
+            None => None,
+        };
+        flushed.map(|()| closed)
+    }
+
+    /// Close the current segment if its first record is older than `max_age_ns` at `now_unix_ns`.
+    /// For idle shards, whose records alone would never trigger age rotation.
+    pub fn rotate_if_older(&mut self, now_unix_ns: u64) -> Result<Option<PathBuf>, SegmentError> {
+        match &self.open {
+            Some(seg) if now_unix_ns.saturating_sub(seg.close.first_unix_ns) > self.cfg.max_age_ns => self.rotate(),
+            _ => Ok(None),
+        }
+    }
+
+    /// Closed segments not yet handed out; the caller seals them (off the hot path).
+    pub fn take_closed(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.closed)
+    }
+
+    /// Flush, close, and return every closed segment not yet taken.
+    pub fn finish(mut self) -> Result<Vec<PathBuf>, SegmentError> {
+        self.rotate()?;
+        Ok(std::mem::take(&mut self.closed))
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> WriterStats {
+        self.stats
+    }
+
+    /// The open segment's path, if any.
+    pub fn current_path(&self) -> Option<&Path> {
+        self.open.as_ref().map(|o| o.path.as_path())
+    }
+
+    /// The writer's identity.
+    pub fn identity(&self) -> &WriterIdentity {
+        &self.identity
+    }
+
+    fn write_buffered(&mut self) -> Result<(), SegmentError> {
+        let (first_ns, last_ns) = self.buffered_time_range();
+        let probe_bound =
+            if self.columns.is_empty() { 0 } else { frame_span(ProbeColumns::archived_bound(self.columns.len())) };
+        let paths_bound = if self.paths.is_empty() { 0 } else { frame_span(self.paths.len() * 64 + 64) };
+        let rotate = match &self.open {
+            Some(seg) => {
+                let dict_bound = dictionary_bound(&self.dictionary[seg.dictionary_written..]);
+                let need = dict_bound + probe_bound + paths_bound;
+                seg.pos + need > seg.len || last_ns.saturating_sub(seg.close.first_unix_ns) > self.cfg.max_age_ns
+            }
+            None => false,
+        };
+        if rotate && let Some(seg) = self.open.take() {
+            self.close_segment(seg)?;
+        }
+        if self.open.is_none() {
+            self.open = Some(self.open_segment(first_ns)?);
+        }
+        let Some(seg) = self.open.as_mut() else {
+            return Err(SegmentError::Config("internal: no open segment after opening one".into()));
+        };
+        let need = dictionary_bound(&self.dictionary[seg.dictionary_written..]) + probe_bound + paths_bound;
+        if seg.pos + need > seg.len {
+            return Err(SegmentError::ChunkTooLarge { chunk_bytes: need, segment_bytes: self.cfg.segment_bytes });
+        }
+
+        if seg.dictionary_written < self.dictionary.len() {
+            let bytes = rkyv::to_bytes::<rancor::Error>(&self.dictionary[seg.dictionary_written..].to_vec())
+                .map_err(|e| encode_failure("dictionary", e))?;
+            let n = (self.dictionary.len() - seg.dictionary_written) as u32;
+            seg.write_frame(FrameKind::Dictionary, n, 0, &bytes)?;
+            seg.dictionary_written = self.dictionary.len();
+        }
+        if !self.columns.is_empty() {
+            let n = self.columns.len();
+            let window = &mut seg.window(ProbeColumns::archived_bound(n))[FRAME_HEADER_BYTES..];
+            let buffer = rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+                &self.columns,
+                Buffer::from(window),
+                self.arena.acquire(),
+            )
+            .map_err(|e| encode_failure("probe chunk", e))?;
+            let len = buffer.pos();
+            seg.commit(FrameKind::Probes, n as u32, first_ns, len)?;
+            seg.close.records += n as u64;
+            seg.close.chunks += 1;
+            self.stats.records_written += n as u64;
+            self.stats.chunks_written += 1;
+            self.columns.clear();
+        }
+        if !self.paths.is_empty() {
+            let bytes = rkyv::to_bytes::<rancor::Error>(&self.paths).map_err(|e| encode_failure("path chunk", e))?;
+            seg.write_frame(FrameKind::Paths, self.paths.len() as u32, first_ns, &bytes)?;
+            self.paths.clear();
+        }
+        seg.close.first_unix_ns = seg.close.first_unix_ns.min(first_ns);
+        seg.close.last_unix_ns = seg.close.last_unix_ns.max(last_ns);
+        Ok(())
+    }
+
+    fn buffered_time_range(&self) -> (u64, u64) {
+        let probes = self.columns.t1_unix_ns.iter().copied();
+        let paths = self.paths.iter().map(|p| p.t_unix_ns);
+        probes.chain(paths).fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)))
+    }
+
+    fn open_segment(&mut self, first_ns: u64) -> Result<OpenSegment, SegmentError> {
+        let name = format!(
+            "{:013}-{}-{}-{:08x}-{:06}{OPEN_SUFFIX}",
+            first_ns / 1_000_000,
+            file_safe(&self.identity.host),
+            file_safe(&self.identity.device),
+            self.identity.agent_epoch,
+            self.next_segment,
+        );
+        let path = self.cfg.dir.join(name);
+        // create_new: an existing file is someone's data, never overwrite it.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_err(&path, "create segment"))?;
+        let len = self.cfg.segment_bytes;
+        if let Err(e) = reserve(&file, len) {
+            let _ = std::fs::remove_file(&path);
+            return Err(SegmentError::Io {
+                path,
+                op: format!("reserve {} MiB for a new segment", len >> 20),
+                source: e,
+            });
+        }
+        let sink = match self.cfg.write_mode {
+            WriteMode::Mmap => {
+                // SAFETY: the file was created by us with create_new and is only ever mapped
+                // writable by this writer; readers map it read-only and never truncate it.
+                let map = unsafe { MmapMut::map_mut(&file) }.map_err(io_err(&path, "mmap segment"))?;
+                Sink::Mapped { map, populated: HEADER_BYTES }
+            }
+            WriteMode::Pwrite => Sink::Buffered {
+                frame: self.spare_frame.take().unwrap_or_else(|| {
+                    rkyv::util::AlignedVec::with_capacity(frame_span(ProbeColumns::archived_bound(
+                        self.cfg.chunk_records,
+                    )))
+                }),
+            },
+        };
+        let mut seg = OpenSegment {
+            path,
+            file,
+            sink,
+            len: len as usize,
+            pos: HEADER_BYTES,
+            close: CloseBlock { first_unix_ns: u64::MAX, ..CloseBlock::default() },
+            dictionary_written: 0,
+        };
+        let mut page = vec![0u8; HEADER_BYTES];
+        encode_header(&mut page, first_ns, SCHEMA_HASH, &self.identity_bytes);
+        // No msync or fsync here, nor at close: a synchronous flush of up to 64 MiB would stall
+        // the shard's probes for hundreds of milliseconds (measured in `bench formats`). The page
+        // cache already survives a crash of the agent; durability against power loss comes from
+        // sealing, which fsyncs the compressed copy right after rotation, off the shard.
+        seg.write_header_bytes(0, &page)?;
+        self.next_segment += 1;
+        self.stats.segments_opened += 1;
+        Ok(seg)
+    }
+
+    fn close_segment(&mut self, mut seg: OpenSegment) -> Result<PathBuf, SegmentError> {
+        if seg.close.chunks == 0 {
+            seg.close.first_unix_ns = seg.close.first_unix_ns.min(seg.close.last_unix_ns);
+        }
+        seg.close.data_end = seg.pos as u64;
+        let mut page = vec![0u8; HEADER_BYTES];
+        encode_close(&mut page, &seg.close);
+        seg.write_header_bytes(CLOSE_OFFSET, &page[CLOSE_OFFSET..])?;
+        let OpenSegment { path, file, sink, pos, .. } = seg;
+        if let Sink::Buffered { frame } = sink {
+            self.spare_frame = Some(frame);
+        }
+        // (The mapping, if any, is gone by now: truncating under a live mapping would be a
+        // SIGBUS waiting for the next write.)
+        // Give back the preallocated, unused tail; the close block says where data ends anyway.
+        file.set_len(pos as u64).map_err(io_err(&path, "truncate closed segment"))?;
+        self.stats.segments_closed += 1;
+        self.closed.push(path.clone());
+        Ok(path)
+    }
+}
+
+impl Drop for SegmentWriter {
+    /// Best effort: a writer dropped without `finish` (an error path in its owner) still leaves
+    /// a closed, complete segment behind. Errors here have nowhere to go; the reader will see an
+    /// unclosed segment at worst, which it reads fine.
+    fn drop(&mut self) {
+        if self.open.is_some() {
+            let _ = self.rotate();
+        }
+    }
+}
+
+fn dictionary_bound(entries: &[Endpoint]) -> usize {
+    if entries.is_empty() {
+        return 0;
+    }
+    let body: usize = entries.iter().map(|e| 48 + e.name.len() + e.tor.len()).sum();
+    frame_span(body + 64)
+}
+
+fn encode_failure(what: &str, e: rancor::Error) -> SegmentError {
+    SegmentError::Config(format!("encoding a {what} failed: {e} (a bug in rocemesh: please report it)"))
+}
+
+/// Reserve real blocks for the whole file: a write to a sparse mmap'd file on a full disk is a
+/// SIGBUS that kills the agent; a failed fallocate is an error we can report.
+fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    // SAFETY: plain syscall on a valid, owned descriptor.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        // Filesystems without fallocate: fall back to a sparse file (the SIGBUS risk remains
+        // there and is documented in ARCHITECTURE.md).
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir, "fsync directory"))
+}
+
+fn file_safe(s: &str) -> String {
+    let cleaned: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' { c } else { '_' }).collect();
+    if cleaned.is_empty() { "_".into() } else { cleaned }
+}
