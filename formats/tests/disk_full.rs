@@ -37,4 +37,34 @@ fn no_room_for_a_segment_is_a_clear_error_and_the_writer_recovers() {
     let closed = w.finish().expect("finish");
     let r = rocemesh_formats::segment::SegmentReader::open(&closed[0]).expect("open");
     assert_eq!(common::records_of(&r), (64..200).map(common::rec).collect::<Vec<_>>());
+
+    // A write that fails in the middle of an open segment (the limit drops below its write
+    // position): the writer closes that segment with what it holds and starts a new one once
+    // writing works again. (One test, because the limit is process-wide.)
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = common::writer(dir.path(), 64, 2 << 20);
+    for i in 0..640 {
+        w.append(&common::rec(i)).expect("append");
+    }
+    set_fsize(20_000);
+    for i in 640..703 {
+        w.append(&common::rec(i)).expect("buffered");
+    }
+    let e = w.append(&common::rec(703)).expect_err("write beyond the limit");
+    assert!(e.to_string().contains("write frame"), "{e}");
+    assert_eq!((w.stats().write_errors, w.stats().records_dropped), (1, 64));
+    assert_eq!(w.current_path(), None, "the failing segment is closed, not written into again");
+    set_fsize(u64::MAX);
+    for i in 704..800 {
+        w.append(&common::rec(i)).expect("append after the limit is lifted");
+    }
+    let closed = w.finish().expect("finish");
+    assert_eq!(closed.len(), 2);
+    let mut seen = Vec::new();
+    for p in &closed {
+        let r = rocemesh_formats::segment::SegmentReader::open(p).expect("open");
+        assert!(r.is_closed() && r.damage().is_empty(), "{:?}", r.damage());
+        seen.extend(common::records_of(&r));
+    }
+    assert_eq!(seen, (0..640).chain(704..800).map(common::rec).collect::<Vec<_>>());
 }

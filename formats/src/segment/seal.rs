@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::layout::{CloseBlock, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, encode_close};
 use super::reader::{Damage, DamageKind, SegmentReader};
-use super::writer::sync_dir;
+use super::writer::{lock_exclusive, sync_dir};
 use super::{SegmentError, io_err};
 
 /// What sealing one segment did.
@@ -48,6 +48,19 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
     let sealed_path = dir.join(format!("{stem}{SEALED_SUFFIX}"));
     let tmp_path = dir.join(format!("{stem}{SEALED_SUFFIX}.tmp"));
 
+    // A segment that a live writer still holds must not be sealed: the writer would go on
+    // appending to a file that is about to be deleted.
+    let lock = File::open(path).map_err(io_err(path, "open segment"))?;
+    if let Err(e) = lock_exclusive(&lock) {
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            SegmentError::Config(format!(
+                "{}: still being written by a live writer; seal it after the writer rotates it",
+                path.display()
+            ))
+        } else {
+            SegmentError::Io { path: path.to_path_buf(), op: "lock segment".into(), source: e }
+        });
+    }
     let source = SegmentReader::open(path)?;
     if source.is_sealed() {
         return Err(SegmentError::Config(format!(

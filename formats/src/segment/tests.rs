@@ -348,10 +348,13 @@ fn a_segment_left_open_by_a_crash_is_read_and_sealed() {
     for i in 0..1_000 {
         w.append(&rec(i)).expect("append");
     }
-    // Simulate kill -9: no flush of the partial chunk, no close, no truncation.
-    std::mem::forget(w);
     let open = segments(dir.path(), OPEN_SUFFIX);
     assert_eq!(open.len(), 1);
+    let e = seal(&open[0], 3).expect_err("a live writer holds it");
+    assert!(e.to_string().contains("still being written by a live writer"), "{e}");
+    assert!(open[0].exists(), "refusing must not touch the file");
+    // As kill -9 would: no flush of the partial chunk, no close, no truncation.
+    w.crash();
     let r = SegmentReader::open(&open[0]).expect("open");
     assert!(!r.is_closed());
     assert_eq!(r.records(), 960, "15 complete chunks of 64; the 40 buffered records were never written");

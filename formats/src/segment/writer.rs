@@ -327,6 +327,11 @@ impl SegmentWriter {
             self.stats.records_dropped += self.columns.len() as u64;
             self.columns.clear();
             self.paths.clear();
+            // Do not keep writing into a file that just failed (EIO, a full disk during a
+            // pwrite): close what it holds, best effort, and start a fresh one next time.
+            if let Some(seg) = self.open.take() {
+                let _ = self.close_segment(seg);
+            }
         }
         result
     }
@@ -375,6 +380,13 @@ impl SegmentWriter {
     /// The writer's identity.
     pub fn identity(&self) -> &WriterIdentity {
         &self.identity
+    }
+
+    /// Stop as a crash would: the open segment keeps what was written, gets no close block, and
+    /// its lock is released; buffered records are lost.
+    #[cfg(test)]
+    pub(crate) fn crash(mut self) {
+        drop(self.open.take());
     }
 
     fn write_buffered(&mut self) -> Result<(), SegmentError> {
@@ -461,6 +473,9 @@ impl SegmentWriter {
             .create_new(true)
             .open(&path)
             .map_err(io_err(&path, "create segment"))?;
+        // The lock says "a live writer owns this file": `seal` refuses locked segments, and the
+        // kernel drops the lock when the process dies, however it dies.
+        lock_exclusive(&file).map_err(io_err(&path, "lock new segment"))?;
         let len = self.cfg.segment_bytes;
         if let Err(e) = reserve(&file, len) {
             let _ = std::fs::remove_file(&path);
@@ -549,6 +564,16 @@ fn dictionary_bound(entries: &[Endpoint]) -> usize {
 
 fn encode_failure(what: &str, e: rancor::Error) -> SegmentError {
     SegmentError::Config(format!("encoding a {what} failed: {e} (a bug in rocemesh: please report it)"))
+}
+
+/// Take the writer's advisory lock on a segment without waiting.
+pub(crate) fn lock_exclusive(file: &File) -> std::io::Result<()> {
+    // SAFETY: plain syscall on a valid, owned descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Reserve real blocks for the whole file: a write to a sparse mmap'd file on a full disk is a
