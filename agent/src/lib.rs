@@ -1,6 +1,18 @@
-//! The agent: one glommio shard per RNIC, pinned to its core, probing its pinglist's targets
-//! with the six-timestamp protocol and answering other agents' probes.
+//! The rocemesh agent: one shard per RNIC (UDP: per local address), each pinned to its core,
+//! probing its pinglist's targets with the six-timestamp protocol and answering other agents'
+//! probes, and writing every probe into its segment files.
 //!
-//! Not built yet (issue 3: UDP transport first; issue 7: verbs). What exists for it today is the
-//! contract it writes to: `rocemesh_formats::segment::SegmentWriter` (one per shard, appending
-//! `ProbeRecord`s without allocating) and `rocemesh_formats::pinglist` (what it probes).
+//! - [`protocol`]: the 64-byte packet on the wire.
+//! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one.
+//! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
+//! - [`runtime`]: executors, signals, pinglist reload, sealing.
+//! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards).
+
+pub mod clock;
+pub mod config;
+pub mod demo;
+pub mod protocol;
+pub mod runtime;
+pub mod shard;
+pub mod transport;
+pub mod udp;

@@ -49,6 +49,10 @@ pub enum Outcome {
     /// Timestamps present but a delay negative or absurd (clock step, NIC clock glitch).
     /// Counted, never silently dropped, and never used as a latency sample.
     Invalid = 2,
+    /// The target's host answered that nothing listens (UDP: ICMP port unreachable): the host is
+    /// up and reachable, its agent is not running. Not packet loss (Pingmesh: a dead peer is not
+    /// a network drop); verbs has no such signal, and there a dead agent shows as `Lost`.
+    Refused = 3,
 }
 
 impl Outcome {
@@ -58,6 +62,7 @@ impl Outcome {
             0 => Some(Self::Ok),
             1 => Some(Self::Lost),
             2 => Some(Self::Invalid),
+            3 => Some(Self::Refused),
             _ => None,
         }
     }
@@ -348,7 +353,7 @@ impl ArchivedProbeColumns {
 
 /// The description the schema hash is computed from. Any change to a record, a column or the
 /// dictionary entry must change this string (and, if old files must stay readable, the reader).
-pub const SCHEMA: &str = "probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
@@ -419,7 +424,8 @@ mod tests {
     #[test]
     fn enums_decode_only_known_values() {
         assert_eq!(Outcome::from_u8(2), Some(Outcome::Invalid));
-        assert_eq!(Outcome::from_u8(3), None);
+        assert_eq!(Outcome::from_u8(3), Some(Outcome::Refused));
+        assert_eq!(Outcome::from_u8(4), None);
         assert_eq!(TsSource::from_u8(3), Some(TsSource::KernelHardware));
         assert_eq!(TsSource::from_u8(9), None);
         assert!(Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK1));

@@ -1,0 +1,245 @@
+//! The agent's configuration file (TOML). Every key is documented where it is defined.
+//!
+//! ```toml
+//! host = "tor0-h0"                 # this host's inventory name
+//! pinglist = "pinglist.toml"       # relative paths are relative to this file's directory
+//! segment_dir = "segments"
+//! mode = "event"                   # "event" (wait for packets/deadlines) or "busy_poll" (spin)
+//!
+//! [[shard]]
+//! device = "mlx5_0"                # the pinglist's `from`; also names the segment files
+//! tor = "tor0"
+//! bind = "10.0.0.1:18515"          # UDP transport: the address this shard probes from and answers on
+//! core = 2                         # CPU core the shard is pinned to
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Busy-poll or event-driven shards.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Sleep until a packet arrives or the next probe, timeout or flush is due. Costs almost
+    /// nothing when idle; the default, and what a 2-core box or a soft-RoCE testbed wants.
+    #[default]
+    Event,
+    /// Spin on the socket: lowest and steadiest prober delay, one full core per shard.
+    BusyPoll,
+}
+
+/// The transport a shard probes over.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// Kernel UDP with SO_TIMESTAMPING software timestamps (hosts and CI without RNICs).
+    #[default]
+    Udp,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This host's name in the inventory; with a shard's `device` it names the shard's RNIC
+    /// (`host/device`) in every record.
+    pub host: String,
+    /// The pinglist `ctl` pushes to this host. Reloaded when it changes (inotify); a bad file is
+    /// reported and the previous pinglist stays in force. Relative to the config file.
+    pub pinglist: PathBuf,
+    /// Where each shard writes its segments (one sub-directory per shard). Relative to the config
+    /// file.
+    pub segment_dir: PathBuf,
+    /// Event-driven or busy-poll shards.
+    #[serde(default)]
+    pub mode: Mode,
+    /// How often buffered records are written to the segment (ms): the most a crash can lose.
+    #[serde(default = "default_flush_interval_ms")]
+    pub flush_interval_ms: u64,
+    /// Size of each open segment file (MiB).
+    #[serde(default = "default_segment_mib")]
+    pub segment_mib: u64,
+    /// A segment is closed and sealed once its records span this long (s).
+    #[serde(default = "default_segment_max_age_s")]
+    pub segment_max_age_s: u64,
+    /// Disk budget for all of this agent's segments (MiB); the oldest sealed ones are evicted.
+    #[serde(default = "default_segment_quota_mib")]
+    pub segment_quota_mib: u64,
+    /// zstd level of sealed segments.
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+    /// How often each shard logs its counters (s); 0 = only at shutdown.
+    #[serde(default = "default_stats_interval_s")]
+    pub stats_interval_s: u64,
+    /// The shards, one per RNIC (UDP: per local address).
+    #[serde(rename = "shard")]
+    pub shards: Vec<ShardConfig>,
+}
+
+/// One shard.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    /// The device name the pinglist's `from` refers to; also names this shard's segments.
+    pub device: String,
+    /// ToR of this RNIC (recorded in the segment header).
+    #[serde(default)]
+    pub tor: String,
+    /// Transport.
+    #[serde(default)]
+    pub transport: TransportKind,
+    /// UDP: address and port this shard probes from and answers on. Targets without a `port` in
+    /// the pinglist are probed on this port.
+    pub bind: SocketAddr,
+    /// CPU core to pin the shard to.
+    pub core: usize,
+    /// Testing only: ignore this fraction of received probes, as a lossy peer would.
+    #[serde(default)]
+    pub ignore_probe_fraction: f64,
+}
+
+fn default_flush_interval_ms() -> u64 {
+    1_000
+}
+fn default_segment_mib() -> u64 {
+    64
+}
+fn default_segment_max_age_s() -> u64 {
+    600
+}
+fn default_segment_quota_mib() -> u64 {
+    4_096
+}
+fn default_zstd_level() -> i32 {
+    3
+}
+fn default_stats_interval_s() -> u64 {
+    60
+}
+
+/// A configuration file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {problem}")]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+impl AgentConfig {
+    /// Read and validate `path`; relative paths inside are resolved against its directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let err = |problem: String| ConfigError { file: path.to_path_buf(), problem };
+        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate `text` as if read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let err = |problem: String| ConfigError { file: path.to_path_buf(), problem };
+        let mut cfg: AgentConfig = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.pinglist = base.join(&cfg.pinglist);
+        cfg.segment_dir = base.join(&cfg.segment_dir);
+        cfg.validate().map_err(err)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.host.is_empty() {
+            return Err("`host` is empty: set it to this host's inventory name".into());
+        }
+        if self.shards.is_empty() {
+            return Err("no [[shard]]: add one per RNIC (UDP: per local address)".into());
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        for (i, s) in self.shards.iter().enumerate() {
+            if s.device.is_empty() || s.device.contains('/') {
+                return Err(format!("shard[{i}].device {:?}: must be a non-empty name without '/'", s.device));
+            }
+            if let Some(j) = self.shards[..i].iter().position(|o| o.device == s.device) {
+                return Err(format!("shard[{i}].device {:?} is also shard[{j}]'s: devices must be unique", s.device));
+            }
+            if let Some(j) = self.shards[..i].iter().position(|o| o.bind == s.bind) {
+                return Err(format!(
+                    "shard[{i}].bind {} is also shard[{j}]'s: give each shard its own address",
+                    s.bind
+                ));
+            }
+            if s.core >= cores {
+                return Err(format!(
+                    "shard[{i}].core = {} but this host has {cores} cores (0..{}): pick an existing core",
+                    s.core,
+                    cores - 1
+                ));
+            }
+            if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
+                return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
+            }
+        }
+        if !(10..=60_000).contains(&self.flush_interval_ms) {
+            return Err(format!("flush_interval_ms = {}: use 10 to 60000", self.flush_interval_ms));
+        }
+        if !(2..=4096).contains(&self.segment_mib) {
+            return Err(format!("segment_mib = {}: use 2 to 4096", self.segment_mib));
+        }
+        if self.segment_max_age_s == 0 {
+            return Err("segment_max_age_s = 0: use at least 1".into());
+        }
+        if !(1..=19).contains(&self.zstd_level) {
+            return Err(format!("zstd_level = {}: use 1 to 19", self.zstd_level));
+        }
+        if self.segment_quota_mib < self.segment_mib * self.shards.len() as u64 * 2 {
+            return Err(format!(
+                "segment_quota_mib = {} is below two segments per shard ({}): raise it",
+                self.segment_quota_mib,
+                self.segment_mib * self.shards.len() as u64 * 2
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+host = "h0"
+pinglist = "pl.toml"
+segment_dir = "seg"
+[[shard]]
+device = "lo-a"
+bind = "127.0.0.1:18515"
+core = 0
+"#;
+
+    #[test]
+    fn good_config_resolves_paths_against_its_directory() {
+        let c = AgentConfig::parse(GOOD, Path::new("/etc/rocemesh/agent.toml")).expect("parses");
+        assert_eq!(c.pinglist, Path::new("/etc/rocemesh/pl.toml"));
+        assert_eq!(c.segment_dir, Path::new("/etc/rocemesh/seg"));
+        assert_eq!((c.mode, c.flush_interval_ms), (Mode::Event, 1_000));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let p = Path::new("/x/agent.toml");
+        let e = AgentConfig::parse(&GOOD.replace("core = 0", "core = 4096"), p).expect_err("core");
+        assert!(e.to_string().starts_with("/x/agent.toml: shard[0].core = 4096"), "{e}");
+        let e = AgentConfig::parse(&GOOD.replace("device", "devcie"), p).expect_err("typo");
+        assert!(e.to_string().contains("devcie") && e.to_string().contains("line"), "{e}");
+        let dup = format!("{GOOD}\n[[shard]]\ndevice = \"lo-b\"\nbind = \"127.0.0.1:18515\"\ncore = 0\n");
+        let e = AgentConfig::parse(&dup, p).expect_err("dup bind");
+        assert!(e.to_string().contains("shard[1].bind"), "{e}");
+        let e = AgentConfig::parse(
+            &GOOD.replace("\"event\"", "x").replace("host = \"h0\"", "host = \"h0\"\nmode = \"spin\""),
+            p,
+        )
+        .expect_err("mode");
+        assert!(e.to_string().contains("spin"), "{e}");
+    }
+}

@@ -1,0 +1,59 @@
+//! The embedded default: several shards on 127.0.0.x loopback addresses probing each other, so
+//! that the agent runs end to end on any Linux box, with no RNIC and no inventory.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rocemesh_formats::pinglist::{Pinglist, ProbeKind, Target};
+
+/// Write `agent.toml` and `pinglist.toml` for `shards` loopback shards into `dir`; returns the
+/// config path. Shard i binds 127.0.0.(i+1):`port` and probes every other shard at 10/s
+/// (ToR-mesh, as if all sat under one ToR), cycling 4 flow labels.
+pub fn write(dir: &Path, shards: usize, port: u16, busy_poll: bool) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut cfg = String::from(
+        "# The embedded default: loopback shards probing each other (see `agent demo --help`).\n\
+         host = \"loopback\"\npinglist = \"pinglist.toml\"\nsegment_dir = \"segments\"\n",
+    );
+    cfg.push_str(&format!(
+        "mode = \"{}\"\nflush_interval_ms = 200\nstats_interval_s = 5\n",
+        if busy_poll { "busy_poll" } else { "event" }
+    ));
+    let addr = |i: usize| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, (i + 1) as u8)), port);
+    for i in 0..shards {
+        cfg.push_str(&format!(
+            "\n[[shard]]\ndevice = \"lo{i}\"\ntor = \"tor0\"\nbind = \"{}\"\ncore = {}\n",
+            addr(i),
+            i % cores
+        ));
+    }
+    let mut targets = Vec::new();
+    for i in 0..shards {
+        for j in (0..shards).filter(|&j| j != i) {
+            targets.push(Target {
+                from: format!("lo{i}"),
+                to: format!("loopback/lo{j}"),
+                kind: ProbeKind::TorMesh,
+                addr: addr(j).ip(),
+                port: Some(port),
+                qpn: None,
+                rate_pps: 10.0,
+                flow_labels: vec![1, 2, 3, 4],
+            });
+        }
+    }
+    let pinglist = Pinglist {
+        version: 1,
+        host: "loopback".into(),
+        generation: 1,
+        generated_unix_ns: crate::clock::now_ns(),
+        timeout_ms: 500,
+        targets,
+    };
+    std::fs::write(dir.join("pinglist.toml"), pinglist.to_toml_string()?).context("write pinglist.toml")?;
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, cfg).context("write agent.toml")?;
+    Ok(path)
+}

@@ -1,0 +1,432 @@
+//! Running the agent: one pinned glommio executor per shard, and three plain threads around
+//! them: the pinglist watcher (inotify), the sealer (zstd and quota, so that compression never
+//! runs on a shard's core), and the main thread waiting for SIGTERM.
+//!
+//! Shards share nothing but [`Control`]: a stop flag and the current pinglist behind a
+//! generation counter they check with one atomic load per round.
+
+use std::ffi::CString;
+use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use glommio::{LocalExecutorBuilder, Placement};
+use rocemesh_formats::pinglist::Pinglist;
+use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enforce_quota, seal};
+
+use crate::clock::now_ns;
+use crate::config::{AgentConfig, Mode, ShardConfig};
+use crate::shard::{Shard, ShardParams, ShardStats, UdpResolver};
+use crate::udp::{UdpTransport, unspecified_like};
+
+/// glommio's reactor refuses to start below this (its MIN_MEMLOCK_LIMIT).
+const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
+/// The agent does no storage I/O through glommio: its minimum.
+const GLOMMIO_IO_MEMORY_BYTES: usize = 64 * 1024;
+/// Longest an event-mode shard sleeps, so that stop and reload are seen within this.
+const MAX_WAIT: Duration = Duration::from_millis(10);
+
+static STOP_SIGNAL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP_SIGNAL.store(true, Ordering::SeqCst);
+}
+
+/// What shards share.
+#[derive(Debug)]
+pub struct Control {
+    stop: AtomicBool,
+    /// Shards that have bound their socket; probing starts when all have (or one failed), so
+    /// that an agent's first probes do not hit its own not-yet-bound shards.
+    ready: std::sync::atomic::AtomicUsize,
+    failed: AtomicBool,
+    generation: AtomicU64,
+    pinglist: Mutex<Arc<Pinglist>>,
+}
+
+impl Control {
+    fn current(&self) -> Arc<Pinglist> {
+        self.pinglist.lock().map(|p| p.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    fn publish(&self, p: Pinglist) {
+        let generation = p.generation;
+        match self.pinglist.lock() {
+            Ok(mut slot) => *slot = Arc::new(p),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(p),
+        }
+        self.generation.store(generation.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Ask every shard to finish.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || STOP_SIGNAL.load(Ordering::Relaxed)
+    }
+}
+
+/// Final counters of one shard.
+#[derive(Debug, Clone)]
+pub struct ShardReport {
+    /// Its device.
+    pub device: String,
+    /// Its counters.
+    pub stats: ShardStats,
+}
+
+/// Check the limits glommio needs before starting anything, with an error that names the limit.
+pub fn check_limits() -> Result<()> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut lim) } != 0 {
+        return Ok(());
+    }
+    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < MEMLOCK_MIN_BYTES {
+        bail!(
+            "RLIMIT_MEMLOCK is {} KiB; the agent's io_uring reactor needs at least {} KiB per process: \
+             raise it with `ulimit -l {}` or `LimitMEMLOCK={}K` in the systemd unit",
+            lim.rlim_cur / 1024,
+            MEMLOCK_MIN_BYTES / 1024,
+            MEMLOCK_MIN_BYTES / 1024 * 4,
+            MEMLOCK_MIN_BYTES / 1024 * 4
+        );
+    }
+    Ok(())
+}
+
+/// Run until SIGTERM/SIGINT, `control.stop()`, or `duration` elapses.
+pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardReport>> {
+    check_limits()?;
+    install_stop_handler()?;
+    let pinglist = match Pinglist::load(&cfg.pinglist) {
+        Ok(p) => p,
+        Err(e) => bail!("{e}\n(the agent will not start on an invalid pinglist; `agent check-config` shows the same)"),
+    };
+    let control = Arc::new(Control {
+        stop: AtomicBool::new(false),
+        ready: std::sync::atomic::AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+        generation: AtomicU64::new(pinglist.generation.wrapping_add(1)),
+        pinglist: Mutex::new(Arc::new(pinglist)),
+    });
+    let epoch = random_u32();
+    tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
+
+    let (seal_tx, seal_rx) = mpsc::channel::<PathBuf>();
+    let sealer = {
+        let (dir, quota, level) = (cfg.segment_dir.clone(), cfg.segment_quota_mib << 20, cfg.zstd_level);
+        std::thread::Builder::new().name("sealer".into()).spawn(move || sealer_loop(&seal_rx, &dir, quota, level))?
+    };
+    for s in &cfg.shards {
+        recover_leftovers(&cfg.segment_dir.join(&s.device), &seal_tx);
+    }
+    spawn_watcher(cfg.pinglist.clone(), control.clone())?;
+
+    let mut handles = Vec::new();
+    for (i, sc) in cfg.shards.iter().enumerate() {
+        let (cfg, sc, control, seal_tx) = (cfg.clone(), sc.clone(), control.clone(), seal_tx.clone());
+        let params = ShardParams {
+            host: cfg.host.clone(),
+            device: sc.device.clone(),
+            tor: sc.tor.clone(),
+            // Distinct per shard: shards of one agent start their counters together, and equal
+            // sequence numbers from two probers must not meet at a responder.
+            epoch: epoch.wrapping_add((i as u32).wrapping_mul(0x9E37_79B9)).max(1),
+            default_port: sc.bind.port(),
+            flush_interval_ns: cfg.flush_interval_ms * 1_000_000,
+            ignore_probe_fraction: sc.ignore_probe_fraction,
+        };
+        let (device, core) = (sc.device.clone(), sc.core);
+        let shards = cfg.shards.len();
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
+            .name(&format!("shard-{i}"))
+            .io_memory(GLOMMIO_IO_MEMORY_BYTES)
+            .spawn(move || async move {
+                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards).await;
+                if r.is_err() {
+                    control.failed.store(true, Ordering::SeqCst);
+                }
+                r
+            })
+            .map_err(|e| anyhow::anyhow!("starting the executor of shard {device} on core {core}: {e}"))?;
+        handles.push(handle);
+    }
+    drop(seal_tx);
+
+    let started = std::time::Instant::now();
+    let reports = loop {
+        if duration.is_some_and(|d| started.elapsed() >= d) {
+            control.stop();
+        }
+        if control.stopping() {
+            control.stop();
+            let mut reports = Vec::new();
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(r)) => reports.push(r),
+                    Ok(Err(e)) => tracing::error!("shard failed: {e:#}"),
+                    Err(e) => tracing::error!("shard executor failed: {e}"),
+                }
+            }
+            break reports;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if sealer.join().is_err() {
+        tracing::error!("the sealer thread panicked");
+    }
+    for r in &reports {
+        log_stats(&r.device, &r.stats, true);
+    }
+    Ok(reports)
+}
+
+async fn shard_main(
+    cfg: &AgentConfig,
+    sc: &ShardConfig,
+    params: ShardParams,
+    control: &Control,
+    seal_tx: &mpsc::Sender<PathBuf>,
+    shards: usize,
+) -> Result<ShardReport> {
+    let transport = UdpTransport::bind(sc.bind)?;
+    control.ready.fetch_add(1, Ordering::SeqCst);
+    let ready_by = now_ns() + 5_000_000_000;
+    while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
+    {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+    let mut wc = WriterConfig::new(cfg.segment_dir.join(&sc.device));
+    wc.segment_bytes = cfg.segment_mib << 20;
+    wc.max_age_ns = cfg.segment_max_age_s * 1_000_000_000;
+    let identity = WriterIdentity {
+        host: cfg.host.clone(),
+        device: sc.device.clone(),
+        tor: sc.tor.clone(),
+        agent_epoch: params.epoch,
+        tool: concat!("rocemesh-agent ", env!("CARGO_PKG_VERSION")).into(),
+    };
+    let writer = SegmentWriter::new(wc, identity)?;
+    let null = unspecified_like(sc.bind.ip());
+    // A second handle on the same socket, only for glommio's reactor to wait on (event mode).
+    // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
+    let dup = unsafe { libc::dup(transport_fd(&transport)) };
+    if dup < 0 {
+        bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a fresh, valid UDP socket descriptor owned by the new object.
+    let waiter = unsafe { glommio::net::UdpSocket::from_raw_fd(dup) };
+    let mut shard = Shard::new(params, transport, writer, null);
+    let mut seen_generation = control.generation.load(Ordering::Acquire);
+    reload(&mut shard, control, &sc.device);
+    let stats_every_ns = cfg.stats_interval_s * 1_000_000_000;
+    let mut next_stats = now_ns() + stats_every_ns;
+    let mut peek = [0u8; 1];
+    let mut drain_until = u64::MAX;
+    loop {
+        let now = now_ns();
+        if drain_until == u64::MAX && control.stopping() {
+            shard.begin_drain();
+            drain_until = now + shard.timeout_ns() + 50_000_000;
+        }
+        if now >= drain_until {
+            break;
+        }
+        let g = control.generation.load(Ordering::Acquire);
+        if g != seen_generation {
+            seen_generation = g;
+            reload(&mut shard, control, &sc.device);
+        }
+        if let Err(e) = shard.step() {
+            tracing::warn!(device = %sc.device, "segment write failed (records counted as dropped): {e}");
+        }
+        for p in shard.take_closed() {
+            let _ = seal_tx.send(p);
+        }
+        let now = now_ns();
+        if stats_every_ns > 0 && now >= next_stats {
+            next_stats = now + stats_every_ns;
+            log_stats(&sc.device, &shard.stats(), false);
+        }
+        match cfg.mode {
+            Mode::BusyPoll => glommio::yield_if_needed().await,
+            Mode::Event => {
+                let wait_ns = shard.next_deadline_ns().saturating_sub(now_ns());
+                if wait_ns > 0 {
+                    let wait = Duration::from_nanos(wait_ns).min(MAX_WAIT);
+                    futures_lite::future::or(
+                        async {
+                            let _ = waiter.peek_from(&mut peek).await;
+                        },
+                        glommio::timer::sleep(wait),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+    let stats = shard.stats();
+    let device = sc.device.clone();
+    for p in shard.finish()? {
+        let _ = seal_tx.send(p);
+    }
+    Ok(ShardReport { device, stats })
+}
+
+fn transport_fd(t: &UdpTransport) -> std::os::fd::RawFd {
+    use crate::transport::Transport;
+    t.readiness_fd()
+}
+
+fn reload(shard: &mut Shard<UdpTransport>, control: &Control, device: &str) {
+    let p = control.current();
+    let problems = shard.load(&p, &UdpResolver);
+    for pr in problems {
+        tracing::warn!(device, "pinglist generation {}: {pr}", p.generation);
+    }
+    tracing::info!(device, generation = p.generation, targets = shard.target_count(), "pinglist in force");
+}
+
+fn log_stats(device: &str, s: &ShardStats, last: bool) {
+    tracing::info!(
+        device,
+        final_ = last,
+        sent = s.probes_sent,
+        ok = s.ok,
+        lost = s.lost,
+        invalid = s.invalid,
+        late = s.late,
+        unknown = s.unknown,
+        malformed = s.malformed,
+        peer_down = s.peer_down,
+        answered = s.answered,
+        send_errors = s.send_errors,
+        inflight_overflow = s.inflight_overflow,
+        records_dropped = s.records_dropped,
+        "shard stats"
+    );
+}
+
+fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, dir: &Path, quota_bytes: u64, level: i32) {
+    for path in rx {
+        match seal(&path, level) {
+            Ok(r) => {
+                tracing::debug!(path = %r.sealed_path.display(), records = r.records, bytes = r.sealed_bytes, "sealed")
+            }
+            Err(e) => tracing::warn!("sealing {} failed (the open segment is kept): {e}", path.display()),
+        }
+        // Each shard writes into its own sub-directory; the quota is enforced per sub-directory
+        // with an equal share, so one busy shard cannot evict another's data.
+        if let Some(sub) = path.parent() {
+            let shards = std::fs::read_dir(dir).map(|d| d.count().max(1)).unwrap_or(1) as u64;
+            match enforce_quota(sub, quota_bytes / shards) {
+                Ok(ev) if ev.files_evicted > 0 => {
+                    tracing::warn!(dir = %sub.display(), files = ev.files_evicted, bytes = ev.bytes_evicted, "quota: evicted the oldest sealed segments")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("quota enforcement in {} failed: {e}", sub.display()),
+            }
+        }
+    }
+}
+
+/// Segments a previous run left open (it crashed): seal them now; they are unlocked.
+fn recover_leftovers(dir: &Path, seal_tx: &mpsc::Sender<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.to_string_lossy().ends_with(rocemesh_formats::segment::OPEN_SUFFIX) {
+            tracing::info!(path = %p.display(), "sealing a segment left open by a previous run");
+            let _ = seal_tx.send(p);
+        }
+    }
+}
+
+fn install_stop_handler() -> Result<()> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        let prev = unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+        if prev == libc::SIG_ERR {
+            bail!("installing the handler for signal {sig} failed: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Watch the pinglist's directory (ctl replaces the file by rename) and publish every valid new
+/// version; an invalid one is logged with its file and line, and the previous stays in force.
+fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    // SAFETY: plain syscalls; results checked.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    if fd < 0 {
+        bail!(
+            "inotify_init1 failed: {} (raise fs.inotify.max_user_instances if it is exhausted)",
+            std::io::Error::last_os_error()
+        );
+    }
+    let cdir = CString::new(dir.as_os_str().as_bytes()).context("pinglist directory")?;
+    let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_CREATE;
+    // SAFETY: valid descriptor and NUL-terminated path.
+    if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
+        bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
+    }
+    std::thread::Builder::new().name("pinglist-watch".into()).spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: reading into our own buffer from our own descriptor.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            if !events_name(&buf[..n as usize], name.as_bytes()) {
+                continue;
+            }
+            match Pinglist::load(&path) {
+                Ok(p) => {
+                    tracing::info!(generation = p.generation, targets = p.targets.len(), "pinglist reloaded");
+                    control.publish(p);
+                }
+                Err(e) => tracing::error!("pinglist not reloaded, the previous one stays in force: {e}"),
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Whether any inotify event in `buf` is about the file `name`.
+fn events_name(buf: &[u8], name: &[u8]) -> bool {
+    let header = std::mem::size_of::<libc::inotify_event>();
+    let mut off = 0;
+    while off + header <= buf.len() {
+        let len = u32::from_ne_bytes([buf[off + 12], buf[off + 13], buf[off + 14], buf[off + 15]]) as usize;
+        let end = (off + header + len).min(buf.len());
+        let ev_name = &buf[off + header..end];
+        let ev_name = &ev_name[..ev_name.iter().position(|&b| b == 0).unwrap_or(ev_name.len())];
+        if ev_name == name {
+            return true;
+        }
+        off = end;
+    }
+    false
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    if n == 4 {
+        u32::from_ne_bytes(b).max(1)
+    } else {
+        // No entropy source: time and pid still make a restart's epoch differ.
+        ((now_ns() as u32) ^ std::process::id().rotate_left(16)).max(1)
+    }
+}

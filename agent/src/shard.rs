@@ -1,0 +1,672 @@
+//! A shard: prober and responder for one RNIC (or one UDP address), on one core.
+//!
+//! [`Shard::step`] does one round of work without blocking: collect send timestamps, handle
+//! arrived packets (answer probes, match ACKs), send due probes, expire timed-out ones, flush the
+//! segment writer on its timer. The runtime calls it in a loop, either spinning (busy-poll) or
+//! waiting between rounds for the socket or the next deadline (event mode).
+//!
+//! Every table is sized when a pinglist is loaded: the in-flight table (a slab indexed by the
+//! sequence counter, so timeouts are found by walking from the oldest counter), the schedule
+//! heap, and the responder's pending-ACK2 table. Steady-state probing does not allocate.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rocemesh_formats::pinglist::Pinglist;
+use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+use rocemesh_formats::segment::{SegmentError, SegmentWriter};
+
+use crate::clock::now_ns;
+use crate::protocol::{Kind, PACKET_BYTES, Packet};
+use crate::transport::{RxBatch, Transport, TxBatch};
+
+/// RTT above this is not a measurement, it is a broken timestamp (rpingmesh's rule).
+const ABSURD_RTT_NS: i64 = 10_000_000_000;
+/// Host delays above this are a broken timestamp or a clock step.
+const ABSURD_DELAY_NS: i64 = 1_000_000_000;
+/// Probes sent per step at most, so that a burst of due probes cannot starve the receive path.
+const MAX_SENDS_PER_STEP: usize = 256;
+const PENDING_ACK2_SLOTS: usize = 4096;
+/// Receive batches per step at most (the send side's bound is [`MAX_SENDS_PER_STEP`]).
+const MAX_RECV_BATCHES_PER_STEP: usize = 16;
+
+/// Per-shard counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Probes handed to the transport.
+    pub probes_sent: u64,
+    /// Probes that completed with valid delays.
+    pub ok: u64,
+    /// Probes lost (timeout or send error).
+    pub lost: u64,
+    /// Probes with all packets but a negative or absurd delay, or a missing timestamp.
+    pub invalid: u64,
+    /// ACKs for probes that had already timed out.
+    pub late: u64,
+    /// Well-formed packets that match nothing of ours (a previous epoch, another prober).
+    pub unknown: u64,
+    /// Datagrams refused: wrong length, magic, version, kind or checksum (garbage or forged).
+    pub malformed: u64,
+    /// Probes whose target host answered that its agent is not running (UDP only).
+    pub peer_down: u64,
+    /// Probes answered as responder.
+    pub answered: u64,
+    /// Sends the transport refused.
+    pub send_errors: u64,
+    /// In-flight probes finalised early because the in-flight table was full.
+    pub inflight_overflow: u64,
+    /// Records the segment writer could not store.
+    pub records_dropped: u64,
+}
+
+/// What the shard is told at start.
+#[derive(Clone, Debug)]
+pub struct ShardParams {
+    /// Host name (inventory name).
+    pub host: String,
+    /// Device / endpoint name: the pinglist's `from`.
+    pub device: String,
+    /// ToR of this RNIC.
+    pub tor: String,
+    /// Random per-start epoch: high bits of every sequence number, and sent in ACKs.
+    pub epoch: u32,
+    /// Port of a target when its pinglist entry gives none (UDP).
+    pub default_port: u16,
+    /// How often buffered records are written out (bounds what a crash loses).
+    pub flush_interval_ns: u64,
+    /// Testing only: ignore this fraction of received probes (a lossy peer), deterministic.
+    pub ignore_probe_fraction: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct InFlight {
+    /// 0 = free.
+    seq: u64,
+    target_id: u32,
+    flow_label: u32,
+    kind: u8,
+    arrived: u8,
+    responder_epoch: u32,
+    t1: u64,
+    t2: u64,
+    t3: u64,
+    t4: u64,
+    t5: u64,
+    t6: u64,
+    deadline: u64,
+    refused: bool,
+    /// T5 came from the application's clock because the kernel had not stamped the datagram
+    /// (it enables receive stamping lazily, system-wide): the record then says `HostPoll`.
+    host_fallback: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingAck2<A> {
+    /// The responder's own token, carried in ACK1 (in its otherwise unused T4 field) and so
+    /// echoed back with ACK1's send timestamp. Sequence numbers alone are not unique across
+    /// probers (two agents' epochs may collide); the token is, within this responder.
+    token: u64,
+    seq: u64,
+    to: A,
+    flow_label: u32,
+    t3: u64,
+}
+
+struct Target {
+    id: u32,
+    kind: u8,
+    interval_ns: u64,
+    labels: Vec<u32>,
+    cursor: usize,
+}
+
+/// One shard's state.
+pub struct Shard<T: Transport> {
+    params: ShardParams,
+    transport: T,
+    writer: SegmentWriter,
+    self_id: u32,
+    ts_source: TsSource,
+    targets: Vec<Target>,
+    target_addr: Vec<T::Addr>,
+    schedule: BinaryHeap<Reverse<(u64, u32)>>,
+    inflight: Vec<InFlight>,
+    inflight_addr: Vec<T::Addr>,
+    next_counter: u32,
+    oldest_counter: u32,
+    timeout_ns: u64,
+    pending: Vec<Option<PendingAck2<T::Addr>>>,
+    next_token: u64,
+    rx: RxBatch<T::Addr>,
+    tx: TxBatch,
+    next_flush_ns: u64,
+    ignore_state: u64,
+    stats: ShardStats,
+    generation: u64,
+    null_addr: T::Addr,
+    draining: bool,
+}
+
+impl<T: Transport> std::fmt::Debug for Shard<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("device", &self.params.device).field("stats", &self.stats).finish_non_exhaustive()
+    }
+}
+
+/// How a pinglist target becomes a transport address.
+pub trait Resolve<A> {
+    /// The address of `target`, or why it has none.
+    fn resolve(&self, target: &rocemesh_formats::pinglist::Target, default_port: u16) -> Result<A, String>;
+}
+
+/// UDP: the target's address and port.
+#[derive(Debug, Clone, Copy)]
+pub struct UdpResolver;
+
+impl Resolve<std::net::SocketAddr> for UdpResolver {
+    fn resolve(
+        &self,
+        target: &rocemesh_formats::pinglist::Target,
+        default_port: u16,
+    ) -> Result<std::net::SocketAddr, String> {
+        Ok(std::net::SocketAddr::new(target.addr, target.port.unwrap_or(default_port)))
+    }
+}
+
+impl<T: Transport> Shard<T> {
+    /// A shard over `transport`, writing into `writer`. `null_addr` fills unused address slots.
+    pub fn new(params: ShardParams, transport: T, mut writer: SegmentWriter, null_addr: T::Addr) -> Self {
+        let self_name = format!("{}/{}", params.host, params.device);
+        let self_id = writer.endpoint(EndpointRole::Rnic, &self_name, &params.tor, [0; 16]);
+        let ts_source = transport.ts_source();
+        let mut pending = Vec::with_capacity(PENDING_ACK2_SLOTS);
+        pending.resize(PENDING_ACK2_SLOTS, None);
+        Self {
+            ignore_state: u64::from(params.epoch) | 1,
+            next_flush_ns: now_ns() + params.flush_interval_ns,
+            params,
+            transport,
+            writer,
+            self_id,
+            ts_source,
+            targets: Vec::new(),
+            target_addr: Vec::new(),
+            schedule: BinaryHeap::new(),
+            inflight: vec![InFlight::default(); 1024],
+            inflight_addr: vec![null_addr; 1024],
+            next_counter: 1,
+            oldest_counter: 1,
+            timeout_ns: 500_000_000,
+            pending,
+            next_token: 1,
+            rx: RxBatch::new(null_addr),
+            tx: TxBatch::default(),
+            stats: ShardStats::default(),
+            generation: 0,
+            null_addr,
+            draining: false,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ShardStats {
+        let mut s = self.stats;
+        s.records_dropped = self.writer.stats().records_dropped;
+        s
+    }
+
+    /// The transport (for the runtime's readiness wait).
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// Generation of the pinglist in force.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Stop sending probes; keep answering, collecting ACKs and expiring. A stopping agent drains
+    /// for one timeout so that neither its own probes nor its peers' probes to it are recorded
+    /// as losses that the network did not cause.
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// The pinglist's probe timeout.
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// Number of targets probed.
+    pub fn target_count(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Take the pinglist's targets for this shard's device. In-flight probes are kept: they carry
+    /// their own target identity and address.
+    pub fn load(&mut self, pinglist: &Pinglist, resolver: &impl Resolve<T::Addr>) -> Vec<String> {
+        let mut problems = Vec::new();
+        let now = now_ns();
+        self.targets.clear();
+        self.target_addr.clear();
+        let mut total_rate = 0.0;
+        for (i, t) in pinglist.targets.iter().enumerate().filter(|(_, t)| t.from == self.params.device) {
+            let addr = match resolver.resolve(t, self.params.default_port) {
+                Ok(a) => a,
+                Err(e) => {
+                    problems.push(format!("target[{i}] ({}): {e}", t.to));
+                    continue;
+                }
+            };
+            let mut addr_bytes = [0u8; 16];
+            addr_bytes.copy_from_slice(&match t.addr {
+                std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                std::net::IpAddr::V6(v6) => v6.octets(),
+            });
+            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", addr_bytes);
+            total_rate += t.rate_pps;
+            self.targets.push(Target {
+                id,
+                kind: t.kind.as_u8(),
+                interval_ns: (1e9 / t.rate_pps) as u64,
+                labels: t.flow_labels.clone(),
+                cursor: 0,
+            });
+            self.target_addr.push(addr);
+        }
+        self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
+        self.generation = pinglist.generation;
+        // Spread first probes evenly over each target's interval (not all at t = 0).
+        self.schedule = BinaryHeap::with_capacity(self.targets.len());
+        let n = self.targets.len().max(1) as u64;
+        for (i, t) in self.targets.iter().enumerate() {
+            let phase = t.interval_ns * i as u64 / n;
+            self.schedule.push(Reverse((now + phase, i as u32)));
+        }
+        // In flight at most rate × timeout; twice that, and a power of two for the mask.
+        let need = ((total_rate * self.timeout_ns as f64 / 1e9) * 2.0) as usize + 64;
+        let cap = need.next_power_of_two().max(1024);
+        if cap > self.inflight.len() {
+            self.grow_inflight(cap);
+        }
+        problems
+    }
+
+    fn grow_inflight(&mut self, cap: usize) {
+        let mut table = vec![InFlight::default(); cap];
+        let mut addrs = vec![self.null_addr; cap];
+        for (e, a) in self.inflight.iter().zip(&self.inflight_addr) {
+            if e.seq != 0 {
+                let slot = (e.seq as u32 as usize) & (cap - 1);
+                table[slot] = *e;
+                addrs[slot] = *a;
+            }
+        }
+        self.inflight = table;
+        self.inflight_addr = addrs;
+    }
+
+    /// The next instant the shard has something to do without input: a due probe, a timeout, or
+    /// the flush timer. Event mode sleeps until then (or until a packet arrives).
+    pub fn next_deadline_ns(&self) -> u64 {
+        let mut t = self.next_flush_ns;
+        if let Some(Reverse((due, _))) = self.schedule.peek() {
+            t = t.min(*due);
+        }
+        if self.oldest_counter != self.next_counter {
+            let slot = self.oldest_counter as usize & (self.inflight.len() - 1);
+            let e = &self.inflight[slot];
+            if e.seq != 0 {
+                t = t.min(e.deadline);
+            }
+        }
+        t
+    }
+
+    /// One round of work. Returns whether anything happened (busy-poll uses it to back off).
+    pub fn step(&mut self) -> Result<bool, SegmentError> {
+        let mut busy = false;
+        busy |= self.collect_tx_timestamps()?;
+        // Drain the socket (bounded): one batch per round would let a busy responder fall behind
+        // its peers' send rate until its receive buffer overflows.
+        for _ in 0..MAX_RECV_BATCHES_PER_STEP {
+            let (got_any, full) = self.receive()?;
+            busy |= got_any;
+            if !full {
+                break;
+            }
+            self.collect_tx_timestamps()?;
+        }
+        let now = now_ns();
+        busy |= self.send_due(now)?;
+        self.collect_tx_timestamps()?;
+        self.expire(now_ns())?;
+        if now >= self.next_flush_ns {
+            self.next_flush_ns = now + self.params.flush_interval_ns;
+            self.writer.flush()?;
+            self.writer.rotate_if_older(now)?;
+        }
+        Ok(busy)
+    }
+
+    /// Close the segment writer; returns the closed segments (for sealing).
+    pub fn finish(self) -> Result<Vec<std::path::PathBuf>, SegmentError> {
+        self.writer.finish()
+    }
+
+    /// Segments closed by rotation since the last call.
+    pub fn take_closed(&mut self) -> Vec<std::path::PathBuf> {
+        self.writer.take_closed()
+    }
+
+    fn collect_tx_timestamps(&mut self) -> Result<bool, SegmentError> {
+        let n = match self.transport.tx_timestamps(&mut self.tx) {
+            Ok(n) => n,
+            Err(_) => return Ok(false),
+        };
+        for i in 0..n {
+            let Ok(p) = Packet::decode(&self.tx.payload[i]) else { continue };
+            let ts = self.tx.tx_ns[i];
+            if self.tx.refused[i] {
+                // Only our probes matter: an ACK refused means its prober died, nothing to record.
+                if p.kind == Kind::Probe
+                    && let Some(slot) = self.slot_of(p.seq)
+                {
+                    self.inflight[slot].refused = true;
+                    self.finalize(slot)?;
+                }
+                continue;
+            }
+            match p.kind {
+                Kind::Probe => {
+                    if let Some(slot) = self.slot_of(p.seq) {
+                        self.inflight[slot].t2 = ts;
+                        self.try_complete(slot)?;
+                    }
+                }
+                Kind::Ack1 => {
+                    let idx = p.t4_ns as usize & (PENDING_ACK2_SLOTS - 1);
+                    if let Some(pa) = self.pending[idx]
+                        && pa.seq == p.seq
+                        && pa.token == p.t4_ns
+                    {
+                        self.pending[idx] = None;
+                        let ack2 = Packet {
+                            kind: Kind::Ack2,
+                            seq: p.seq,
+                            flow_label: pa.flow_label,
+                            responder_epoch: self.params.epoch,
+                            t3_ns: pa.t3,
+                            t4_ns: ts,
+                        };
+                        let mut b = [0u8; PACKET_BYTES];
+                        ack2.encode(&mut b);
+                        if self.transport.send(&pa.to, pa.flow_label, &b).is_err() {
+                            self.stats.send_errors += 1;
+                        }
+                    }
+                }
+                Kind::Ack2 => {}
+            }
+        }
+        Ok(n > 0)
+    }
+
+    /// One receive batch; returns (anything received, the batch was full).
+    fn receive(&mut self) -> Result<(bool, bool), SegmentError> {
+        let n = match self.transport.recv(&mut self.rx) {
+            Ok(n) => n,
+            Err(_) => return Ok((false, false)),
+        };
+        let t6 = now_ns();
+        for i in 0..n {
+            let from = self.rx.from[i];
+            let stamped = self.rx.rx_ns[i] != 0;
+            let rx_ns = if stamped { self.rx.rx_ns[i] } else { t6 };
+            let p = match Packet::decode(&self.rx.buf[i][..self.rx.len[i]]) {
+                Ok(p) => p,
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    continue;
+                }
+            };
+            match p.kind {
+                Kind::Probe => self.answer(p, from, rx_ns),
+                Kind::Ack1 | Kind::Ack2 => {
+                    let Some(slot) = self.slot_of(p.seq) else {
+                        if (p.seq >> 32) as u32 == self.params.epoch {
+                            self.stats.late += 1;
+                        } else {
+                            self.stats.unknown += 1;
+                        }
+                        continue;
+                    };
+                    if self.inflight_addr[slot] != from {
+                        // Our sequence number from someone we did not probe: forged or confused.
+                        self.stats.unknown += 1;
+                        continue;
+                    }
+                    let e = &mut self.inflight[slot];
+                    e.responder_epoch = p.responder_epoch;
+                    if p.kind == Kind::Ack1 {
+                        e.arrived |= Arrived::ACK1;
+                        e.t3 = p.t3_ns;
+                        e.t5 = rx_ns;
+                        e.t6 = t6;
+                        e.host_fallback = !stamped;
+                    } else {
+                        e.arrived |= Arrived::ACK2;
+                        e.t4 = p.t4_ns;
+                        if e.t3 == 0 {
+                            e.t3 = p.t3_ns;
+                        }
+                    }
+                    self.try_complete(slot)?;
+                }
+            }
+        }
+        Ok((n > 0, n == crate::transport::BATCH))
+    }
+
+    fn answer(&mut self, p: Packet, from: T::Addr, t3: u64) {
+        if self.params.ignore_probe_fraction > 0.0 {
+            // xorshift: a deterministic "lossy peer" for tests of loss accounting.
+            self.ignore_state ^= self.ignore_state << 13;
+            self.ignore_state ^= self.ignore_state >> 7;
+            self.ignore_state ^= self.ignore_state << 17;
+            if (self.ignore_state >> 11) as f64 / (1u64 << 53) as f64 <= self.params.ignore_probe_fraction {
+                return;
+            }
+        }
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let ack1 = Packet {
+            kind: Kind::Ack1,
+            seq: p.seq,
+            flow_label: p.flow_label,
+            responder_epoch: self.params.epoch,
+            t3_ns: t3,
+            t4_ns: token,
+        };
+        let mut b = [0u8; PACKET_BYTES];
+        ack1.encode(&mut b);
+        if self.transport.send(&from, p.flow_label, &b).is_err() {
+            self.stats.send_errors += 1;
+            return;
+        }
+        self.stats.answered += 1;
+        // A slot still pending here is an ACK1 whose send timestamp never came back within
+        // 4096 answers: its ACK2 is given up, and the prober records what it got.
+        self.pending[token as usize & (PENDING_ACK2_SLOTS - 1)] =
+            Some(PendingAck2 { token, seq: p.seq, to: from, flow_label: p.flow_label, t3 });
+    }
+
+    fn send_due(&mut self, now: u64) -> Result<bool, SegmentError> {
+        if self.draining {
+            return Ok(false);
+        }
+        let mut sent = 0;
+        while sent < MAX_SENDS_PER_STEP {
+            let Some(&Reverse((due, ti))) = self.schedule.peek() else { break };
+            if due > now {
+                break;
+            }
+            self.schedule.pop();
+            let t = &mut self.targets[ti as usize];
+            let label = t.labels[t.cursor % t.labels.len()];
+            t.cursor = t.cursor.wrapping_add(1);
+            let (id, kind, interval) = (t.id, t.kind, t.interval_ns);
+            // After a stall, resume the cadence instead of firing the backlog in a burst.
+            let next = if due + interval < now { now + interval } else { due + interval };
+            self.schedule.push(Reverse((next, ti)));
+
+            let counter = self.next_counter;
+            self.next_counter = self.next_counter.wrapping_add(1).max(1);
+            let seq = (u64::from(self.params.epoch) << 32) | u64::from(counter);
+            let slot = counter as usize & (self.inflight.len() - 1);
+            if self.inflight[slot].seq != 0 {
+                self.stats.inflight_overflow += 1;
+                self.finalize(slot)?;
+            }
+            let mut b = [0u8; PACKET_BYTES];
+            Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }.encode(&mut b);
+            let addr = self.target_addr[ti as usize];
+            let t1 = now_ns();
+            let ok = self.transport.send(&addr, label, &b).is_ok();
+            self.stats.probes_sent += 1;
+            self.inflight[slot] = InFlight {
+                seq,
+                target_id: id,
+                flow_label: label,
+                kind,
+                arrived: if ok { Arrived::PROBE_SENT } else { 0 },
+                t1,
+                deadline: t1 + self.timeout_ns,
+                ..InFlight::default()
+            };
+            self.inflight_addr[slot] = addr;
+            if !ok {
+                self.stats.send_errors += 1;
+                self.finalize(slot)?;
+            }
+            sent += 1;
+        }
+        Ok(sent > 0)
+    }
+
+    fn expire(&mut self, now: u64) -> Result<(), SegmentError> {
+        let mask = self.inflight.len() - 1;
+        while self.oldest_counter != self.next_counter {
+            let slot = self.oldest_counter as usize & mask;
+            let e = self.inflight[slot];
+            if e.seq != 0 && (e.seq as u32) == self.oldest_counter {
+                if e.deadline > now {
+                    break;
+                }
+                self.finalize(slot)?;
+            }
+            self.oldest_counter = self.oldest_counter.wrapping_add(1).max(1);
+        }
+        Ok(())
+    }
+
+    fn slot_of(&self, seq: u64) -> Option<usize> {
+        if (seq >> 32) as u32 != self.params.epoch {
+            return None;
+        }
+        let slot = seq as u32 as usize & (self.inflight.len() - 1);
+        (self.inflight[slot].seq == seq).then_some(slot)
+    }
+
+    fn try_complete(&mut self, slot: usize) -> Result<(), SegmentError> {
+        let e = &self.inflight[slot];
+        if e.arrived & (Arrived::ACK1 | Arrived::ACK2) == Arrived::ACK1 | Arrived::ACK2 && e.t2 != 0 {
+            self.finalize(slot)?;
+        }
+        Ok(())
+    }
+
+    /// Turn an in-flight entry into a record, whatever state it is in, and free its slot.
+    fn finalize(&mut self, slot: usize) -> Result<(), SegmentError> {
+        let e = self.inflight[slot];
+        self.inflight[slot].seq = 0;
+        let complete = e.arrived & (Arrived::ACK1 | Arrived::ACK2) == Arrived::ACK1 | Arrived::ACK2;
+        let mut r = ProbeRecord {
+            t1_unix_ns: e.t1,
+            seq: e.seq,
+            prober: self.self_id,
+            target: e.target_id,
+            flow_label: e.flow_label,
+            responder_epoch: e.responder_epoch,
+            kind: e.kind,
+            arrived: e.arrived,
+            ts_source: if e.host_fallback { TsSource::HostPoll as u8 } else { self.ts_source as u8 },
+            ..ProbeRecord::default()
+        };
+        if e.refused {
+            r.outcome = Outcome::Refused as u8;
+            self.stats.peer_down += 1;
+        } else if !complete {
+            r.outcome = Outcome::Lost as u8;
+            self.stats.lost += 1;
+        } else {
+            match delays(&e) {
+                Some((rtt, pd, rd)) => {
+                    r.network_rtt_ns = rtt;
+                    r.prober_delay_ns = pd;
+                    r.responder_delay_ns = rd;
+                    r.outcome = Outcome::Ok as u8;
+                    self.stats.ok += 1;
+                }
+                None => {
+                    r.outcome = Outcome::Invalid as u8;
+                    self.stats.invalid += 1;
+                }
+            }
+        }
+        // A write error is counted by the writer (records_dropped) and the writer recovers on
+        // the next chunk; the shard keeps probing.
+        let _ = self.writer.append(&r);
+        Ok(())
+    }
+}
+
+/// The three delays, each difference inside one clock domain; `None` when a timestamp is missing
+/// or a delay is negative or absurd.
+fn delays(e: &InFlight) -> Option<(i32, i32, i32)> {
+    if [e.t1, e.t2, e.t3, e.t4, e.t5, e.t6].contains(&0) {
+        return None;
+    }
+    let d = |a: u64, b: u64| a as i64 - b as i64;
+    let prober_span = d(e.t5, e.t2);
+    let responder = d(e.t4, e.t3);
+    let rtt = prober_span - responder;
+    let prober = d(e.t6, e.t1) - prober_span;
+    let ok = (0..ABSURD_RTT_NS).contains(&rtt)
+        && (0..ABSURD_DELAY_NS).contains(&prober)
+        && (0..ABSURD_DELAY_NS).contains(&responder);
+    ok.then(|| (rtt.min(i64::from(i32::MAX)) as i32, prober as i32, responder as i32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(t: [u64; 6]) -> InFlight {
+        InFlight { t1: t[0], t2: t[1], t3: t[2], t4: t[3], t5: t[4], t6: t[5], ..InFlight::default() }
+    }
+
+    #[test]
+    fn delays_follow_the_six_timestamp_formulas() {
+        // Prober: posted 100, sent 110, ACK1 in 150, seen 160. Responder: in 1000, ACK1 out 1012.
+        assert_eq!(delays(&e([100, 110, 1_000, 1_012, 150, 160])), Some((40 - 12, 60 - 40, 12)));
+    }
+
+    #[test]
+    fn negative_absurd_or_missing_timestamps_are_invalid() {
+        assert_eq!(delays(&e([100, 110, 1_000, 990, 150, 160])), None, "T4 before T3");
+        assert_eq!(delays(&e([200, 110, 1_000, 1_012, 150, 160])), None, "T1 after T6: a clock step");
+        assert_eq!(delays(&e([100, 110, 1_000, 1_012, 150, 0])), None, "T6 missing");
+        assert_eq!(delays(&e([1, 2, 1_000, 1_001, 2 + 11_000_000_000, 3 + 11_000_000_000])), None, "RTT > 10 s");
+    }
+}

@@ -1,0 +1,263 @@
+//! Several agents, each a separate process, probing each other on loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rocemesh_formats::record::{Arrived, Outcome};
+
+fn clean_run(net: u8, mode: &str, agents: usize) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..agents).map(|i| setup(root.path(), net, i, agents, 20.0, mode, "")).collect();
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 4)).collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "agent {i}:\n{err}");
+    }
+    for i in 0..agents {
+        let mut recs = records(root.path(), i);
+        drop_startup_refusals(&mut recs, i, (0..agents).filter(|&j| j != i));
+        let t = tally(&recs);
+        assert_eq!(t.len(), agents - 1, "agent {i} has records for every target: {t:?}");
+        for (target, (ok, lost, invalid)) in &t {
+            assert!(*ok >= 50, "agent {i} → {target}: only {ok} ok probes in 4 s at 20/s");
+            assert_eq!((*lost, *invalid), (0, 0), "agent {i} → {target}: a clean loopback run loses nothing");
+        }
+        for (_, r) in &recs {
+            assert_eq!(r.arrived, Arrived::ALL.0);
+            assert!(r.network_rtt_ns >= 0 && r.network_rtt_ns < 50_000_000, "loopback RTT {} ns", r.network_rtt_ns);
+            assert!(r.responder_delay_ns >= 0 && r.prober_delay_ns >= 0);
+            assert_ne!(r.responder_epoch, 0);
+        }
+    }
+}
+
+#[test]
+fn three_agents_event_mode_clean_run_loses_nothing() {
+    clean_run(31, "event", 3);
+}
+
+#[test]
+fn two_agents_busy_poll_clean_run_loses_nothing() {
+    clean_run(32, "busy_poll", 2);
+}
+
+/// A responder that ignores 20% of probes: the probers' loss toward it is 20% within
+/// statistics, and nothing else loses.
+#[test]
+fn injected_loss_is_measured_within_statistics() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let n = 3;
+    let configs: Vec<_> = (0..n)
+        .map(|i| {
+            let extra = if i == 0 { "ignore_probe_fraction = 0.2\n" } else { "" };
+            setup(root.path(), 33, i, n, 100.0, "event", extra)
+        })
+        .collect();
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 5)).collect();
+    for c in children {
+        assert_eq!(finish(c).0, 0);
+    }
+    let (mut ok, mut lost) = (0u64, 0u64);
+    for i in 1..n {
+        let mut recs = records(root.path(), i);
+        drop_startup_refusals(&mut recs, i, (0..n).filter(|&j| j != i));
+        let t = tally(&recs);
+        let (o, l, inv) = t[&name(0)];
+        assert_eq!(inv, 0);
+        ok += o;
+        lost += l;
+        for (target, (_, l, _)) in t.iter().filter(|(k, _)| **k != name(0)) {
+            assert_eq!(*l, 0, "agent {i} → {target} must not lose");
+        }
+    }
+    let total = (ok + lost) as f64;
+    assert!(total > 500.0, "{total} probes");
+    let p = lost as f64 / total;
+    let sigma = (0.2 * 0.8 / total).sqrt();
+    assert!(
+        (p - 0.2).abs() < 4.0 * sigma,
+        "measured loss {p:.4} vs injected 0.2 (4σ = {:.4}, n = {total})",
+        4.0 * sigma
+    );
+    // A probe whose responder ignored it saw no ACK at all.
+    let recs = records(root.path(), 1);
+    assert!(
+        recs.iter()
+            .filter(|(t, r)| *t == name(0) && r.outcome == Outcome::Lost as u8)
+            .all(|(_, r)| r.arrived == Arrived::PROBE_SENT)
+    );
+}
+
+/// kill -9 of one agent mid-run: its peers record its probes as lost and keep running; when it
+/// comes back (new epoch) records resume, and its crashed segment is recovered and sealed.
+#[test]
+fn a_killed_peer_is_lost_then_resumes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let n = 3;
+    let configs: Vec<_> = (0..n).map(|i| setup(root.path(), 34, i, n, 20.0, "event", "")).collect();
+    let survivors: Vec<_> = configs[..2].iter().map(|c| spawn(c, 9)).collect();
+    let mut victim = spawn(&configs[2], 60);
+    std::thread::sleep(Duration::from_secs(3));
+    victim.kill().expect("kill -9");
+    let _ = victim.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    // Back for longer than the survivors run, so that the last word about it is "up".
+    let back = spawn(&configs[2], 6);
+    for c in survivors {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "a survivor must keep running:\n{err}");
+    }
+    let (code, err) = finish(back);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("sealing a segment left open by a previous run"), "{err}");
+
+    let recs = records(root.path(), 0);
+    let to_victim: Vec<_> = recs.iter().filter(|(t, _)| *t == name(2)).map(|(_, r)| *r).collect();
+    // On UDP the dead agent's host answers "port unreachable": those probes are recorded as
+    // refused (peer down) rather than lost; some in flight at the kill are plain lost.
+    let down =
+        to_victim.iter().filter(|r| r.outcome == Outcome::Refused as u8 || r.outcome == Outcome::Lost as u8).count();
+    assert!((20..=60).contains(&down), "about 2 s at 20/s unanswered while the peer was dead: {down}");
+    assert!(to_victim.iter().any(|r| r.outcome == Outcome::Refused as u8), "the kernel's refusals were seen");
+    let epochs: std::collections::BTreeSet<u32> =
+        to_victim.iter().filter(|r| r.outcome == Outcome::Ok as u8).map(|r| r.responder_epoch).collect();
+    assert_eq!(epochs.len(), 2, "answers before the kill and after the restart, from two epochs: {epochs:?}");
+    let last_ok = to_victim.iter().filter(|r| r.outcome == Outcome::Ok as u8).map(|r| r.t1_unix_ns).max().expect("ok");
+    let last_lost = to_victim
+        .iter()
+        .filter(|r| r.outcome == Outcome::Refused as u8 || r.outcome == Outcome::Lost as u8)
+        .map(|r| r.t1_unix_ns)
+        .max()
+        .expect("unanswered");
+    assert!(last_ok > last_lost, "probing resumed after the peer came back");
+    // The victim's records from before the kill survived in its recovered segment.
+    assert!(records(root.path(), 2).len() > 40);
+}
+
+/// Garbage and forged datagrams at the responder port: counted, ignored, no panic, no loss.
+#[test]
+fn forged_and_garbage_datagrams_are_counted_and_ignored() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 35, i, 2, 20.0, "event", "")).collect();
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 4)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let s = std::net::UdpSocket::bind((addr(35, 9), 0)).expect("bind");
+    let target = (addr(35, 0), PORT);
+    let mut garbage = 0;
+    for len in [0usize, 1, 63, 64, 65, 500, 1400] {
+        s.send_to(&vec![0xA5; len], target).expect("send");
+        garbage += 1;
+    }
+    // Our magic and version with a wrong checksum, and a bad kind with a good checksum.
+    let mut forged = [0u8; 64];
+    forged[0..4].copy_from_slice(b"RMPB");
+    forged[4] = 1;
+    forged[5] = 2;
+    s.send_to(&forged, target).expect("send");
+    forged[5] = 9;
+    let crc = crc32c::crc32c(&forged[..60]);
+    forged[60..].copy_from_slice(&crc.to_le_bytes());
+    s.send_to(&forged, target).expect("send");
+    garbage += 2;
+    // A well-formed ACK1 for a sequence number nobody sent.
+    let mut ack = [0u8; 64];
+    rocemesh_agent::protocol::Packet {
+        kind: rocemesh_agent::protocol::Kind::Ack1,
+        seq: 0x1234_5678_0000_0001,
+        flow_label: 1,
+        responder_epoch: 1,
+        t3_ns: 1,
+        t4_ns: 1,
+    }
+    .encode(&mut ack);
+    s.send_to(&ack, target).expect("send");
+    let mut errs = Vec::new();
+    for c in children {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "{err}");
+        errs.push(err);
+    }
+    assert_eq!(final_stat(&errs[0], "malformed"), garbage);
+    assert_eq!(final_stat(&errs[0], "unknown"), 1);
+    assert_eq!(final_stat(&errs[0], "lost"), 0);
+    assert_eq!(tally(&records(root.path(), 0))[&name(1)].1, 0);
+    assert_eq!(final_stat(&errs[1], "lost"), 0);
+}
+
+/// A new pinglist is picked up without a restart; a broken one is reported with file and line
+/// and the previous stays in force.
+#[test]
+fn pinglist_reload_without_restart_and_bad_files_keep_the_previous() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..3).map(|i| setup(root.path(), 36, i, 3, 20.0, "event", "")).collect();
+    let dir0 = configs[0].parent().expect("dir").to_path_buf();
+    write_pinglist(&dir0, 36, 0, [1].into_iter(), 20.0, 1);
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 6)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let tmp = dir0.join("pinglist.toml.tmp");
+    std::fs::write(
+        &tmp,
+        "version = 1\nhost = \"h0\"\ngeneration = 2\ngenerated_unix_ns = 0\n[[target]]\nfrom = \"lo\"\nrate_pps = -1\n",
+    )
+    .expect("write");
+    std::fs::rename(&tmp, dir0.join("pinglist.toml")).expect("rename");
+    std::thread::sleep(Duration::from_millis(1500));
+    write_pinglist(&dir0, 36, 0, [1, 2].into_iter(), 20.0, 3);
+    let mut errs = Vec::new();
+    for c in children {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "{err}");
+        errs.push(err);
+    }
+    assert!(errs[0].contains("pinglist not reloaded") && errs[0].contains("pinglist.toml:"), "{}", errs[0]);
+    assert!(errs[0].contains("generation=3"), "{}", errs[0]);
+    let recs = records(root.path(), 0);
+    let t = tally(&recs);
+    assert_eq!(t[&name(1)].1, 0, "probing h1 went on through both reloads without loss");
+    let first_to_2 =
+        recs.iter().filter(|(t, _)| *t == name(2)).map(|(_, r)| r.t1_unix_ns).min().expect("h2 probed after reload");
+    let first_to_1 = recs.iter().filter(|(t, _)| *t == name(1)).map(|(_, r)| r.t1_unix_ns).min().expect("h1");
+    assert!(first_to_2 > first_to_1 + 2_500_000_000, "h2 only after the third file");
+}
+
+#[test]
+fn a_low_memlock_limit_is_refused_with_the_limit_named() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = setup(root.path(), 37, 0, 1, 10.0, "event", "");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -l 64 && exec {} run --config {} --duration-s 1",
+            env!("CARGO_BIN_EXE_agent"),
+            config.display()
+        ))
+        .output()
+        .expect("bash");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("RLIMIT_MEMLOCK is 64 KiB") && err.contains("LimitMEMLOCK"), "{err}");
+}
+
+#[test]
+fn check_config_reports_shards_and_targets() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = setup(root.path(), 38, 0, 3, 10.0, "event", "");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent"))
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("2 targets, 20.0 probes/s"), "{text}");
+    std::fs::write(config.parent().expect("dir").join("pinglist.toml"), "version = 7\n").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent"))
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("version 7"), "{}", String::from_utf8_lossy(&out.stderr));
+}
