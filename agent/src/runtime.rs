@@ -27,6 +27,8 @@ use crate::udp::{UdpTransport, unspecified_like};
 const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 /// The agent does no storage I/O through glommio: its minimum.
 const GLOMMIO_IO_MEMORY_BYTES: usize = 64 * 1024;
+/// Event mode sends the probes due within this window together (see `ShardParams`).
+const EVENT_SEND_AHEAD_NS: u64 = 1_000_000;
 /// Longest an event-mode shard sleeps, so that stop and reload are seen within this.
 const MAX_WAIT: Duration = Duration::from_millis(10);
 
@@ -109,6 +111,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         Ok(p) => p,
         Err(e) => bail!("{e}\n(the agent will not start on an invalid pinglist; `agent check-config` shows the same)"),
     };
+    release_freed_memory();
     let control = Arc::new(Control {
         stop: AtomicBool::new(false),
         ready: std::sync::atomic::AtomicUsize::new(0),
@@ -142,6 +145,10 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             default_port: sc.bind.port(),
             flush_interval_ns: cfg.flush_interval_ms * 1_000_000,
             ignore_probe_fraction: sc.ignore_probe_fraction,
+            send_ahead_ns: match cfg.mode {
+                Mode::Event => EVENT_SEND_AHEAD_NS,
+                Mode::BusyPoll => 0,
+            },
         };
         let (device, core) = (sc.device.clone(), sc.core);
         let shards = cfg.shards.len();
@@ -288,6 +295,7 @@ fn transport_fd(t: &UdpTransport) -> std::os::fd::RawFd {
 fn reload(shard: &mut Shard<UdpTransport>, control: &Control, device: &str) {
     let p = control.current();
     let problems = shard.load(&p, &UdpResolver);
+    release_freed_memory();
     for pr in problems {
         tracing::warn!(device, "pinglist generation {}: {pr}", p.generation);
     }
@@ -394,6 +402,7 @@ fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
                 Ok(p) => {
                     tracing::info!(generation = p.generation, targets = p.targets.len(), "pinglist reloaded");
                     control.publish(p);
+                    release_freed_memory();
                 }
                 Err(e) => tracing::error!("pinglist not reloaded, the previous one stays in force: {e}"),
             }
@@ -417,6 +426,16 @@ fn events_name(buf: &[u8], name: &[u8]) -> bool {
         off = end;
     }
     false
+}
+
+/// Parsing a large pinglist peaks far above what is kept (a 10k-target file: tens of MiB of
+/// transient TOML tree); glibc keeps freed memory in its arenas unless asked to give it back.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the OS.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn random_u32() -> u32 {

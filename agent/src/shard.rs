@@ -18,7 +18,7 @@ use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
-use crate::transport::{RxBatch, Transport, TxBatch};
+use crate::transport::{RxBatch, SEND_BATCH, Transport, TxBatch};
 
 /// RTT above this is not a measurement, it is a broken timestamp (rpingmesh's rule).
 const ABSURD_RTT_NS: i64 = 10_000_000_000;
@@ -29,6 +29,7 @@ const MAX_SENDS_PER_STEP: usize = 256;
 const PENDING_ACK2_SLOTS: usize = 4096;
 /// Receive batches per step at most (the send side's bound is [`MAX_SENDS_PER_STEP`]).
 const MAX_RECV_BATCHES_PER_STEP: usize = 16;
+const NOT_A_PROBE: u32 = u32::MAX;
 
 /// Per-shard counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,6 +77,10 @@ pub struct ShardParams {
     pub flush_interval_ns: u64,
     /// Testing only: ignore this fraction of received probes (a lossy peer), deterministic.
     pub ignore_probe_fraction: f64,
+    /// Probes due within this much of now are sent together, in one flush. Event mode uses it so
+    /// that a burst of probes costs one wake-up and one send call, here and at the responders;
+    /// T1 is still taken per probe, so only the schedule's jitter grows. 0 in busy-poll.
+    pub send_ahead_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -137,6 +142,12 @@ pub struct Shard<T: Transport> {
     timeout_ns: u64,
     pending: Vec<Option<PendingAck2<T::Addr>>>,
     next_token: u64,
+    /// In-flight slot of each queued packet (`NOT_A_PROBE` for ACKs), until the next flush.
+    queued_slot: [u32; SEND_BATCH],
+    queued: usize,
+    sent: [bool; SEND_BATCH],
+    /// Send timestamps asked for and not yet read: the error queue is read again only then.
+    tx_pending: u64,
     rx: RxBatch<T::Addr>,
     tx: TxBatch,
     next_flush_ns: u64,
@@ -199,6 +210,10 @@ impl<T: Transport> Shard<T> {
             timeout_ns: 500_000_000,
             pending,
             next_token: 1,
+            queued_slot: [NOT_A_PROBE; SEND_BATCH],
+            queued: 0,
+            sent: [false; SEND_BATCH],
+            tx_pending: 0,
             rx: RxBatch::new(null_addr),
             tx: TxBatch::default(),
             stats: ShardStats::default(),
@@ -326,7 +341,7 @@ impl<T: Transport> Shard<T> {
     /// One round of work. Returns whether anything happened (busy-poll uses it to back off).
     pub fn step(&mut self) -> Result<bool, SegmentError> {
         let mut busy = false;
-        busy |= self.collect_tx_timestamps()?;
+        busy |= self.collect_tx_timestamps(true)?;
         // Drain the socket (bounded): one batch per round would let a busy responder fall behind
         // its peers' send rate until its receive buffer overflows.
         for _ in 0..MAX_RECV_BATCHES_PER_STEP {
@@ -335,11 +350,15 @@ impl<T: Transport> Shard<T> {
             if !full {
                 break;
             }
-            self.collect_tx_timestamps()?;
         }
+        self.flush_sends()?;
         let now = now_ns();
         busy |= self.send_due(now)?;
-        self.collect_tx_timestamps()?;
+        self.flush_sends()?;
+        // Send stamps of what just left (software stamps are ready at once), and the ACK2s
+        // that ACK1's stamps release.
+        self.collect_tx_timestamps(false)?;
+        self.flush_sends()?;
         self.expire(now_ns())?;
         if now >= self.next_flush_ns {
             self.next_flush_ns = now + self.params.flush_interval_ns;
@@ -347,6 +366,52 @@ impl<T: Transport> Shard<T> {
             self.writer.rotate_if_older(now)?;
         }
         Ok(busy)
+    }
+
+    fn enqueue(
+        &mut self,
+        to: &T::Addr,
+        label: u32,
+        packet: &[u8; PACKET_BYTES],
+        want_tx: bool,
+        slot: u32,
+    ) -> Result<(), SegmentError> {
+        if !self.transport.queue(to, label, packet, want_tx) {
+            self.flush_sends()?;
+            // An empty queue always takes a packet.
+            let _ = self.transport.queue(to, label, packet, want_tx);
+        }
+        self.queued_slot[self.queued] = slot;
+        self.queued += 1;
+        if want_tx {
+            self.tx_pending += 1;
+        }
+        Ok(())
+    }
+
+    fn flush_sends(&mut self) -> Result<(), SegmentError> {
+        if self.queued == 0 {
+            return Ok(());
+        }
+        let n = self.transport.flush(&mut self.sent);
+        debug_assert_eq!(n, self.queued);
+        self.queued = 0;
+        for i in 0..n {
+            if self.sent[i] {
+                continue;
+            }
+            self.stats.send_errors += 1;
+            // ACK2s never asked for a stamp; everything else that failed will not get one.
+            let slot = self.queued_slot[i];
+            if slot != NOT_A_PROBE {
+                let slot = slot as usize;
+                if self.inflight[slot].seq != 0 {
+                    self.inflight[slot].arrived &= !Arrived::PROBE_SENT;
+                    self.finalize(slot)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Close the segment writer; returns the closed segments (for sealing).
@@ -359,14 +424,36 @@ impl<T: Transport> Shard<T> {
         self.writer.take_closed()
     }
 
-    fn collect_tx_timestamps(&mut self) -> Result<bool, SegmentError> {
+    /// Read send timestamps and refusals. `always`: even with no stamp outstanding (refusals of
+    /// probes whose stamps were read long ago arrive whenever the peer's host answers).
+    fn collect_tx_timestamps(&mut self, always: bool) -> Result<bool, SegmentError> {
+        if !always && self.tx_pending == 0 {
+            return Ok(false);
+        }
+        // Drain (bounded) like the receive path: error-queue entries are charged to the socket's
+        // receive buffer, so a backlog of unread stamps would make the kernel drop probes.
+        let mut any = false;
+        for _ in 0..MAX_RECV_BATCHES_PER_STEP {
+            let (got, full) = self.collect_tx_batch()?;
+            any |= got;
+            if !full {
+                break;
+            }
+        }
+        Ok(any)
+    }
+
+    fn collect_tx_batch(&mut self) -> Result<(bool, bool), SegmentError> {
         let n = match self.transport.tx_timestamps(&mut self.tx) {
             Ok(n) => n,
-            Err(_) => return Ok(false),
+            Err(_) => return Ok((false, false)),
         };
         for i in 0..n {
             let Ok(p) = Packet::decode(&self.tx.payload[i]) else { continue };
             let ts = self.tx.tx_ns[i];
+            if !self.tx.refused[i] {
+                self.tx_pending = self.tx_pending.saturating_sub(1);
+            }
             if self.tx.refused[i] {
                 // Only our probes matter: an ACK refused means its prober died, nothing to record.
                 if p.kind == Kind::Probe
@@ -401,15 +488,13 @@ impl<T: Transport> Shard<T> {
                         };
                         let mut b = [0u8; PACKET_BYTES];
                         ack2.encode(&mut b);
-                        if self.transport.send(&pa.to, pa.flow_label, &b).is_err() {
-                            self.stats.send_errors += 1;
-                        }
+                        self.enqueue(&pa.to, pa.flow_label, &b, false, NOT_A_PROBE)?;
                     }
                 }
                 Kind::Ack2 => {}
             }
         }
-        Ok(n > 0)
+        Ok((n > 0, n == crate::transport::BATCH))
     }
 
     /// One receive batch; returns (anything received, the batch was full).
@@ -431,7 +516,7 @@ impl<T: Transport> Shard<T> {
                 }
             };
             match p.kind {
-                Kind::Probe => self.answer(p, from, rx_ns),
+                Kind::Probe => self.answer(p, from, rx_ns)?,
                 Kind::Ack1 | Kind::Ack2 => {
                     let Some(slot) = self.slot_of(p.seq) else {
                         if (p.seq >> 32) as u32 == self.params.epoch {
@@ -468,14 +553,14 @@ impl<T: Transport> Shard<T> {
         Ok((n > 0, n == crate::transport::BATCH))
     }
 
-    fn answer(&mut self, p: Packet, from: T::Addr, t3: u64) {
+    fn answer(&mut self, p: Packet, from: T::Addr, t3: u64) -> Result<(), SegmentError> {
         if self.params.ignore_probe_fraction > 0.0 {
             // xorshift: a deterministic "lossy peer" for tests of loss accounting.
             self.ignore_state ^= self.ignore_state << 13;
             self.ignore_state ^= self.ignore_state >> 7;
             self.ignore_state ^= self.ignore_state << 17;
             if (self.ignore_state >> 11) as f64 / (1u64 << 53) as f64 <= self.params.ignore_probe_fraction {
-                return;
+                return Ok(());
             }
         }
         let token = self.next_token;
@@ -490,25 +575,24 @@ impl<T: Transport> Shard<T> {
         };
         let mut b = [0u8; PACKET_BYTES];
         ack1.encode(&mut b);
-        if self.transport.send(&from, p.flow_label, &b).is_err() {
-            self.stats.send_errors += 1;
-            return;
-        }
+        self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
         // A slot still pending here is an ACK1 whose send timestamp never came back within
         // 4096 answers: its ACK2 is given up, and the prober records what it got.
         self.pending[token as usize & (PENDING_ACK2_SLOTS - 1)] =
             Some(PendingAck2 { token, seq: p.seq, to: from, flow_label: p.flow_label, t3 });
+        Ok(())
     }
 
     fn send_due(&mut self, now: u64) -> Result<bool, SegmentError> {
         if self.draining {
             return Ok(false);
         }
+        let horizon = now + self.params.send_ahead_ns;
         let mut sent = 0;
         while sent < MAX_SENDS_PER_STEP {
             let Some(&Reverse((due, ti))) = self.schedule.peek() else { break };
-            if due > now {
+            if due > horizon {
                 break;
             }
             self.schedule.pop();
@@ -532,23 +616,20 @@ impl<T: Transport> Shard<T> {
             Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }.encode(&mut b);
             let addr = self.target_addr[ti as usize];
             let t1 = now_ns();
-            let ok = self.transport.send(&addr, label, &b).is_ok();
             self.stats.probes_sent += 1;
+            // Marked sent now; a failed flush takes the mark back and records the probe as lost.
             self.inflight[slot] = InFlight {
                 seq,
                 target_id: id,
                 flow_label: label,
                 kind,
-                arrived: if ok { Arrived::PROBE_SENT } else { 0 },
+                arrived: Arrived::PROBE_SENT,
                 t1,
                 deadline: t1 + self.timeout_ns,
                 ..InFlight::default()
             };
             self.inflight_addr[slot] = addr;
-            if !ok {
-                self.stats.send_errors += 1;
-                self.finalize(slot)?;
-            }
+            self.enqueue(&addr, label, &b, true, slot as u32)?;
             sent += 1;
         }
         Ok(sent > 0)

@@ -13,6 +13,8 @@ use crate::protocol::PACKET_BYTES;
 
 /// Datagrams one receive call returns at most.
 pub const BATCH: usize = 64;
+/// Packets one flush sends at most.
+pub const SEND_BATCH: usize = 128;
 
 /// What arrived: up to [`BATCH`] packets with their receive timestamps and senders.
 #[derive(Debug)]
@@ -63,8 +65,14 @@ pub trait Transport {
     /// How the transport names a peer (a socket address; a GID + QPN + address handle).
     type Addr: Copy + Eq + std::fmt::Debug;
 
-    /// Send one packet; `flow_label` is honoured where the transport can.
-    fn send(&mut self, to: &Self::Addr, flow_label: u32, packet: &[u8; PACKET_BYTES]) -> io::Result<()>;
+    /// Queue one packet for the next [`Transport::flush`]; `want_tx_ns` asks for its send
+    /// timestamp (probes and ACK1 need one, ACK2 does not). Returns false when the queue is
+    /// full: flush, then queue again.
+    fn queue(&mut self, to: &Self::Addr, flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool;
+
+    /// Send everything queued, in as few calls as the transport allows; `sent[i]` says whether
+    /// the i-th queued packet went out. Returns how many were queued.
+    fn flush(&mut self, sent: &mut [bool; SEND_BATCH]) -> usize;
 
     /// Receive what has arrived, without blocking. Returns the number of packets in `out`.
     fn recv(&mut self, out: &mut RxBatch<Self::Addr>) -> io::Result<usize>;

@@ -10,14 +10,14 @@
 //! All buffers are allocated once, when the transport is created.
 
 use std::io;
-use std::mem::{MaybeUninit, size_of, zeroed};
+use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use rocemesh_formats::record::TsSource;
 
 use crate::protocol::PACKET_BYTES;
-use crate::transport::{BATCH, RxBatch, Transport, TxBatch};
+use crate::transport::{BATCH, RxBatch, SEND_BATCH, Transport, TxBatch};
 
 // asm-generic/socket.h; with a 64-bit time_t the "old" option already carries 64-bit seconds.
 const SO_TIMESTAMPING: libc::c_int = 37;
@@ -33,6 +33,7 @@ pub struct UdpTransport {
     fd: OwnedFd,
     local: SocketAddr,
     rx: Box<RecvState>,
+    tx: Box<SendState>,
 }
 
 // The iovecs and headers point into the state's own arrays; it lives in a Box so that those
@@ -42,12 +43,33 @@ struct RecvState {
     iov: [libc::iovec; BATCH],
     names: [libc::sockaddr_storage; BATCH],
     cmsg: [[u64; CMSG_BYTES / 8]; BATCH],
-    errq_buf: [u8; ERRQ_BYTES],
+    errq_hdrs: [libc::mmsghdr; BATCH],
+    errq_iov: [libc::iovec; BATCH],
+    errq_buf: [[u8; ERRQ_BYTES]; BATCH],
+    errq_cmsg: [[u64; CMSG_BYTES / 8]; BATCH],
+}
+
+// Same arrangement for sending: one sendmmsg per flush.
+struct SendState {
+    hdrs: [libc::mmsghdr; SEND_BATCH],
+    iov: [libc::iovec; SEND_BATCH],
+    names: [libc::sockaddr_storage; SEND_BATCH],
+    name_len: [libc::socklen_t; SEND_BATCH],
+    packets: [[u8; PACKET_BYTES]; SEND_BATCH],
+    want_tx: [bool; SEND_BATCH],
+    cmsg: [[u64; 4]; SEND_BATCH],
+    queued: usize,
 }
 
 impl std::fmt::Debug for RecvState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RecvState")
+    }
+}
+
+impl std::fmt::Debug for SendState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SendState({} queued)", self.queued)
     }
 }
 
@@ -106,7 +128,9 @@ impl UdpTransport {
         let local = local_addr(&fd).map_err(|e| err("getsockname", e))?;
         // SAFETY: all-zero is a valid value for these plain C structs and arrays.
         let rx: Box<RecvState> = Box::new(unsafe { zeroed() });
-        Ok(Self { fd, local, rx })
+        // SAFETY: as above.
+        let tx: Box<SendState> = Box::new(unsafe { zeroed() });
+        Ok(Self { fd, local, rx, tx })
     }
 
     /// The bound address (with the port the kernel chose, if 0 was asked for).
@@ -118,25 +142,73 @@ impl UdpTransport {
 impl Transport for UdpTransport {
     type Addr = SocketAddr;
 
-    fn send(&mut self, to: &SocketAddr, _flow_label: u32, packet: &[u8; PACKET_BYTES]) -> io::Result<()> {
+    fn queue(&mut self, to: &SocketAddr, _flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool {
+        let st = &mut *self.tx;
+        if st.queued == SEND_BATCH {
+            return false;
+        }
+        let i = st.queued;
         let (sa, len) = to_sockaddr(*to);
-        // With IP_RECVERR an ICMP error for an earlier datagram (to any peer) is also reported
-        // once as the socket's pending error, failing the next call: that error belongs to the
-        // earlier datagram (the error queue has it), so this send is simply retried once.
-        for _ in 0..2 {
-            // SAFETY: valid buffer and sockaddr for the given lengths.
-            let n = unsafe {
-                libc::sendto(self.fd.as_raw_fd(), packet.as_ptr().cast(), PACKET_BYTES, 0, (&raw const sa).cast(), len)
-            };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ECONNREFUSED) {
-                return Err(e);
+        st.names[i] = sa;
+        st.name_len[i] = len;
+        st.packets[i] = *packet;
+        st.want_tx[i] = want_tx_ns;
+        st.queued += 1;
+        true
+    }
+
+    fn flush(&mut self, sent: &mut [bool; SEND_BATCH]) -> usize {
+        let st = &mut *self.tx;
+        let n = st.queued;
+        st.queued = 0;
+        for i in 0..n {
+            st.iov[i] = libc::iovec { iov_base: st.packets[i].as_mut_ptr().cast(), iov_len: PACKET_BYTES };
+            let h = &mut st.hdrs[i].msg_hdr;
+            h.msg_name = (&raw mut st.names[i]).cast();
+            h.msg_namelen = st.name_len[i];
+            h.msg_iov = &raw mut st.iov[i];
+            h.msg_iovlen = 1;
+            if st.want_tx[i] {
+                // SAFETY: the control buffer is 32 bytes, room for one cmsg carrying a u32.
+                unsafe {
+                    h.msg_control = st.cmsg[i].as_mut_ptr().cast();
+                    h.msg_controllen = libc::CMSG_SPACE(size_of::<u32>() as u32) as usize;
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_SOCKET;
+                    (*c).cmsg_type = SO_TIMESTAMPING;
+                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u32>() as u32) as usize;
+                    libc::CMSG_DATA(c).cast::<u32>().write_unaligned(libc::SOF_TIMESTAMPING_TX_SOFTWARE);
+                }
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
             }
         }
-        Err(io::Error::from_raw_os_error(libc::ECONNREFUSED))
+        let mut start = 0;
+        let mut retried = false;
+        while start < n {
+            // SAFETY: headers [start, n) point at buffers owned by `st`, valid for the call.
+            let k =
+                unsafe { libc::sendmmsg(self.fd.as_raw_fd(), st.hdrs[start..].as_mut_ptr(), (n - start) as u32, 0) };
+            if k > 0 {
+                sent[start..start + k as usize].fill(true);
+                start += k as usize;
+                retried = false;
+                continue;
+            }
+            // With IP_RECVERR an ICMP error for an earlier datagram is also reported once as the
+            // socket's pending error, failing this call: it belongs to that earlier datagram
+            // (the error queue has it), so retry once before blaming this packet.
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ECONNREFUSED) && !retried {
+                retried = true;
+                continue;
+            }
+            sent[start] = false;
+            start += 1;
+            retried = false;
+        }
+        n
     }
 
     fn recv(&mut self, out: &mut RxBatch<SocketAddr>) -> io::Result<usize> {
@@ -189,29 +261,40 @@ impl Transport for UdpTransport {
 
     fn tx_timestamps(&mut self, out: &mut TxBatch) -> io::Result<usize> {
         let st = &mut *self.rx;
-        let mut n = 0;
-        while n < BATCH {
-            let mut iov = libc::iovec { iov_base: st.errq_buf.as_mut_ptr().cast(), iov_len: ERRQ_BYTES };
-            let mut cmsg = MaybeUninit::<[u64; CMSG_BYTES / 8]>::zeroed();
-            // SAFETY: zeroed msghdr is valid; its pointers are set below to live buffers.
-            let mut h: libc::msghdr = unsafe { zeroed() };
-            h.msg_iov = &raw mut iov;
+        for i in 0..BATCH {
+            st.errq_iov[i] = libc::iovec { iov_base: st.errq_buf[i].as_mut_ptr().cast(), iov_len: ERRQ_BYTES };
+            let h = &mut st.errq_hdrs[i].msg_hdr;
+            h.msg_name = std::ptr::null_mut();
+            h.msg_namelen = 0;
+            h.msg_iov = &raw mut st.errq_iov[i];
             h.msg_iovlen = 1;
-            h.msg_control = cmsg.as_mut_ptr().cast();
+            h.msg_control = st.errq_cmsg[i].as_mut_ptr().cast();
             h.msg_controllen = CMSG_BYTES;
-            // SAFETY: `h` describes valid buffers for the duration of the call.
-            let got =
-                unsafe { libc::recvmsg(self.fd.as_raw_fd(), &raw mut h, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
-            if got < 0 {
-                let e = io::Error::last_os_error();
-                return if e.kind() == io::ErrorKind::WouldBlock { Ok(n) } else { Err(e) };
-            }
-            let got = got as usize;
-            let ts = timestamp_ns(&h);
-            let refused = icmp_refused(&h);
+            h.msg_flags = 0;
+        }
+        // SAFETY: the headers point at buffers owned by `st`, valid for the call.
+        let got = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                st.errq_hdrs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+        }
+        let mut n = 0;
+        for i in 0..got as usize {
+            let h = &st.errq_hdrs[i].msg_hdr;
+            let len = st.errq_hdrs[i].msg_len as usize;
+            let ts = timestamp_ns(h);
+            let refused = icmp_refused(h);
             // The echoed packet ends with our payload, whatever headers precede it.
-            if (ts != 0 || refused) && got >= PACKET_BYTES && h.msg_flags & libc::MSG_TRUNC == 0 {
-                out.payload[n].copy_from_slice(&st.errq_buf[got - PACKET_BYTES..got]);
+            if (ts != 0 || refused) && len >= PACKET_BYTES && h.msg_flags & libc::MSG_TRUNC == 0 {
+                out.payload[n].copy_from_slice(&st.errq_buf[i][len - PACKET_BYTES..len]);
                 out.tx_ns[n] = if refused { 0 } else { ts };
                 out.refused[n] = refused;
                 n += 1;
@@ -343,6 +426,15 @@ pub fn unspecified_like(ip: IpAddr) -> SocketAddr {
 mod tests {
     use super::*;
     use crate::protocol::{Kind, Packet};
+
+    impl UdpTransport {
+        fn send(&mut self, to: &SocketAddr, _: u32, packet: &[u8; PACKET_BYTES]) -> io::Result<()> {
+            assert!(self.queue(to, 1, packet, true));
+            let mut sent = [false; SEND_BATCH];
+            assert_eq!(self.flush(&mut sent), 1);
+            if sent[0] { Ok(()) } else { Err(io::Error::other("not sent")) }
+        }
+    }
 
     #[test]
     fn loopback_exchange_has_kernel_timestamps_on_both_sides() {

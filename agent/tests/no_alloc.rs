@@ -46,6 +46,7 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32) -> Shard<UdpTransport>
         default_port: 0,
         flush_interval_ns: 50_000_000,
         ignore_probe_fraction: 0.0,
+        send_ahead_ns: 0,
     };
     Shard::new(params, t, w, unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }
