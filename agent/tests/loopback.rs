@@ -261,3 +261,31 @@ fn check_config_reports_shards_and_targets() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("version 7"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// SIGTERM: the agent drains, seals every segment and exits 0.
+#[test]
+fn sigterm_seals_segments_and_exits_cleanly() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 39, i, 2, 20.0, "event", "")).collect();
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 600)).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    for c in &children {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    }
+    for c in children {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("final_=true"), "{err}");
+    }
+    for i in 0..2 {
+        let dir = root.path().join(format!("h{i}/segments/lo"));
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.is_empty() && names.iter().all(|n| n.ends_with(".rseg.zst")), "only sealed segments: {names:?}");
+        assert!(records(root.path(), i).len() >= 30);
+    }
+}
