@@ -13,6 +13,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum What {
+    /// Agent processes on loopback: CPU per probe (event mode, 10k/s), busy-poll ceiling, RSS
+    /// with 10k targets. Needs the agent binary: `cargo build --release -p rocemesh-agent`.
+    Agent {
+        /// Seconds each of the three runs lasts (the first and last second are not measured).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The agent binary (default: `agent` next to this binary).
+        #[arg(long)]
+        agent_bin: Option<std::path::PathBuf>,
+    },
     /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
     Formats {
         /// Records to write (realistic shard traffic, see bench/src/synth.rs).
@@ -31,11 +41,49 @@ enum What {
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
     },
+    /// ctl gen-pinglists on a large fabric: in memory and to files, beside cloning and
+    /// serialising the inventory.
+    GenPinglists {
+        /// ToRs in the fabric.
+        #[arg(long, default_value_t = 3125)]
+        tors: usize,
+        /// One-RNIC hosts under each ToR.
+        #[arg(long, default_value_t = 32)]
+        hosts_per_tor: usize,
+        /// Spines (ECMP paths; the flow labels per inter-ToR target follow from it).
+        #[arg(long, default_value_t = 4)]
+        spines: usize,
+        /// Other ToRs each RNIC probes per generation.
+        #[arg(long, default_value_t = 5)]
+        inter_tor_peers: usize,
+        /// Write the files under this directory (default: the system's temporary directory;
+        /// /dev/shm measures ctl rather than the disk).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.what {
+        What::Agent { seconds, agent_bin } => {
+            let agent = match agent_bin {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("agent"),
+            };
+            anyhow::ensure!(
+                agent.exists(),
+                "{} not found: build it with `cargo build --release -p rocemesh-agent`, or pass --agent-bin",
+                agent.display()
+            );
+            println!(
+                "bench agent: prober and responder agents on loopback, {seconds} s per run, {} cores",
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            );
+            for f in rocemesh_bench::agent::run(&agent, seconds)? {
+                println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
+            }
+        }
         What::Formats { records, chunk_records, segment_mib, zstd_level, keep } => {
             if cfg!(debug_assertions) {
                 eprintln!(
@@ -57,6 +105,19 @@ fn main() -> Result<()> {
             if let Some(p) = &report.kept {
                 println!("{}", rocemesh_bench::formats::describe_kept(p));
             }
+        }
+        What::GenPinglists { tors, hosts_per_tor, spines, inter_tor_peers, dir } => {
+            if cfg!(debug_assertions) {
+                eprintln!(
+                    "warning: debug build; run `cargo run --release -p rocemesh-bench -- gen-pinglists` for real numbers"
+                );
+            }
+            let opt = rocemesh_bench::pinglists::Options { tors, hosts_per_tor, spines, inter_tor_peers, dir };
+            println!(
+                "bench gen-pinglists: {tors} ToRs x {hosts_per_tor} one-RNIC hosts = {} RNICs, {spines} spines, {inter_tor_peers} peer ToRs per RNIC",
+                tors * hosts_per_tor
+            );
+            print!("{}", rocemesh_bench::pinglists::run(&opt)?);
         }
     }
     Ok(())

@@ -1,5 +1,36 @@
-//! The file-based controller: inventory checks and import, pinglist generation (ToR-mesh,
-//! inter-ToR with ECMP flow-label coverage), and pushing pinglists to agents from a bastion.
+//! The file-based controller, run by operators from a bastion host.
 //!
-//! Not built yet (issue 4). Its file formats exist and are validated in
-//! `rocemesh_formats::{inventory, pinglist}`.
+//! ```text
+//! agent describe ──▶ host descriptions ─┐
+//!                    ToR map / rule ────┴─ inventory::import ─▶ inventory.toml ─ inventory::check
+//!                                                                     │
+//!                                            generation::Generator (seed, G)
+//!                                                                     ▼
+//!                                          DIR/<host>.toml ── push (ssh or shared dir, atomic)
+//!                                                │                     │
+//!                                   diff::diff ──┴── status::status ◀──┘ (what the hosts hold)
+//! ```
+//!
+//! - [`describe`]: the self-description an agent prints (`agent describe`): host name and RNICs.
+//! - [`import`]: host descriptions plus a ToR map (file, host-name rule, or rails) → inventory.
+//! - [`check`]: what ctl needs of an inventory beyond the format's own validation.
+//! - [`generation`]: per-host pinglists: ToR-mesh, inter-ToR with a rotation that covers every ToR pair
+//!   (within a rail on rail-optimised fabrics) in a computed number of generations, and flow
+//!   labels sized by the ECMP coverage formula.
+//! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
+//!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
+
+pub mod check;
+pub mod describe;
+pub mod diff;
+mod error;
+pub mod generation;
+pub mod import;
+pub mod pinglist_dir;
+pub mod push;
+pub mod remote;
+mod rng;
+pub mod status;
+
+pub use error::{Error, host_name_problem};
+pub use pinglist_dir::write_file_atomically;

@@ -1,0 +1,539 @@
+//! `ctl gen-pinglists`: one pinglist per host from the inventory.
+//!
+//! **ToR-mesh.** Every RNIC probes every other RNIC under its own ToR (with several RNICs per
+//! host, each local RNIC probes the others under *its* ToR).
+//!
+//! **Inter-ToR.** ToRs are grouped into *planes*: one per rail on a rail-optimised fabric
+//! (cross-rail RDMA traffic does not exist there, so probing it would test paths no job uses),
+//! else one plane of all ToRs; `cross_rail` makes one plane of a rail-optimised fabric too.
+//! Within a plane of T ToRs, the ToRs are put on a ring in a seeded random order, fixed for the
+//! seed. A pair of ToRs is covered when either probes the other, so the ring distances
+//! 1..=H with H = ⌊T/2⌋ cover every pair; they are cut into B = ⌈H/K⌉ *blocks* of K distances
+//! (the last block topped up with other distances so that every RNIC always has K peers). In
+//! generation g, RNIC j (in name order) of a ToR with R RNICs probes, through block
+//! `(phase + g·R + j) mod B`, one RNIC in each of the K ToRs at those distances. A ToR's RNICs
+//! thus take R consecutive blocks per generation and the next generation continues where this
+//! one stopped: **every ToR pair of a plane is probed in any ⌈B/R_min⌉ consecutive
+//! generations** (R_min: the fewest RNICs under a ToR of that plane), in a single generation
+//! once ToRs hold at least B RNICs. Which RNIC of the far ToR is probed rotates with the
+//! generation, so all RNIC pairs of a ToR pair are sampled over time.
+//!
+//! **Flow labels.** Each inter-ToR target gets n labels, n from the coverage formula
+//! ([`labels_for_coverage`]) for m ECMP paths and probability p. Labels are drawn per
+//! (seed, prober, target), not per generation: a pair probed again keeps its labels, so that
+//! `ctl diff` shows only real changes and agents keep their address handles (cached per GID
+//! and label). They are drawn so that no two labels of one target give the same RoCEv2 UDP
+//! source port
+//! (`((fl & 0x3FFF) ^ (fl >> 14)) | 0xC000`): switches hash the port, not the label, and two
+//! labels with one port are one path, which would quietly lower the coverage.
+//!
+//! **Determinism.** Everything is a function of the inventory, the options, the seed and the
+//! generation; RNIC order comes from names, not positions in the inventory file, and all
+//! randomness from [`crate::rng`]. Same inputs, byte-identical files.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::pinglist::{
+    self, MAX_FLOW_LABEL, MAX_RATE_PPS_PER_TARGET, MAX_TARGETS, MAX_TIMEOUT_MS, Pinglist, ProbeKind, Target,
+};
+
+use crate::error::{Error, host_name_problem};
+use crate::import::natural_cmp;
+use crate::rng::{self, SplitMix64};
+
+/// ToR-mesh probes per second per target (rpingmesh's cap).
+pub const DEFAULT_TOR_MESH_RATE_PPS: f64 = 10.0;
+/// Inter-ToR probes per second per target (rpingmesh's cap).
+pub const DEFAULT_INTER_TOR_RATE_PPS: f64 = 1.0;
+/// Other ToRs each RNIC probes per generation (rpingmesh samples 5).
+pub const DEFAULT_INTER_TOR_PEERS: usize = 5;
+/// Probability that an inter-ToR target's labels cover all ECMP paths.
+pub const DEFAULT_COVERAGE_PROBABILITY: f64 = 0.99;
+/// ECMP paths assumed when the inventory declares no spines.
+pub const DEFAULT_ECMP_PATHS: u32 = 4;
+/// The number of distinct RoCEv2 UDP source ports a flow label can select (14 bits).
+pub const MAX_DISTINCT_PATH_LABELS: usize = 1 << 14;
+
+/// How to generate; everything but the generation number and time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenOptions {
+    /// Seeds the ToR rings, the RNIC rotation and the flow labels.
+    pub seed: u64,
+    /// K: other ToRs each RNIC probes per generation.
+    pub inter_tor_peers: usize,
+    /// m: equal-cost paths between two ToRs; `None` = the inventory's spines, or
+    /// [`DEFAULT_ECMP_PATHS`] without spines.
+    pub ecmp_paths: Option<u32>,
+    /// p: probability that one target's labels cover all m paths.
+    pub coverage_probability: f64,
+    pub tor_mesh_rate_pps: f64,
+    pub inter_tor_rate_pps: f64,
+    /// Labels per ToR-mesh target (one ToR, one path: 1 unless the ToR has bonded uplinks).
+    pub tor_mesh_flow_labels: usize,
+    /// Responder port written into every target: the agent's UDP port, and the RDMA CM service
+    /// port it resolves the UD QPN through (see ARCHITECTURE.md, "ctl and agent restarts").
+    pub probe_port: Option<u16>,
+    pub timeout_ms: u32,
+    /// Probe between rails of a rail-optimised fabric as if it were one plane.
+    pub cross_rail: bool,
+}
+
+impl Default for GenOptions {
+    fn default() -> Self {
+        GenOptions {
+            seed: 0,
+            inter_tor_peers: DEFAULT_INTER_TOR_PEERS,
+            ecmp_paths: None,
+            coverage_probability: DEFAULT_COVERAGE_PROBABILITY,
+            tor_mesh_rate_pps: DEFAULT_TOR_MESH_RATE_PPS,
+            inter_tor_rate_pps: DEFAULT_INTER_TOR_RATE_PPS,
+            tor_mesh_flow_labels: 1,
+            probe_port: None,
+            timeout_ms: pinglist::DEFAULT_TIMEOUT_MS,
+            cross_rail: false,
+        }
+    }
+}
+
+/// n = ⌈ln(1 − p^(1/m)) / ln((m−1)/m)⌉: labels so that m equal ECMP paths are all taken with
+/// probability p (each label a uniform path; the m "path missed" events treated as
+/// independent, which can make n short of the exact figure: by one label for p = 0.9 and some
+/// m, by none for p ≥ 0.99 and m ≤ 32; the tests compare it with inclusion-exclusion). m = 1 needs one label. Both logarithms are computed without
+/// cancellation (`exp_m1`, `ln_1p`), because p^(1/m) is close to 1.
+pub fn labels_for_coverage(ecmp_paths: u32, probability: f64) -> usize {
+    if ecmp_paths <= 1 {
+        return 1;
+    }
+    let m = f64::from(ecmp_paths);
+    let miss_all = -(probability.ln() / m).exp_m1(); // 1 - p^(1/m)
+    let n = (miss_all.ln() / (-1.0 / m).ln_1p()).ceil();
+    n.max(1.0) as usize
+}
+
+/// The RoCEv2 UDP source port mlx5 derives from a flow label, minus its fixed top bits.
+pub fn source_port_bits(label: u32) -> u16 {
+    ((label & 0x3FFF) ^ ((label & 0xF_C000) >> 14)) as u16
+}
+
+/// Coverage of one plane (a rail, or the whole fabric).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlaneCoverage {
+    /// The rail, on a rail-optimised fabric probed per rail.
+    pub rail: Option<u16>,
+    /// ToRs with at least one RNIC.
+    pub tors: usize,
+    /// Other ToRs each RNIC probes per generation (K, at most tors − 1).
+    pub peers_per_rnic: usize,
+    /// B: blocks of ring distances.
+    pub blocks: usize,
+    /// Fewest RNICs under one of the plane's ToRs.
+    pub min_rnics_per_tor: usize,
+    /// Every ToR pair of the plane is probed in any this many consecutive generations.
+    pub generations: u64,
+}
+
+/// What a generation covers, and with which parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Coverage {
+    /// m.
+    pub ecmp_paths: u32,
+    /// Whether m came from the inventory's spines.
+    pub ecmp_paths_from_spines: bool,
+    /// p.
+    pub coverage_probability: f64,
+    /// n for inter-ToR targets.
+    pub inter_tor_flow_labels: usize,
+    pub planes: Vec<PlaneCoverage>,
+    /// N: every ToR pair within every plane is probed in any N consecutive generations.
+    pub generations_to_cover: u64,
+    /// Highest probe rate one RNIC sends, over all its targets.
+    pub max_rnic_rate_pps: f64,
+}
+
+struct RnicInfo {
+    device: String,
+    name: String,
+    name_hash: u64,
+    addr: IpAddr,
+    tor: usize,
+    /// Index among its ToR's RNICs (name order).
+    pos: usize,
+}
+
+struct TorInfo {
+    name_hash: u64,
+    rnics: Vec<usize>,
+    /// Plane and ring position, for ToRs with RNICs.
+    ring: Option<(usize, usize)>,
+}
+
+struct Plane {
+    ring: Vec<usize>,
+    blocks: Vec<Vec<usize>>,
+    phase: u64,
+}
+
+/// The inventory indexed for generation; [`Generator::generate`] makes one generation.
+pub struct Generator {
+    opts: GenOptions,
+    inter_tor_labels: usize,
+    rnics: Vec<RnicInfo>,
+    tors: Vec<TorInfo>,
+    planes: Vec<Plane>,
+    /// Host names in output order, each with its RNICs in device order.
+    hosts: Vec<(String, Vec<usize>)>,
+    coverage: Coverage,
+}
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator").field("hosts", &self.hosts.len()).field("coverage", &self.coverage).finish()
+    }
+}
+
+const TAG_TOR_RING: u64 = 1;
+const TAG_ROTATION: u64 = 2;
+const TAG_LABELS: u64 = 3;
+const TAG_PHASE: u64 = 4;
+
+impl Generator {
+    /// Indexes `inventory` (already validated by the format) and checks `opts`.
+    pub fn new(inventory: &Inventory, opts: &GenOptions) -> Result<Generator, Error> {
+        check_options(opts)?;
+        let (ecmp_paths, from_spines) = match opts.ecmp_paths {
+            Some(m) => (m, false),
+            None if !inventory.spines.is_empty() => (inventory.spines.len() as u32, true),
+            None => (DEFAULT_ECMP_PATHS, false),
+        };
+        let inter_tor_labels = labels_for_coverage(ecmp_paths, opts.coverage_probability);
+        if inter_tor_labels > MAX_DISTINCT_PATH_LABELS {
+            return Err(Error::invalid(
+                format!(
+                    "{ecmp_paths} ECMP paths at p = {} need {inter_tor_labels} flow labels; only {MAX_DISTINCT_PATH_LABELS} give distinct UDP source ports",
+                    opts.coverage_probability
+                ),
+                "lower --coverage-probability or --ecmp-paths",
+            ));
+        }
+
+        let tor_ids: HashMap<&str, usize> =
+            inventory.tors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+        let mut tors: Vec<TorInfo> = inventory
+            .tors
+            .iter()
+            .map(|t| TorInfo { name_hash: rng::name_hash(&t.name), rnics: Vec::new(), ring: None })
+            .collect();
+        let mut rnics = Vec::new();
+        let mut hosts = Vec::with_capacity(inventory.hosts.len());
+        for host in &inventory.hosts {
+            if let Some(problem) = host_name_problem(&host.name) {
+                return Err(Error::invalid(
+                    problem,
+                    "rename the host in the inventory (`ctl inventory check` lists all)",
+                ));
+            }
+            let mut own = Vec::with_capacity(host.rnics.len());
+            for r in &host.rnics {
+                let Some(&tor) = tor_ids.get(r.tor.as_str()) else {
+                    return Err(Error::invalid(
+                        format!(
+                            "{}/{} is under ToR {:?}, which the inventory does not declare",
+                            host.name, r.device, r.tor
+                        ),
+                        "load the inventory with Inventory::load, which refuses this",
+                    ));
+                };
+                let name = Inventory::rnic_name(&host.name, &r.device);
+                let gid = r.gid_or_mapped();
+                // The address the agent probes: the IP, unless an explicit GID is not the one
+                // RoCEv2 derives from it (then only the GID reaches the port).
+                let mapped = match r.ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                };
+                let addr = if gid == mapped { r.ip } else { IpAddr::V6(gid) };
+                own.push(rnics.len());
+                tors[tor].rnics.push(rnics.len());
+                rnics.push(RnicInfo {
+                    device: r.device.clone(),
+                    name_hash: rng::name_hash(&name),
+                    name,
+                    addr,
+                    tor,
+                    pos: 0,
+                });
+            }
+            own.sort_by(|&a, &b| natural_cmp(&rnics[a].device, &rnics[b].device));
+            hosts.push((host.name.clone(), own));
+        }
+        hosts.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        for tor in &mut tors {
+            tor.rnics.sort_by(|&a, &b| natural_cmp(&rnics[a].name, &rnics[b].name));
+            for (pos, &r) in tor.rnics.iter().enumerate() {
+                rnics[r].pos = pos;
+            }
+        }
+
+        // Planes: one per rail, or one for all; ToRs in name order before the seeded shuffle,
+        // so that the ring does not depend on the order of the inventory file.
+        let mut by_plane: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
+        let per_rail =
+            !opts.cross_rail && inventory.tors.iter().all(|t| t.rail.is_some()) && !inventory.tors.is_empty();
+        for (i, t) in inventory.tors.iter().enumerate() {
+            if !tors[i].rnics.is_empty() {
+                by_plane.entry(if per_rail { t.rail } else { None }).or_default().push(i);
+            }
+        }
+        let mut planes = Vec::new();
+        let mut plane_coverage = Vec::new();
+        for (rail, mut ring) in by_plane {
+            ring.sort_by(|&a, &b| natural_cmp(&inventory.tors[a].name, &inventory.tors[b].name));
+            let plane_key = rail.map_or(u64::MAX, u64::from);
+            let mut shuffle = SplitMix64::new(rng::derive(&[opts.seed, TAG_TOR_RING, plane_key]));
+            for i in (1..ring.len()).rev() {
+                ring.swap(i, shuffle.below(i as u64 + 1) as usize);
+            }
+            let t = ring.len();
+            let k = opts.inter_tor_peers.min(t.saturating_sub(1));
+            let half = t / 2;
+            let blocks = if k == 0 { Vec::new() } else { distance_blocks(t, half, k) };
+            let min_rnics = ring.iter().map(|&x| tors[x].rnics.len()).min().unwrap_or(0);
+            let generations = if blocks.is_empty() {
+                0
+            } else {
+                ring.iter().map(|&x| blocks.len().div_ceil(tors[x].rnics.len()) as u64).max().unwrap_or(0)
+            };
+            let phase = rng::derive(&[opts.seed, TAG_PHASE, plane_key]);
+            for (pos, &x) in ring.iter().enumerate() {
+                tors[x].ring = Some((planes.len(), pos));
+            }
+            plane_coverage.push(PlaneCoverage {
+                rail,
+                tors: t,
+                peers_per_rnic: k,
+                blocks: blocks.len(),
+                min_rnics_per_tor: min_rnics,
+                generations,
+            });
+            planes.push(Plane { ring, blocks, phase });
+        }
+
+        let mut max_rnic_rate_pps: f64 = 0.0;
+        for (host, own) in &hosts {
+            let mut targets = 0;
+            for &r in own {
+                let tor = &tors[rnics[r].tor];
+                let mesh = tor.rnics.len() - 1;
+                let inter = tor.ring.map_or(0, |(p, _)| planes[p].blocks.first().map_or(0, Vec::len));
+                targets += mesh + inter;
+                let rate = mesh as f64 * opts.tor_mesh_rate_pps + inter as f64 * opts.inter_tor_rate_pps;
+                max_rnic_rate_pps = max_rnic_rate_pps.max(rate);
+            }
+            if targets > MAX_TARGETS {
+                return Err(Error::invalid(
+                    format!("host {host:?} would have {targets} targets; a pinglist holds at most {MAX_TARGETS}"),
+                    "lower --inter-tor-peers, or split the host's ToR",
+                ));
+            }
+        }
+        let generations_to_cover = plane_coverage.iter().map(|p| p.generations).max().unwrap_or(0);
+        let coverage = Coverage {
+            ecmp_paths,
+            ecmp_paths_from_spines: from_spines,
+            coverage_probability: opts.coverage_probability,
+            inter_tor_flow_labels: inter_tor_labels,
+            planes: plane_coverage,
+            generations_to_cover,
+            max_rnic_rate_pps,
+        };
+        Ok(Generator { opts: opts.clone(), inter_tor_labels, rnics, tors, planes, hosts, coverage })
+    }
+
+    /// What every generation covers.
+    pub fn coverage(&self) -> &Coverage {
+        &self.coverage
+    }
+
+    /// Number of pinglists a generation has (one per host).
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// The pinglist of the `i`-th host in name order (`i < self.hosts()`), for writing a
+    /// generation without holding all of it in memory.
+    pub fn pinglist(&self, i: usize, generation: u64, generated_unix_ns: u64) -> Pinglist {
+        let (host, own) = &self.hosts[i];
+        self.build(host, own, generation, generated_unix_ns)
+    }
+
+    /// All pinglists of `generation`, sorted by host name; built on all cores.
+    pub fn generate(&self, generation: u64, generated_unix_ns: u64) -> Vec<Pinglist> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(self.hosts.len().max(1));
+        let chunk = self.hosts.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .hosts
+                .chunks(chunk)
+                .map(|hosts| {
+                    s.spawn(move || {
+                        hosts
+                            .iter()
+                            .map(|(host, own)| self.build(host, own, generation, generated_unix_ns))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        })
+    }
+
+    fn build(&self, host: &str, own: &[usize], generation: u64, generated_unix_ns: u64) -> Pinglist {
+        let count: usize = own
+            .iter()
+            .map(|&r| {
+                let tor = &self.tors[self.rnics[r].tor];
+                let inter = tor.ring.map_or(0, |(p, _)| self.planes[p].blocks.first().map_or(0, Vec::len));
+                tor.rnics.len() - 1 + inter
+            })
+            .sum();
+        let mut targets = Vec::with_capacity(count);
+        for &r in own {
+            let me = &self.rnics[r];
+            let tor = &self.tors[me.tor];
+            for &peer in &tor.rnics {
+                if peer != r {
+                    targets.push(self.target(me, peer, ProbeKind::TorMesh));
+                }
+            }
+            let Some((p, ring_pos)) = tor.ring else { continue };
+            let plane = &self.planes[p];
+            if plane.blocks.is_empty() {
+                continue;
+            }
+            let b = plane.blocks.len() as u128;
+            let block =
+                (u128::from(plane.phase) + u128::from(generation) * tor.rnics.len() as u128 + me.pos as u128) % b;
+            for &distance in &plane.blocks[block as usize] {
+                let far = &self.tors[plane.ring[(ring_pos + distance) % plane.ring.len()]];
+                let rotation = rng::derive(&[self.opts.seed, TAG_ROTATION, generation, tor.name_hash, far.name_hash]);
+                let pick = (me.pos as u64).wrapping_add(rotation) % far.rnics.len() as u64;
+                targets.push(self.target(me, far.rnics[pick as usize], ProbeKind::InterTor));
+            }
+        }
+        Pinglist {
+            version: pinglist::VERSION,
+            host: host.to_owned(),
+            generation,
+            generated_unix_ns,
+            timeout_ms: self.opts.timeout_ms,
+            targets,
+        }
+    }
+
+    fn target(&self, me: &RnicInfo, peer: usize, kind: ProbeKind) -> Target {
+        let to = &self.rnics[peer];
+        let (n, rate_pps) = match kind {
+            ProbeKind::InterTor => (self.inter_tor_labels, self.opts.inter_tor_rate_pps),
+            _ => (self.opts.tor_mesh_flow_labels, self.opts.tor_mesh_rate_pps),
+        };
+        let seed = rng::derive(&[self.opts.seed, TAG_LABELS, u64::from(kind.as_u8()), me.name_hash, to.name_hash]);
+        Target {
+            from: me.device.clone(),
+            to: to.name.clone(),
+            kind,
+            addr: to.addr,
+            port: self.opts.probe_port,
+            // 0: the agent resolves the responder's UD QPN at run time (RDMA CM service ID
+            // resolution on `port`), so an agent restart does not wait for a new pinglist.
+            qpn: self.opts.probe_port.map(|_| 0),
+            rate_pps,
+            flow_labels: flow_labels(seed, n),
+        }
+    }
+}
+
+/// Ring distances 1..=half in blocks of `k`; the last block is topped up with the smallest
+/// other distances in 1..t so that each block has exactly `k` distinct distances.
+fn distance_blocks(t: usize, half: usize, k: usize) -> Vec<Vec<usize>> {
+    let mut blocks: Vec<Vec<usize>> = (1..=half).collect::<Vec<_>>().chunks(k).map(<[usize]>::to_vec).collect();
+    if let Some(last) = blocks.last_mut() {
+        let mut fill = 1..t;
+        while last.len() < k {
+            match fill.next() {
+                Some(d) if !last.contains(&d) => last.push(d),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+    blocks
+}
+
+/// `n` distinct nonzero labels with pairwise distinct UDP source ports, from `seed`.
+fn flow_labels(seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = SplitMix64::new(seed);
+    let mut labels = Vec::with_capacity(n);
+    // Few labels: a linear scan beats clearing a 2 KiB bitmap per target.
+    let mut used_ports: Option<Vec<u64>> = (n > 64).then(|| vec![0; MAX_DISTINCT_PATH_LABELS / 64]);
+    while labels.len() < n {
+        let label = (rng.next_u64() & u64::from(MAX_FLOW_LABEL)) as u32;
+        if label == 0 {
+            continue;
+        }
+        let port = source_port_bits(label);
+        let fresh = match &mut used_ports {
+            Some(bits) => {
+                let (word, bit) = (usize::from(port) / 64, 1u64 << (port % 64));
+                let fresh = bits[word] & bit == 0;
+                bits[word] |= bit;
+                fresh
+            }
+            None => !labels.iter().any(|&l| source_port_bits(l) == port),
+        };
+        if fresh {
+            labels.push(label);
+        }
+    }
+    labels
+}
+
+fn check_options(opts: &GenOptions) -> Result<(), Error> {
+    let p = opts.coverage_probability;
+    if !(p > 0.0 && p < 1.0) {
+        return Err(Error::invalid(
+            format!("coverage probability {p} is not strictly between 0 and 1"),
+            "use e.g. --coverage-probability 0.99 (1 would need infinitely many labels)",
+        ));
+    }
+    if opts.ecmp_paths == Some(0) {
+        return Err(Error::invalid("0 ECMP paths", "use the number of spines (equal-cost paths), at least 1"));
+    }
+    for (name, rate) in
+        [("--tor-mesh-rate-pps", opts.tor_mesh_rate_pps), ("--inter-tor-rate-pps", opts.inter_tor_rate_pps)]
+    {
+        if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE_PPS_PER_TARGET) {
+            return Err(Error::invalid(
+                format!("{name} {rate} is outside (0, {MAX_RATE_PPS_PER_TARGET}]"),
+                "use a positive rate within the pinglist format's per-target cap",
+            ));
+        }
+    }
+    if !(1..=MAX_DISTINCT_PATH_LABELS).contains(&opts.tor_mesh_flow_labels) {
+        return Err(Error::invalid(
+            format!("{} ToR-mesh flow labels", opts.tor_mesh_flow_labels),
+            format!("use 1..={MAX_DISTINCT_PATH_LABELS}"),
+        ));
+    }
+    if !(1..=MAX_TIMEOUT_MS).contains(&opts.timeout_ms) {
+        return Err(Error::invalid(
+            format!("timeout {} ms is outside 1..={MAX_TIMEOUT_MS}", opts.timeout_ms),
+            "use a timeout the pinglist format accepts",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

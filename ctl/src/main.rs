@@ -1,0 +1,484 @@
+//! `ctl`: the file-based controller, run by operators from a bastion host.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use rocemesh_ctl::generation::{self, GenOptions, Generator};
+use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
+use rocemesh_ctl::pinglist_dir::{self, Manifest, PinglistDir};
+use rocemesh_ctl::push::{self, Destination};
+use rocemesh_ctl::remote::{RemotePath, Ssh};
+use rocemesh_ctl::{check, diff, status};
+use rocemesh_formats::inventory::Inventory;
+
+const OK: i32 = 0;
+const PROBLEMS: i32 = 1;
+const CANNOT_RUN: i32 = 2;
+
+/// The rocemesh controller: inventory, pinglist generation, and pushing pinglists to agents.
+///
+/// Exit codes: 0 done and nothing wrong; 1 ran, but found problems (a host failed, a host is
+/// stale, the inventory has problems); 2 could not run (bad arguments, invalid input).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand, Debug)]
+enum What {
+    /// Check or build the fabric inventory.
+    #[command(subcommand)]
+    Inventory(InventoryCmd),
+    /// Write one pinglist per host into a directory.
+    GenPinglists(GenArgs),
+    /// Copy each host's pinglist to the host (ssh) or into a shared directory, atomically.
+    PushPinglist(PushArgs),
+    /// Show what a push would change on each host.
+    Diff(DiffArgs),
+    /// Show which hosts hold the current generation, and which are stale or missing.
+    Status(StatusArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum InventoryCmd {
+    /// Validate an inventory and summarise the fabric (hosts, RNICs, ToRs, rails, spines, links).
+    Check {
+        /// The inventory file.
+        inventory: PathBuf,
+    },
+    /// Build an inventory from `agent describe` output plus where each port is cabled.
+    Import(ImportArgs),
+}
+
+#[derive(Args, Debug)]
+struct ImportArgs {
+    /// Host descriptions (`agent describe` output): files, or directories of *.toml files.
+    #[arg(required = true)]
+    descriptions: Vec<PathBuf>,
+    /// Where to write the inventory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Replace --out if it exists.
+    #[arg(long)]
+    force: bool,
+    /// ToR map: CSV lines `host,device,tor[,rail]` (`device` may be `*`: every RNIC of the host).
+    #[arg(long, conflicts_with_all = ["tor_name", "host_regex"])]
+    tor_map: Option<PathBuf>,
+    /// ToR name template: `{host}`, `{device}`, `{rail}` and the groups of --host-regex
+    /// (`tor-{rack}`); with --rail-optimised and no template, `rail{rail}`.
+    #[arg(long)]
+    tor_name: Option<String>,
+    /// Regex every host name must match; its named or numbered groups fill --tor-name.
+    #[arg(long)]
+    host_regex: Option<String>,
+    /// Rail-optimised fabric: RNIC k of every host is under the ToR of rail k (k in natural
+    /// device-name order over all hosts, or as given by --rail-devices); every ToR gets a rail.
+    #[arg(long)]
+    rail_optimised: bool,
+    /// Device names in rail order, e.g. `mlx5_0,mlx5_3,mlx5_4` (with --rail-optimised).
+    #[arg(long, value_delimiter = ',', requires = "rail_optimised")]
+    rail_devices: Option<Vec<String>>,
+    /// Add N spines named spine0.. (equal-cost paths for flow-label sizing).
+    #[arg(long, default_value_t = 0)]
+    spines: usize,
+    /// Link every ToR to every spine (two-tier Clos).
+    #[arg(long)]
+    link_all: bool,
+    /// Start from this inventory: its switches and links are kept, and so are its hosts that
+    /// are not described again.
+    #[arg(long)]
+    base: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// The inventory file.
+    #[arg(long)]
+    inventory: PathBuf,
+    /// Output directory: one `<host>.toml` per host, plus `generation.ctl`.
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed for the ToR rings, the RNIC rotation and the flow labels; keep it across
+    /// generations so that coverage rotates as computed.
+    #[arg(long)]
+    seed: u64,
+    /// Generation number; default: one more than the last generation written to --out.
+    #[arg(long)]
+    generation: Option<u64>,
+    /// Generation time written into every pinglist, ns since the Unix epoch; default: now.
+    /// Pass it for byte-identical output.
+    #[arg(long)]
+    now_unix_ns: Option<u64>,
+    /// Other ToRs each RNIC probes per generation (K).
+    #[arg(long, default_value_t = generation::DEFAULT_INTER_TOR_PEERS)]
+    inter_tor_peers: usize,
+    /// Equal-cost paths between two ToRs (m); default: the inventory's spines, else 4.
+    #[arg(long)]
+    ecmp_paths: Option<u32>,
+    /// Probability that one inter-ToR target's flow labels cover all m paths (p).
+    #[arg(long, default_value_t = generation::DEFAULT_COVERAGE_PROBABILITY)]
+    coverage_probability: f64,
+    /// Probes per second to each ToR-mesh target.
+    #[arg(long, default_value_t = generation::DEFAULT_TOR_MESH_RATE_PPS)]
+    tor_mesh_rate_pps: f64,
+    /// Probes per second to each inter-ToR target.
+    #[arg(long, default_value_t = generation::DEFAULT_INTER_TOR_RATE_PPS)]
+    inter_tor_rate_pps: f64,
+    /// Flow labels per ToR-mesh target (one path under a ToR: 1).
+    #[arg(long, default_value_t = 1)]
+    tor_mesh_flow_labels: usize,
+    /// Responder port written into every target: the agents' UDP port and RDMA CM service
+    /// port (the agent then resolves the UD QPN at run time; `qpn = 0` is written).
+    #[arg(long)]
+    probe_port: Option<u16>,
+    /// Probe timeout written into every pinglist.
+    #[arg(long, default_value_t = rocemesh_formats::pinglist::DEFAULT_TIMEOUT_MS)]
+    timeout_ms: u32,
+    /// On a rail-optimised fabric, probe between rails too (by default only within a rail:
+    /// there is no cross-rail RDMA traffic to protect).
+    #[arg(long)]
+    cross_rail: bool,
+}
+
+/// Where pinglists are on the hosts, and how to reach them.
+#[derive(Args, Debug)]
+struct ReachArgs {
+    /// Path of the pinglist on each host; `{host}` is replaced by the host's name.
+    #[arg(long, default_value = "/etc/rocemesh/pinglist.toml", conflicts_with = "to_dir")]
+    remote_path: String,
+    /// Instead of ssh: a directory on a shared filesystem, DIR/<host>/pinglist.toml.
+    #[arg(long)]
+    to_dir: Option<PathBuf>,
+    /// Options for ssh, before ctl's own (which they override), split at spaces; repeatable:
+    /// `--ssh-option "-F ./ssh_config" --ssh-option "-o User=ops"`.
+    #[arg(long, allow_hyphen_values = true)]
+    ssh_option: Vec<String>,
+    /// The ssh client to run.
+    #[arg(long, default_value = "ssh")]
+    ssh_program: PathBuf,
+    /// ssh ConnectTimeout, seconds.
+    #[arg(long, default_value_t = 10)]
+    connect_timeout_secs: u32,
+    /// Give up on a host after this many seconds, connection included.
+    #[arg(long, default_value_t = push::DEFAULT_HOST_TIMEOUT.as_secs())]
+    timeout_secs: u64,
+    /// Hosts handled at once.
+    #[arg(long, default_value_t = 32)]
+    parallel: usize,
+}
+
+impl ReachArgs {
+    fn destination(&self) -> Result<Destination> {
+        if let Some(dir) = &self.to_dir {
+            return Ok(Destination::Dir(dir.clone()));
+        }
+        let ssh = Ssh {
+            program: self.ssh_program.clone(),
+            options: self.ssh_option.iter().flat_map(|o| o.split_whitespace().map(str::to_owned)).collect(),
+            connect_timeout_secs: self.connect_timeout_secs,
+            timeout: Duration::from_secs(self.timeout_secs.max(1)),
+        };
+        Ok(Destination::Ssh { ssh, remote_path: RemotePath::new(&self.remote_path)? })
+    }
+}
+
+#[derive(Args, Debug)]
+struct PushArgs {
+    /// Directory of generated pinglists.
+    #[arg(long)]
+    from: PathBuf,
+    /// Only these hosts (comma-separated); default: every host in --from.
+    #[arg(long, value_delimiter = ',', conflicts_with = "retry_failed")]
+    hosts: Option<Vec<String>>,
+    /// Push only the hosts that failed in this results file (see --results).
+    #[arg(long)]
+    retry_failed: Option<PathBuf>,
+    /// Where to write the per-host results (TSV); default: FROM/push-results.tsv.
+    #[arg(long)]
+    results: Option<PathBuf>,
+    #[command(flatten)]
+    reach: ReachArgs,
+}
+
+#[derive(Args, Debug)]
+struct DiffArgs {
+    /// Directory of generated pinglists (what a push would install).
+    #[arg(long)]
+    from: PathBuf,
+    /// What to compare with: a directory (another generation, or a --to-dir tree), or hosts
+    /// to ask over ssh: comma-separated names, or `*` for every host in --from.
+    #[arg(long)]
+    against: String,
+    /// List every added, removed and changed target.
+    #[arg(long, short)]
+    verbose: bool,
+    #[command(flatten)]
+    reach: ReachArgs,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Directory of generated pinglists (the generation the hosts should hold).
+    #[arg(long)]
+    from: PathBuf,
+    /// Only these hosts (comma-separated); default: every host in --from.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Option<Vec<String>>,
+    #[command(flatten)]
+    reach: ReachArgs,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ctl: {e:#}");
+            CANNOT_RUN
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.what {
+        What::Inventory(InventoryCmd::Check { inventory }) => inventory_check(&inventory),
+        What::Inventory(InventoryCmd::Import(args)) => inventory_import(args),
+        What::GenPinglists(args) => gen_pinglists(args),
+        What::PushPinglist(args) => push_pinglist(args),
+        What::Diff(args) => diff_cmd(args),
+        What::Status(args) => status_cmd(args),
+    }
+}
+
+fn inventory_check(path: &Path) -> Result<i32> {
+    let inventory = Inventory::load(path)?;
+    let report = check::check(&inventory);
+    println!("{}: valid inventory", path.display());
+    print!("{}", report.summary);
+    for f in &report.findings {
+        println!("{f}");
+    }
+    Ok(if report.has_problems() { PROBLEMS } else { OK })
+}
+
+fn inventory_import(args: ImportArgs) -> Result<i32> {
+    let same_as_base = args.base.as_ref().is_some_and(|b| b == &args.out);
+    if args.out.exists() && !args.force && !same_as_base {
+        bail!("{} exists (fix: pass --force to replace it, or --base {0} to extend it)", args.out.display());
+    }
+    let tors = match (&args.tor_map, &args.tor_name) {
+        (Some(map), _) => TorSource::Map(TorMap::load(map)?),
+        (None, Some(template)) => TorSource::Rule(NameRule::new(args.host_regex.as_deref(), template)?),
+        (None, None) if args.rail_optimised => {
+            TorSource::Rule(NameRule::new(args.host_regex.as_deref(), "rail{rail}")?)
+        }
+        (None, None) => bail!(
+            "no ToR mapping (fix: give --tor-map FILE, --tor-name TEMPLATE [--host-regex RE], or --rail-optimised)"
+        ),
+    };
+    let base = args.base.as_deref().map(Inventory::load).transpose()?;
+    let described = import::load_descriptions(&args.descriptions)?;
+    let opts = ImportOptions {
+        tors,
+        rail_optimised: args.rail_optimised,
+        rail_devices: args.rail_devices,
+        spines: args.spines,
+        link_all: args.link_all,
+        base,
+    };
+    let imported = import::import(&described, &opts, &args.out)?;
+    let text = imported.inventory.to_toml_string().context("serialising the inventory")?;
+    let header = "# written by ctl inventory import from `agent describe` output; check with `ctl inventory check`\n";
+    rocemesh_ctl::write_file_atomically(&args.out, format!("{header}{text}").as_bytes())?;
+    println!(
+        "{}: {} hosts described ({} added, {} replaced)",
+        args.out.display(),
+        described.len(),
+        imported.added,
+        imported.replaced
+    );
+    for (rail, device) in imported.rail_devices.iter().enumerate() {
+        println!("rail {rail}: {device}");
+    }
+    let report = check::check(&imported.inventory);
+    print!("{}", report.summary);
+    for note in &imported.notes {
+        println!("note: {note}");
+    }
+    Ok(OK)
+}
+
+fn gen_pinglists(args: GenArgs) -> Result<i32> {
+    let inventory = Inventory::load(&args.inventory)?;
+    let opts = GenOptions {
+        seed: args.seed,
+        inter_tor_peers: args.inter_tor_peers,
+        ecmp_paths: args.ecmp_paths,
+        coverage_probability: args.coverage_probability,
+        tor_mesh_rate_pps: args.tor_mesh_rate_pps,
+        inter_tor_rate_pps: args.inter_tor_rate_pps,
+        tor_mesh_flow_labels: args.tor_mesh_flow_labels,
+        probe_port: args.probe_port,
+        timeout_ms: args.timeout_ms,
+        cross_rail: args.cross_rail,
+    };
+    let generator = Generator::new(&inventory, &opts)?;
+    let previous = pinglist_dir::read_manifest(&args.out)?;
+    let generation = match (args.generation, &previous) {
+        (Some(g), Some(m)) if g < m.generation => bail!(
+            "--generation {g} is older than generation {} already in {} (fix: omit --generation, or pass at least {}; agents treat a lower generation as older)",
+            m.generation,
+            args.out.display(),
+            m.generation
+        ),
+        (Some(g), _) => g,
+        (None, _) => pinglist_dir::next_generation(&args.out)?,
+    };
+    let now_unix_ns = match args.now_unix_ns {
+        Some(t) => t,
+        None => SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+    };
+    let coverage = generator.coverage();
+    let manifest = Manifest {
+        generation,
+        generated_unix_ns: now_unix_ns,
+        seed: args.seed,
+        hosts: generator.hosts(),
+        generations_to_cover: coverage.generations_to_cover,
+    };
+    let targets = std::sync::atomic::AtomicUsize::new(0);
+    let written = pinglist_dir::write_generated(
+        &args.out,
+        generator.hosts(),
+        |i| {
+            let p = generator.pinglist(i, generation, now_unix_ns);
+            targets.fetch_add(p.targets.len(), std::sync::atomic::Ordering::Relaxed);
+            p
+        },
+        &manifest,
+    )?;
+    println!(
+        "generation {generation}: {} pinglists, {} targets, {:.1} MiB in {}",
+        written.written,
+        targets.into_inner(),
+        written.bytes as f64 / (1 << 20) as f64,
+        args.out.display()
+    );
+    if !written.pruned.is_empty() {
+        println!(
+            "removed the pinglists of {} hosts no longer in the inventory: {}",
+            written.pruned.len(),
+            written.pruned.join(", ")
+        );
+    }
+    println!(
+        "flow labels per inter-ToR target: {} (m = {} ECMP paths{}, p = {})",
+        coverage.inter_tor_flow_labels,
+        coverage.ecmp_paths,
+        if coverage.ecmp_paths_from_spines { ", the inventory's spines" } else { "" },
+        coverage.coverage_probability
+    );
+    for plane in &coverage.planes {
+        let name = plane.rail.map_or_else(|| "all ToRs".to_owned(), |r| format!("rail {r}"));
+        println!(
+            "  {name}: {} ToRs, {} peer ToRs per RNIC per generation, {} distance blocks, >= {} RNICs per ToR: all ToR pairs in {} generation(s)",
+            plane.tors, plane.peers_per_rnic, plane.blocks, plane.min_rnics_per_tor, plane.generations
+        );
+    }
+    println!(
+        "every ToR pair{} is probed in any {} consecutive generation(s); highest rate of one RNIC {:.1} probes/s",
+        if coverage.planes.iter().any(|p| p.rail.is_some()) { " within a rail" } else { "" },
+        coverage.generations_to_cover,
+        coverage.max_rnic_rate_pps
+    );
+    Ok(OK)
+}
+
+fn progress(n: usize, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(n as u64);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} hosts, {elapsed} ({eta} left)") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_owned());
+    bar
+}
+
+fn push_pinglist(args: PushArgs) -> Result<i32> {
+    let from = PinglistDir::open(&args.from)?;
+    let hosts = match (&args.retry_failed, &args.hosts) {
+        (Some(file), _) => {
+            let failed = push::read_failed(file)?;
+            if failed.is_empty() {
+                println!("{}: no failed hosts to retry", file.display());
+                return Ok(OK);
+            }
+            from.select(Some(&failed))?
+        }
+        (None, only) => from.select(only.as_deref())?,
+    };
+    let dest = args.reach.destination()?;
+    let bar = progress(hosts.len(), "push");
+    let results = push::push(&from, &hosts, &dest, args.reach.parallel, |r| {
+        bar.inc(1);
+        if !r.ok {
+            bar.println(format!("{}: {}", r.host, r.error));
+        }
+    });
+    bar.finish_and_clear();
+    print!("{}", push::render_table(&results));
+    let results_file = args.results.unwrap_or_else(|| args.from.join("push-results.tsv"));
+    push::write_results(&results_file, &results)?;
+    let failed = results.iter().filter(|r| !r.ok).count();
+    if failed > 0 {
+        println!("results in {0}; retry the failed hosts with --retry-failed {0}", results_file.display());
+        Ok(PROBLEMS)
+    } else {
+        println!("results in {}", results_file.display());
+        Ok(OK)
+    }
+}
+
+fn diff_cmd(args: DiffArgs) -> Result<i32> {
+    let from = PinglistDir::open(&args.from)?;
+    let against_dir = Path::new(&args.against);
+    let (hosts, dest) = if against_dir.is_dir() {
+        (from.select(None)?, Destination::Dir(against_dir.to_path_buf()))
+    } else if args.reach.to_dir.is_some() {
+        bail!("--against names hosts, but --to-dir is given (fix: pass the directory as --against DIR)");
+    } else {
+        let hosts = if args.against == "*" {
+            from.select(None)?
+        } else {
+            let names: Vec<String> =
+                args.against.split(',').map(str::trim).filter(|h| !h.is_empty()).map(str::to_owned).collect();
+            from.select(Some(&names))?
+        };
+        (hosts, args.reach.destination()?)
+    };
+    let bar = progress(hosts.len(), "diff");
+    let diffs = diff::diff(&from, &hosts, &dest, args.reach.parallel, |_| bar.inc(1));
+    bar.finish_and_clear();
+    print!("{}", diff::render(&diffs, args.verbose));
+    Ok(if diffs.iter().any(|d| d.error.is_some()) { PROBLEMS } else { OK })
+}
+
+fn status_cmd(args: StatusArgs) -> Result<i32> {
+    let from = PinglistDir::open(&args.from)?;
+    let hosts = from.select(args.hosts.as_deref())?;
+    let dest = args.reach.destination()?;
+    let bar = progress(hosts.len(), "status");
+    let statuses = status::status(&from, &hosts, &dest, args.reach.parallel, |_| bar.inc(1));
+    bar.finish_and_clear();
+    print!("{}", status::render(&statuses));
+    Ok(if statuses.iter().any(status::HostStatus::is_problem) { PROBLEMS } else { OK })
+}

@@ -1,0 +1,348 @@
+//! A directory of generated pinglists, `DIR/<host>.toml`, and its `generation.ctl` manifest.
+//!
+//! `gen-pinglists` writes it; `push-pinglist`, `diff` and `status` read it. Only `*.toml` files
+//! are pinglists, so push results and the manifest can live beside them.
+
+use std::borrow::Borrow;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rocemesh_formats::inventory::FileError;
+use rocemesh_formats::pinglist::Pinglist;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, file_error};
+use crate::import::natural_cmp;
+
+/// The manifest's file name (not `.toml`: it is not a pinglist).
+pub const MANIFEST: &str = "generation.ctl";
+
+/// What the last `gen-pinglists` into a directory wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub generation: u64,
+    pub generated_unix_ns: u64,
+    pub seed: u64,
+    pub hosts: usize,
+    /// Every ToR pair is probed in any this many consecutive generations.
+    pub generations_to_cover: u64,
+}
+
+/// Reads `DIR/generation.ctl`; `None` when there is none.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, Error> {
+    let path = dir.join(MANIFEST);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, "read the manifest", e)),
+    };
+    toml::from_str(&text).map(Some).map_err(|e| {
+        Error::File(file_error(
+            &path,
+            e.span().map(|s| crate::error::line_of(&text, s.start)),
+            "",
+            format!("not a ctl manifest: {}", e.message()),
+            "delete it; the next gen-pinglists rewrites it (pass --generation to say which generation comes next)",
+        ))
+    })
+}
+
+/// The generation after the newest one in `dir`: the manifest's, else the highest of its
+/// pinglists' (when the manifest was removed), else 1 for an empty or new directory.
+pub fn next_generation(dir: &Path) -> Result<u64, Error> {
+    if let Some(m) = read_manifest(dir)? {
+        return Ok(m.generation.saturating_add(1));
+    }
+    if !dir.exists() {
+        return Ok(1);
+    }
+    let listing = PinglistDir::open(dir).ok();
+    let mut newest = 0;
+    for host in listing.iter().flat_map(|l| l.hosts.iter()) {
+        if let Ok(p) = Pinglist::load(dir.join(format!("{host}.toml"))) {
+            newest = newest.max(p.generation);
+        }
+    }
+    Ok(newest.saturating_add(1))
+}
+
+/// The pinglists in a directory.
+#[derive(Debug, Clone)]
+pub struct PinglistDir {
+    dir: PathBuf,
+    hosts: Vec<String>,
+}
+
+impl PinglistDir {
+    /// Lists `dir/*.toml`; refuses a directory without pinglists.
+    pub fn open(dir: &Path) -> Result<PinglistDir, Error> {
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list the pinglist directory", e))?;
+        let mut hosts = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(dir, "list the pinglist directory", e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(host) = name.strip_suffix(".toml")
+                && !host.is_empty()
+                && !host.starts_with('.')
+            {
+                hosts.push(host.to_owned());
+            }
+        }
+        if hosts.is_empty() {
+            return Err(Error::invalid(
+                format!("{} holds no pinglists (<host>.toml)", dir.display()),
+                "generate them first: ctl gen-pinglists --inventory INV --out DIR --seed N",
+            ));
+        }
+        hosts.sort_by(|a, b| natural_cmp(a, b));
+        Ok(PinglistDir { dir: dir.to_path_buf(), hosts })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every host with a pinglist, in natural order.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// `only`, checked against the directory, or every host.
+    pub fn select(&self, only: Option<&[String]>) -> Result<Vec<String>, Error> {
+        let Some(only) = only else { return Ok(self.hosts.clone()) };
+        let mut out = Vec::with_capacity(only.len());
+        for host in only {
+            if !self.hosts.iter().any(|h| h == host) {
+                return Err(Error::invalid(
+                    format!("there is no pinglist for host {host:?} in {}", self.dir.display()),
+                    "check the host name against the inventory, or regenerate the pinglists",
+                ));
+            }
+            if !out.contains(host) {
+                out.push(host.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where `host`'s pinglist is.
+    pub fn path(&self, host: &str) -> PathBuf {
+        self.dir.join(format!("{host}.toml"))
+    }
+
+    /// The pinglist of `host`, its bytes as on disk, validated, and checked to be `host`'s.
+    pub fn read(&self, host: &str) -> Result<(Vec<u8>, Pinglist), FileError> {
+        let path = self.path(host);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            file_error(&path, None, "", format!("cannot read the pinglist: {e}"), "regenerate the pinglists")
+        })?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| file_error(&path, None, "", "the pinglist is not UTF-8 text", "regenerate the pinglists"))?;
+        let pinglist = Pinglist::parse(text, &path)?;
+        if pinglist.host != host {
+            return Err(file_error(
+                &path,
+                None,
+                "host",
+                format!("the pinglist in {host}.toml is for host {:?}", pinglist.host),
+                "regenerate the pinglists; a file must be named after its host",
+            ));
+        }
+        Ok((bytes, pinglist))
+    }
+}
+
+/// What [`write_pinglists`] did.
+#[derive(Debug, Clone, Default)]
+pub struct WriteReport {
+    pub written: usize,
+    pub bytes: u64,
+    /// Pinglists of hosts no longer in the inventory, removed.
+    pub pruned: Vec<String>,
+}
+
+/// Writes every pinglist to `dir/<host>.toml` (each by rename, on all cores), removes the
+/// pinglists of hosts not in `pinglists`, and records `manifest`.
+///
+/// The pinglists are not fsynced one by one (that would cost 100,000 flushes on a large
+/// fabric): after a crash the run is simply repeated (its output is deterministic). Each file
+/// is renamed into place, so a push running meanwhile reads whole files (a file cut at a
+/// `[[target]]` boundary would still parse, so validation alone could not tell). The manifest
+/// is written last and durably, so it never names a generation whose files were not written.
+pub fn write_pinglists(dir: &Path, pinglists: &[Pinglist], manifest: &Manifest) -> Result<WriteReport, Error> {
+    write_all(dir, pinglists.len(), |i| &pinglists[i], manifest)
+}
+
+/// [`write_pinglists`] for pinglists made on the fly by `make(i)`, `i` in `0..n`, so that a
+/// large fabric's lists never all sit in memory at once (`Generator::pinglist`).
+pub fn write_generated(
+    dir: &Path,
+    n: usize,
+    make: impl Fn(usize) -> Pinglist + Sync,
+    manifest: &Manifest,
+) -> Result<WriteReport, Error> {
+    write_all(dir, n, make, manifest)
+}
+
+fn write_all<P: Borrow<Pinglist>>(
+    dir: &Path,
+    n: usize,
+    make: impl Fn(usize) -> P + Sync,
+    manifest: &Manifest,
+) -> Result<WriteReport, Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create the output directory", e))?;
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.max(1));
+    let chunk = n.div_ceil(threads).max(1);
+    let make = &make;
+    let results: Vec<Result<(u64, Vec<String>), Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|start| {
+                s.spawn(move || {
+                    let mut bytes = 0u64;
+                    let mut hosts = Vec::with_capacity(chunk);
+                    for i in start..(start + chunk).min(n) {
+                        let made = make(i);
+                        let p = made.borrow();
+                        let text = serialise(p)?;
+                        let path = dir.join(format!("{}.toml", p.host));
+                        atomic_write(&path, text.as_bytes(), false).map_err(|e| Error::io(&path, "write", e))?;
+                        bytes += text.len() as u64;
+                        hosts.push(p.host.clone());
+                    }
+                    Ok((bytes, hosts))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    let mut report = WriteReport { written: n, ..WriteReport::default() };
+    let mut fresh = std::collections::HashSet::with_capacity(n);
+    for r in results {
+        let (bytes, hosts) = r?;
+        report.bytes += bytes;
+        fresh.extend(hosts);
+    }
+
+    if let Ok(listing) = PinglistDir::open(dir) {
+        for host in listing.hosts() {
+            // Only what is recognisably an old pinglist goes; anything else is the operator's.
+            if !fresh.contains(host) && Pinglist::load(listing.path(host)).is_ok() {
+                let path = listing.path(host);
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove the stale pinglist", e))?;
+                report.pruned.push(host.clone());
+            }
+        }
+    }
+    let text = toml::to_string(manifest)
+        .map_err(|e| Error::invalid(format!("cannot write the manifest: {e}"), "report this as a ctl bug"))?;
+    let path = dir.join(MANIFEST);
+    atomic_write(&path, format!("# written by ctl gen-pinglists\n{text}").as_bytes(), true)
+        .map_err(|e| Error::io(&path, "write the manifest", e))?;
+    Ok(report)
+}
+
+/// The pinglist as the TOML every ctl command writes.
+pub fn serialise(p: &Pinglist) -> Result<String, Error> {
+    p.to_toml_string().map_err(|e| {
+        Error::invalid(format!("cannot write the pinglist of {:?} as TOML: {e}", p.host), "report this as a ctl bug")
+    })
+}
+
+/// Writes `path` durably and atomically (see [`atomic_write`]), for the inventory import.
+pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    atomic_write(path, bytes, true).map_err(|e| Error::io(path, "write", e))
+}
+
+/// Replaces `path` with `bytes` so that a reader sees the old file or the new one, never a
+/// part: a temporary file in the same directory, renamed over the target. With `durable`, the
+/// data is fsynced before the rename and the directory after it, so that after a power loss
+/// the name points at the new content or the old, not at an empty file.
+pub(crate) fn atomic_write(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_all()?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocemesh_formats::pinglist::{self};
+
+    fn pl(host: &str, generation: u64) -> Pinglist {
+        Pinglist {
+            version: pinglist::VERSION,
+            host: host.to_owned(),
+            generation,
+            generated_unix_ns: 5,
+            timeout_ms: 500,
+            targets: Vec::new(),
+        }
+    }
+
+    fn manifest(generation: u64, hosts: usize) -> Manifest {
+        Manifest { generation, generated_unix_ns: 5, seed: 1, hosts, generations_to_cover: 3 }
+    }
+
+    #[test]
+    fn write_read_prune_and_next_generation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        assert_eq!(next_generation(&dir).unwrap(), 1);
+        let r = write_pinglists(&dir, &[pl("h10", 4), pl("h2", 4), pl("gone", 4)], &manifest(4, 3)).unwrap();
+        assert_eq!((r.written, r.pruned.len()), (3, 0));
+        std::fs::write(dir.join("notes.toml"), "operator's file").unwrap();
+        std::fs::write(dir.join("push-results.tsv"), "x").unwrap();
+        assert_eq!(next_generation(&dir).unwrap(), 5);
+
+        let r = write_pinglists(&dir, &[pl("h10", 5), pl("h2", 5)], &manifest(5, 2)).unwrap();
+        assert_eq!(r.pruned, ["gone"]);
+        let listing = PinglistDir::open(&dir).unwrap();
+        assert_eq!(listing.hosts(), ["h2", "h10", "notes"]);
+        assert_eq!(listing.read("h10").unwrap().1, pl("h10", 5));
+        assert!(listing.read("notes").unwrap_err().problem.contains("invalid TOML"));
+        assert_eq!(read_manifest(&dir).unwrap(), Some(manifest(5, 2)));
+        assert_eq!(next_generation(&dir).unwrap(), 6);
+
+        // Without the manifest, the newest pinglist decides.
+        std::fs::remove_file(dir.join(MANIFEST)).unwrap();
+        assert_eq!(next_generation(&dir).unwrap(), 6);
+
+        let e = listing.select(Some(&["h3".to_owned()])).unwrap_err().to_string();
+        assert!(e.contains("no pinglist for host \"h3\""), "{e}");
+        assert_eq!(listing.select(Some(&["h2".into(), "h2".into()])).unwrap(), ["h2"]);
+
+        // A file under another host's name is refused.
+        std::fs::copy(dir.join("h2.toml"), dir.join("h3.toml")).unwrap();
+        let e = PinglistDir::open(&dir).unwrap().read("h3").unwrap_err();
+        assert!(e.problem.contains("is for host \"h2\""), "{e}");
+        // No temporary files are left behind.
+        assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp.")));
+    }
+
+    #[test]
+    fn an_empty_directory_says_how_to_fill_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = PinglistDir::open(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("ctl gen-pinglists"), "{e}");
+    }
+}

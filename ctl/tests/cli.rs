@@ -1,0 +1,202 @@
+//! The `ctl` binary on real files: import from host descriptions, inventory check, and
+//! deterministic pinglist generation.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rocemesh_ctl::describe::{HostDescription, RnicDescription};
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::pinglist::Pinglist;
+
+fn ctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ctl")).args(args).output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// What `agent describe` would print on 2 scalable units × 3 hosts × 4 rails.
+fn describe_cluster(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for su in 0..2 {
+        for n in 1..=3 {
+            let d = HostDescription {
+                version: 1,
+                host: format!("su{su}-n{n:02}"),
+                rnics: (0..4)
+                    .map(|k| RnicDescription {
+                        device: format!("mlx5_{k}"),
+                        ip: format!("10.{k}.{su}.{n}").parse().unwrap(),
+                        gid: Some(format!("::ffff:10.{k}.{su}.{n}").parse().unwrap()),
+                        port: 1,
+                        gid_index: Some(3),
+                        netdev: Some(format!("ens{k}f0np0")),
+                    })
+                    .collect(),
+            };
+            std::fs::write(dir.join(format!("{}.toml", d.host)), d.to_toml_string().unwrap()).unwrap();
+        }
+    }
+}
+
+fn read_dir(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn import_a_rail_optimised_cluster_then_check_and_generate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
+    describe_cluster(&tmp.path().join("described"));
+
+    let out = ctl(&[
+        "inventory",
+        "import",
+        &p("described"),
+        "--out",
+        &p("inv.toml"),
+        "--rail-optimised",
+        "--host-regex",
+        "^su(?P<su>[0-9]+)-",
+        "--tor-name",
+        "su{su}-rail{rail}",
+        "--spines",
+        "4",
+        "--link-all",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("rail 3: mlx5_3"), "{}", text(&out));
+    let inv = Inventory::load(p("inv.toml")).unwrap();
+    assert_eq!((inv.hosts.len(), inv.tors.len(), inv.spines.len(), inv.links.len()), (6, 8, 4, 32));
+    let h = &inv.hosts[4];
+    assert_eq!((h.name.as_str(), h.rnics[2].tor.as_str(), h.rnics[2].gid_index), ("su1-n02", "su1-rail2", Some(3)));
+    // The GID the agent reported is the derived one, so the inventory leaves it out.
+    assert_eq!(h.rnics[2].gid, None);
+
+    // Importing again over the file needs --force.
+    let again = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--rail-optimised"]);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+    assert!(text(&again).contains("--force"), "{}", text(&again));
+
+    let out = ctl(&["inventory", "check", &p("inv.toml")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for needle in [
+        "hosts          6",
+        "RNICs         24",
+        "ToRs           8",
+        "rails          4",
+        "spines         4",
+        "links         32",
+    ] {
+        assert!(text(&out).contains(needle), "{needle}: {}", text(&out));
+    }
+
+    let gen_args = |out_dir: &str, seed: &str| {
+        vec![
+            "gen-pinglists".to_owned(),
+            "--inventory".to_owned(),
+            p("inv.toml"),
+            "--out".to_owned(),
+            p(out_dir),
+            "--seed".to_owned(),
+            seed.to_owned(),
+            "--generation".to_owned(),
+            "7".to_owned(),
+            "--now-unix-ns".to_owned(),
+            "1700000000000000000".to_owned(),
+        ]
+    };
+    let run = |args: Vec<String>| ctl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = run(gen_args("a", "42"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("flow labels per inter-ToR target: 21 (m = 4 ECMP paths, the inventory's spines"),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("within a rail is probed in any 1 consecutive generation"), "{}", text(&out));
+    assert_eq!(run(gen_args("b", "42")).status.code(), Some(0));
+    assert_eq!(run(gen_args("c", "43")).status.code(), Some(0));
+    let (a, b, c) = (read_dir(&tmp.path().join("a")), read_dir(&tmp.path().join("b")), read_dir(&tmp.path().join("c")));
+    assert_eq!(a.len(), 7, "{:?}", a.keys());
+    assert_eq!(a, b, "same seed, same inventory: byte-identical output");
+    assert_ne!(a, c);
+    for name in a.keys().filter(|n| n.ends_with(".toml")) {
+        let pl = Pinglist::load(tmp.path().join("a").join(name)).unwrap();
+        assert_eq!((pl.generation, format!("{}.toml", pl.host)), (7, name.clone()));
+        // 4 RNICs × (2 ToR-mesh + 1 inter-ToR in the rail's other ToR).
+        assert_eq!(pl.targets.len(), 12, "{name}");
+    }
+
+    // Without --generation the next one is taken; an older one is refused.
+    let mut next = gen_args("a", "42");
+    next.truncate(7);
+    let out = run(next);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).starts_with("generation 8:"), "{}", text(&out));
+    let mut older = gen_args("a", "42");
+    older[8] = "3".to_owned();
+    let out = run(older);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("older than generation 8"), "{}", text(&out));
+}
+
+#[test]
+fn import_with_a_tor_map_names_what_is_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
+    describe_cluster(&tmp.path().join("described"));
+    let mut map = String::from("host,device,tor\n");
+    for su in 0..2 {
+        for n in 1..=3 {
+            if (su, n) != (1, 3) {
+                map.push_str(&format!("su{su}-n{n:02},*,rack{su}\n"));
+            }
+        }
+    }
+    std::fs::write(tmp.path().join("map.csv"), &map).unwrap();
+    let out = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--tor-map", &p("map.csv")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("does not place su1-n03/mlx5_0"), "{}", text(&out));
+    assert!(text(&out).contains("su1-n03.toml"), "{}", text(&out));
+
+    map.push_str("su1-n03,*,rack1\n");
+    std::fs::write(tmp.path().join("map.csv"), &map).unwrap();
+    let out = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--tor-map", &p("map.csv")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let inv = Inventory::load(p("inv.toml")).unwrap();
+    assert_eq!(inv.tors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["rack0", "rack1"]);
+    assert!(inv.tors.iter().all(|t| t.rail.is_none()));
+}
+
+#[test]
+fn check_exit_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("inv.toml");
+    // tor1 has one RNIC: a problem, exit 1.
+    std::fs::write(
+        &path,
+        "version = 1\n[[tor]]\nname = \"tor0\"\n[[tor]]\nname = \"tor1\"\n\
+         [[host]]\nname = \"h0\"\n[[host.rnic]]\ndevice = \"d\"\ntor = \"tor0\"\nip = \"10.0.0.1\"\n\
+         [[host]]\nname = \"h1\"\n[[host.rnic]]\ndevice = \"d\"\ntor = \"tor0\"\nip = \"10.0.0.2\"\n\
+         [[host]]\nname = \"h2\"\n[[host.rnic]]\ndevice = \"d\"\ntor = \"tor1\"\nip = \"10.0.0.3\"\n",
+    )
+    .unwrap();
+    let out = ctl(&["inventory", "check", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("problem: ToR \"tor1\" has a single RNIC (h2/d)"), "{}", text(&out));
+
+    // Invalid: the format's error with file, line and field; exit 2.
+    std::fs::write(&path, "version = 1\n[[tor]]\nname = \"tor0\"\n[[host]]\nname = \"h0\"\n[[host.rnic]]\ndevice = \"d\"\ntor = \"tor9\"\nip = \"10.0.0.1\"\n").unwrap();
+    let out = ctl(&["inventory", "check", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains(&format!("{}:8: host[0].rnic[0].tor", path.display())), "{}", text(&out));
+}

@@ -1,0 +1,317 @@
+//! `ctl push-pinglist`, `status` and `diff` against a real OpenSSH server on loopback.
+//!
+//! The test starts `/usr/sbin/sshd` as the current user with a throwaway host key and user key,
+//! reaches it through an ssh config with five host aliases (host4 points at a closed port),
+//! and runs the `ctl` binary the way an operator would.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rocemesh_ctl::remote::Ssh;
+use rocemesh_formats::pinglist::Pinglist;
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+/// Kills sshd when the test ends, however it ends.
+struct SshdGuard(Child);
+
+impl Drop for SshdGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn free_port() -> u16 {
+    // Bound and released: nothing listens on it afterwards (sshd binds it right after).
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap()
+}
+
+fn keygen(path: &Path) {
+    run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", "rocemesh-test", "-f"]).arg(path));
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    port: u16,
+    _sshd: SshdGuard,
+}
+
+impl Fixture {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Host aliases host0..host3 reach sshd; host4 reaches `host4_port`.
+    fn write_ssh_config(&self, host4_port: u16) {
+        let user = String::from_utf8(run(Command::new("id").arg("-un")).stdout).unwrap();
+        let config = format!(
+            "Host host0 host1 host2 host3\n  HostName 127.0.0.1\n  Port {port}\n\
+             Host host4\n  HostName 127.0.0.1\n  Port {host4_port}\n\
+             Host *\n  User {user}\n  IdentityFile {id}\n  IdentitiesOnly yes\n  IdentityAgent none\n  \
+             UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  \
+             HostKeyAlias rocemesh-test-sshd\n  LogLevel ERROR\n  ControlMaster no\n",
+            port = self.port,
+            user = user.trim(),
+            id = self.path("id").display(),
+            known = self.path("known_hosts").display(),
+        );
+        std::fs::write(self.path("ssh_config"), config).unwrap();
+    }
+
+    fn ssh_option(&self) -> String {
+        format!("-F {}", self.path("ssh_config").display())
+    }
+}
+
+fn start_sshd() -> Fixture {
+    assert!(
+        Path::new(SSHD).exists(),
+        "{SSHD} is missing: run scripts/setup (it installs openssh-server, which this test needs)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    keygen(&p("host_key"));
+    keygen(&p("id"));
+    std::fs::copy(p("id.pub"), p("authorized_keys")).unwrap();
+    let host_pub = std::fs::read_to_string(p("host_key.pub")).unwrap();
+    std::fs::write(p("known_hosts"), format!("rocemesh-test-sshd {host_pub}")).unwrap();
+    // sshd running as root insists on its privilege-separation directory, which a container may
+    // not have created at boot.
+    let is_root = String::from_utf8(run(Command::new("id").arg("-u")).stdout).unwrap().trim() == "0";
+    if is_root {
+        std::fs::create_dir_all("/run/sshd").unwrap();
+    }
+    let port = free_port();
+    let config = format!(
+        "ListenAddress 127.0.0.1:{port}\nHostKey {host_key}\nPidFile none\nUsePAM no\nStrictModes no\n\
+         AuthorizedKeysFile {keys}\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
+         KbdInteractiveAuthentication no\n{root}MaxStartups 64\nMaxSessions 64\nLogLevel ERROR\n",
+        host_key = p("host_key").display(),
+        keys = p("authorized_keys").display(),
+        root = if is_root { "PermitRootLogin prohibit-password\n" } else { "" },
+    );
+    std::fs::write(p("sshd_config"), config).unwrap();
+    let child = Command::new(SSHD)
+        .arg("-D")
+        .arg("-e")
+        .arg("-f")
+        .arg(p("sshd_config"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {SSHD}: {e}"));
+    let mut guard = SshdGuard(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            let mut log = String::new();
+            if let Some(mut e) = guard.0.stderr.take() {
+                let _ = e.read_to_string(&mut log);
+            }
+            panic!("sshd exited with {status} before listening: {log}");
+        }
+        assert!(Instant::now() < deadline, "sshd did not listen on 127.0.0.1:{port} within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fixture = Fixture { dir, port, _sshd: guard };
+    fixture.write_ssh_config(free_port());
+    fixture
+}
+
+fn ctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ctl")).args(args).output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Five hosts with 16 RNICs each under one ToR: ~1,200 targets, ~150 KB per pinglist, so that
+/// a non-atomic write would be seen half-done by a reader.
+fn write_inventory(path: &Path) {
+    let mut inv = String::from("version = 1\n[[tor]]\nname = \"tor0\"\n[[tor]]\nname = \"tor1\"\n");
+    for h in 0..5 {
+        inv.push_str(&format!("[[host]]\nname = \"host{h}\"\n"));
+        for k in 0..16 {
+            inv.push_str(&format!(
+                "[[host.rnic]]\ndevice = \"mlx5_{k}\"\ntor = \"tor{}\"\nip = \"10.{k}.0.{}\"\n",
+                k % 2,
+                h + 1
+            ));
+        }
+    }
+    std::fs::write(path, inv).unwrap();
+}
+
+fn generate(f: &Fixture, out: &str, generation: &str) {
+    let inv = f.path("inventory.toml");
+    let o = ctl(&[
+        "gen-pinglists",
+        "--inventory",
+        inv.to_str().unwrap(),
+        "--out",
+        f.path(out).to_str().unwrap(),
+        "--seed",
+        "11",
+        "--generation",
+        generation,
+        "--now-unix-ns",
+        "1700000000000000000",
+        "--probe-port",
+        "18515",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn push_status_and_diff_over_real_ssh() {
+    let f = start_sshd();
+    write_inventory(&f.path("inventory.toml"));
+    generate(&f, "gen1", "1");
+    generate(&f, "gen2", "2");
+    let remote = format!("{}/remote/{{host}}/etc/pinglist.toml", f.dir.path().display());
+    let remote_of = |host: &str| PathBuf::from(remote.replace("{host}", host));
+    let results = f.path("results.tsv");
+    let ssh_option = f.ssh_option();
+    let push = |from: &str, extra: &[&str]| {
+        let from = f.path(from);
+        let mut args = vec![
+            "push-pinglist",
+            "--from",
+            from.to_str().unwrap(),
+            "--remote-path",
+            &remote,
+            "--ssh-option",
+            &ssh_option,
+            "--connect-timeout-secs",
+            "5",
+            "--results",
+            results.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ctl(&args)
+    };
+
+    // All five: host4's port is closed.
+    let out = push("gen1", &["--parallel", "8"]);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    for h in 0..4 {
+        let host = format!("host{h}");
+        let landed = std::fs::read(remote_of(&host)).unwrap_or_else(|e| panic!("{host}: {e}\n{report}"));
+        assert_eq!(landed, std::fs::read(f.path("gen1").join(format!("{host}.toml"))).unwrap());
+        assert!(report.lines().any(|l| l.starts_with(&host) && l.contains(" ok ")), "{report}");
+    }
+    assert!(!remote_of("host4").exists());
+    let host4_line = report.lines().find(|l| l.starts_with("host4")).unwrap_or_else(|| panic!("{report}"));
+    assert!(host4_line.contains("FAILED") && host4_line.contains("refused"), "{report}");
+    assert!(report.contains("4 ok, 1 failed"), "{report}");
+    assert_eq!(rocemesh_ctl::push::read_failed(&results).unwrap(), ["host4"]);
+
+    // A reader racing repeated pushes of two generations never sees a partial file.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let stop = Arc::clone(&stop);
+        let path = remote_of("host0");
+        std::thread::spawn(move || {
+            let (mut reads, mut generations, mut bad) = (0u64, std::collections::BTreeSet::new(), Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => match Pinglist::parse(&text, &path) {
+                        Ok(p) => {
+                            generations.insert(p.generation);
+                        }
+                        Err(e) => bad.push(format!("{} bytes: {e}", text.len())),
+                    },
+                    Err(e) => bad.push(format!("read failed: {e}")),
+                }
+                reads += 1;
+            }
+            (reads, generations, bad)
+        })
+    };
+    for round in 0..12 {
+        let from = if round % 2 == 0 { "gen2" } else { "gen1" };
+        let out = push(from, &["--hosts", "host0,host1,host2,host3"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (reads, generations, bad) = reader.join().unwrap();
+    assert!(
+        bad.is_empty(),
+        "{} of {reads} reads saw a partial or invalid file: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(3)]
+    );
+    assert!(reads >= 100, "only {reads} reads raced the pushes");
+    assert_eq!(generations.into_iter().collect::<Vec<_>>(), [1, 2]);
+    for h in 0..4 {
+        let dir = remote_of(&format!("host{h}")).parent().unwrap().to_path_buf();
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, ["pinglist.toml"], "temporary files left in {}", dir.display());
+    }
+
+    // Fix host4 and retry only the failed host.
+    f.write_ssh_config(f.port);
+    let out = push("gen1", &["--retry-failed", results.to_str().unwrap()]);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("1 ok, 0 failed"), "{report}");
+    assert!(!report.contains("host0"), "{report}");
+    assert_eq!(std::fs::read(remote_of("host4")).unwrap(), std::fs::read(f.path("gen1").join("host4.toml")).unwrap());
+    assert!(rocemesh_ctl::push::read_failed(&results).unwrap().is_empty());
+
+    // status: host0..3 hold generation 1 (the last round), host4 too; against gen2 all are stale,
+    // and a removed file is missing.
+    std::fs::remove_file(remote_of("host3")).unwrap();
+    let gen2 = f.path("gen2");
+    let reach = ["--remote-path", remote.as_str(), "--ssh-option", ssh_option.as_str()];
+    let mut args = vec!["status", "--from", gen2.to_str().unwrap()];
+    args.extend_from_slice(&reach);
+    let out = ctl(&args);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("4 stale, 1 missing"), "{report}");
+    let gen1 = f.path("gen1");
+    let mut args = vec!["status", "--from", gen1.to_str().unwrap(), "--hosts", "host0,host4"];
+    args.extend_from_slice(&reach);
+    let out = ctl(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("2 current"), "{}", text(&out));
+
+    // diff: what pushing gen2 would change on host0 and host3.
+    let mut args = vec!["diff", "--from", gen2.to_str().unwrap(), "--against", "host0,host3"];
+    args.extend_from_slice(&reach);
+    let out = ctl(&args);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("host0: generation 1 -> 2"), "{report}");
+    assert!(report.contains("host3: generation - -> 2") && report.contains("no pinglist on the host yet"), "{report}");
+
+    // The library's ssh runner: a large stdin arrives whole; a hung command is cut off.
+    let ssh = Ssh {
+        options: vec!["-F".into(), f.path("ssh_config").display().to_string()],
+        timeout: Duration::from_secs(3),
+        ..Ssh::default()
+    };
+    let big = vec![b'x'; 3 << 20];
+    let out = ssh.run("host1", "wc -c", Some(&big)).unwrap();
+    assert!(out.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (3 << 20).to_string());
+    let out = ssh.run("host1", "sleep 30", None).unwrap();
+    assert!(out.timed_out && out.elapsed < Duration::from_secs(10), "{out:?}");
+}
