@@ -6,11 +6,13 @@
 //! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one.
 //! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
-//! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards).
+//! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
+//!   [`describe`]: what `ctl inventory import` needs to know about this host.
 
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod describe;
 pub mod protocol;
 pub mod runtime;
 pub mod shard;

@@ -36,6 +36,12 @@ enum What {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Print this host's endpoints as `ctl inventory import` reads them (TOML on stdout).
+    Describe {
+        /// The configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// The embedded default: loopback shards on 127.0.0.x probing each other; no RNIC needed.
     Demo {
         /// Where the generated config, pinglist and segments go.
@@ -88,6 +94,11 @@ fn run(cli: Cli) -> Result<i32> {
                 );
             }
             println!("{}: ok: generation {}, {} targets", cfg.pinglist.display(), pl.generation, pl.targets.len());
+            return Ok(0);
+        }
+        What::Describe { config } => {
+            let cfg = AgentConfig::load(&config)?;
+            print!("{}", rocemesh_agent::describe::describe(&cfg, std::path::Path::new("/sys")).to_toml_string()?);
             return Ok(0);
         }
         What::Run { config, duration_s } => (config, duration_s.map(Duration::from_secs)),

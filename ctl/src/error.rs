@@ -66,14 +66,4 @@ pub(crate) fn name_problem(name: &str) -> Option<String> {
         .map(|c| format!("name {name:?} contains {c:?}; names use only A-Z a-z 0-9 . _ : -"))
 }
 
-/// Host names become file names (`DIR/<host>.toml`) and ssh destinations, so some names the
-/// inventory format accepts cannot be used by ctl. `None` when `host` is fine.
-pub fn host_name_problem(host: &str) -> Option<String> {
-    if host == "." || host == ".." {
-        Some(format!("host name {host:?} cannot be a file name"))
-    } else if host.starts_with('-') {
-        Some(format!("host name {host:?} starts with '-', which ssh would read as an option"))
-    } else {
-        None
-    }
-}
+pub use rocemesh_formats::describe::host_name_problem;

@@ -21,7 +21,8 @@
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
 
 pub mod check;
-pub mod describe;
+/// The host description format, which lives in `formats` with the other contracts.
+pub use rocemesh_formats::describe;
 pub mod diff;
 mod error;
 pub mod generation;

@@ -1,8 +1,9 @@
 //! What an agent says about its own host (`agent describe`), so that nobody types GIDs by
-//! hand: `ctl inventory import` turns a directory of these into an inventory.
+//! hand: `ctl inventory import` turns a directory of these into an inventory. It lives here,
+//! with the other contracts, because the agent writes it and ctl reads it.
 //!
 //! A host does not know which ToR each of its ports is cabled to, so a description has no
-//! ToR; the operator supplies that mapping at import (see [`crate::import`]).
+//! ToR; the operator supplies that mapping at import (`ctl inventory import`).
 //!
 //! ```toml
 //! version = 1
@@ -31,11 +32,11 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::Path;
 
-use rocemesh_formats::inventory::FileError;
+use crate::inventory::FileError;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use crate::error::{file_error, host_name_problem, line_of, name_problem};
+use crate::tomlfile::{line_of, name_problem};
 
 /// The description format version this build reads and writes.
 pub const VERSION: u32 = 1;
@@ -289,6 +290,28 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         rnics.push(RnicDescription { device, ip, gid: r.gid, port, gid_index: r.gid_index, netdev });
     }
     Ok(HostDescription { version: VERSION, host, rnics })
+}
+
+fn file_error(
+    file: &Path,
+    line: Option<usize>,
+    field: impl Into<String>,
+    problem: impl Into<String>,
+    fix: impl Into<String>,
+) -> FileError {
+    FileError { file: file.to_path_buf(), line, field: field.into(), problem: problem.into(), fix: fix.into() }
+}
+
+/// Host names become file names (`DIR/<host>.toml`) and ssh destinations, so some names the
+/// inventory format accepts cannot be used as hosts. `None` when `host` is fine.
+pub fn host_name_problem(host: &str) -> Option<String> {
+    if host == "." || host == ".." {
+        Some(format!("host name {host:?} cannot be a file name"))
+    } else if host.starts_with('-') {
+        Some(format!("host name {host:?} starts with '-', which ssh would read as an option"))
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
