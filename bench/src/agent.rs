@@ -64,7 +64,7 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     // would run at).
     let mut best: Option<(f64, f64)> = None;
     let mut sweep = Vec::new();
-    for offered_k in [25usize, 50, 100, 200] {
+    for offered_k in [25usize, 50, 100, 125, 150, 200] {
         let m = pair(agent, &root.path().join(format!("busy{offered_k}")), "busy_poll", offered_k, 1000.0, seconds)?;
         let loss = m.lost as f64 / (m.lost as f64 + m.probes_per_s * m.window_s).max(1.0);
         sweep.push(format!("{offered_k}k offered: {:.0}/s, {:.2}% lost", m.probes_per_s, loss * 100.0));

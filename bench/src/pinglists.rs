@@ -1,7 +1,10 @@
-//! `bench gen-pinglists`: `ctl gen-pinglists` on a 100,000-RNIC fabric, in memory and to files,
-//! beside the cost of merely cloning and serialising the inventory it starts from.
+//! `bench gen-pinglists`: `ctl gen-pinglists` on a 100,000-RNIC fabric, in memory and to files
+//! (in /dev/shm and in the chosen or temporary directory), beside the cost of merely cloning
+//! and serialising the inventory it starts from.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -20,8 +23,8 @@ pub struct Options {
     pub inter_tor_peers: usize,
     /// Where to write the files (a temporary directory is made in it); default: the system's
     /// temporary directory. Its filesystem decides the write figure: tmpfs measures ctl,
-    /// a disk measures the disk.
-    pub dir: Option<std::path::PathBuf>,
+    /// a disk measures the disk; /dev/shm is measured as well when it is another filesystem.
+    pub dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -116,10 +119,41 @@ pub fn run(opt: &Options) -> Result<Report> {
     let (generator, index_s) = timed(|| Generator::new(&inventory, &opts));
     let generator = generator?;
     report.push("gen: index the inventory (Generator::new)", index_s, format!("{:.2}x the clone", index_s / clone_s));
-
-    let (pinglists, gen_s) = timed(|| generator.generate(1, 1_700_000_000_000_000_000));
-    let targets: usize = pinglists.iter().map(|p| p.targets.len()).sum();
     let cov = generator.coverage();
+    let manifest = Manifest {
+        generation: 1,
+        generated_unix_ns: 1_700_000_000_000_000_000,
+        seed: 1,
+        hosts: generator.hosts(),
+        generations_to_cover: cov.generations_to_cover,
+    };
+
+    // Written before the in-memory lines are measured: building and freeing 100,000 pinglists
+    // first leaves glibc's thread arenas full of scattered free chunks, which the writers'
+    // threads inherit and which made the write ~0.5 s slower than in `ctl gen-pinglists`,
+    // whose writers start on fresh arenas.
+    let mut written = Vec::new();
+    // Removed only once every figure is taken: removing 100,000 files from a disk leaves the
+    // kernel busy for a while after, which slowed the next measurement by 15-30%. Their
+    // pages are not written back meanwhile (dirty pages wait ~30 s), and are then discarded.
+    let mut outputs = Vec::new();
+    for dir in output_dirs(opt.dir.as_deref()) {
+        let tmp = tempfile::tempdir_in(&dir).with_context(|| format!("temporary directory in {}", dir.display()))?;
+        let (w, write_s) = timed(|| {
+            write_generated(
+                tmp.path(),
+                generator.hosts(),
+                |i, p| generator.pinglist_into(i, 1, manifest.generated_unix_ns, p),
+                &manifest,
+            )
+        });
+        let w = w?;
+        outputs.push(tmp);
+        written.push((format!("{} ({})", dir.display(), fs_type(&dir)), w, write_s));
+    }
+
+    let (pinglists, gen_s) = timed(|| generator.generate(1, manifest.generated_unix_ns));
+    let targets: usize = pinglists.iter().map(|p| p.targets.len()).sum();
     report.push(
         "gen: all pinglists in memory (Generator::generate)",
         gen_s,
@@ -139,45 +173,57 @@ pub fn run(opt: &Options) -> Result<Report> {
         to_toml_s,
         format!("{:.1} MiB; {:.2}x serialising the inventory", mib(bytes), to_toml_s / ser_s),
     );
-
-    let manifest = Manifest {
-        generation: 1,
-        generated_unix_ns: 1_700_000_000_000_000_000,
-        seed: 1,
-        hosts: pinglists.len(),
-        generations_to_cover: cov.generations_to_cover,
-    };
     drop(pinglists);
-    let tmp = match &opt.dir {
-        Some(dir) => tempfile::tempdir_in(dir).with_context(|| format!("temporary directory in {}", dir.display()))?,
-        None => tempfile::tempdir().context("temporary directory")?,
-    };
-    let (written, write_s) = timed(|| {
-        write_generated(
-            tmp.path(),
-            generator.hosts(),
-            |i| generator.pinglist(i, 1, manifest.generated_unix_ns),
-            &manifest,
-        )
-    });
-    let written = written?;
-    report.push(
-        "gen: generate and write all files (as ctl does), all cores",
-        write_s,
-        format!(
-            "{} files, {:.1} MiB in {}; {:.2}x the in-memory generation",
-            written.written,
-            mib(written.bytes as usize),
-            tmp.path().parent().map_or_else(String::new, |p| p.display().to_string()),
-            write_s / gen_s
-        ),
-    );
-    report.push(
-        "gen-pinglists end to end (index + generate + write)",
-        index_s + write_s,
-        format!("every ToR pair in {} generation(s)", cov.generations_to_cover),
-    );
+
+    for (dir, w, write_s) in written {
+        report.push(
+            "gen: generate and write all files (as ctl does), all cores",
+            write_s,
+            format!(
+                "{} files, {:.1} MiB in {dir}; {:.2}x the in-memory generation",
+                w.written,
+                mib(w.bytes as usize),
+                write_s / gen_s
+            ),
+        );
+        report.push(
+            "gen-pinglists end to end (index + generate + write)",
+            index_s + write_s,
+            format!("in {dir}; every ToR pair in {} generation(s)", cov.generations_to_cover),
+        );
+    }
+    drop(outputs);
     Ok(report)
+}
+
+/// `dir` (default: the system's temporary directory), and /dev/shm when it is another
+/// filesystem: tmpfs measures ctl, a disk measures ctl plus the disk, so both are reported.
+fn output_dirs(dir: Option<&Path>) -> Vec<PathBuf> {
+    let chosen = dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let shm = Path::new("/dev/shm");
+    let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let mut dirs = Vec::new();
+    if shm.is_dir() && device(shm) != device(&chosen) {
+        dirs.push(shm.to_path_buf());
+    }
+    dirs.push(chosen);
+    dirs
+}
+
+/// The type of the filesystem holding `dir`, from /proc/mounts (the longest mount point
+/// above it); "?" when that cannot be read.
+fn fs_type(dir: &Path) -> String {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else { return "?".to_owned() };
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            dir.starts_with(point).then(|| (point.len(), kind.to_owned()))
+        })
+        .max_by_key(|&(len, _)| len)
+        .map_or_else(|| "?".to_owned(), |(_, kind)| kind)
 }
 
 fn mib(bytes: usize) -> f64 {

@@ -41,7 +41,7 @@ use rocemesh_formats::pinglist::{
 
 use crate::error::{Error, host_name_problem};
 use crate::import::natural_cmp;
-use crate::rng::{self, SplitMix64};
+use crate::rng::{self, Derivation, SplitMix64};
 
 /// ToR-mesh probes per second per target (rpingmesh's cap).
 pub const DEFAULT_TOR_MESH_RATE_PPS: f64 = 10.0;
@@ -155,7 +155,8 @@ pub struct Coverage {
 struct RnicInfo {
     device: String,
     name: String,
-    name_hash: u64,
+    /// `mix(name_hash(name))`, the RNIC's part of its pairs' label seeds.
+    name_mix: u64,
     addr: IpAddr,
     tor: usize,
     /// Index among its ToR's RNICs (name order).
@@ -178,6 +179,8 @@ struct Plane {
 /// The inventory indexed for generation; [`Generator::generate`] makes one generation.
 pub struct Generator {
     opts: GenOptions,
+    /// The label seeds' common prefix, by `ProbeKind::as_u8` (ToR-mesh, inter-ToR, service).
+    label_seeds: [Derivation; 3],
     inter_tor_labels: usize,
     rnics: Vec<RnicInfo>,
     tors: Vec<TorInfo>,
@@ -258,7 +261,7 @@ impl Generator {
                 tors[tor].rnics.push(rnics.len());
                 rnics.push(RnicInfo {
                     device: r.device.clone(),
-                    name_hash: rng::name_hash(&name),
+                    name_mix: rng::mix(rng::name_hash(&name)),
                     name,
                     addr,
                     tor,
@@ -348,7 +351,8 @@ impl Generator {
             generations_to_cover,
             max_rnic_rate_pps,
         };
-        Ok(Generator { opts: opts.clone(), inter_tor_labels, rnics, tors, planes, hosts, coverage })
+        let label_seeds = std::array::from_fn(|kind| Derivation::new(&[opts.seed, TAG_LABELS, kind as u64]));
+        Ok(Generator { opts: opts.clone(), label_seeds, inter_tor_labels, rnics, tors, planes, hosts, coverage })
     }
 
     /// What every generation covers.
@@ -364,8 +368,18 @@ impl Generator {
     /// The pinglist of the `i`-th host in name order (`i < self.hosts()`), for writing a
     /// generation without holding all of it in memory.
     pub fn pinglist(&self, i: usize, generation: u64, generated_unix_ns: u64) -> Pinglist {
+        let mut out = empty_pinglist();
+        self.pinglist_into(i, generation, generated_unix_ns, &mut out);
+        out
+    }
+
+    /// [`Generator::pinglist`] into `out`, whatever it held before: its strings and vectors
+    /// are reused, so that a worker writing thousands of pinglists allocates for the first
+    /// few only (allocating and freeing ~10 M strings and label vectors was half the cost of
+    /// generating a 100,000-host fabric).
+    pub fn pinglist_into(&self, i: usize, generation: u64, generated_unix_ns: u64, out: &mut Pinglist) {
         let (host, own) = &self.hosts[i];
-        self.build(host, own, generation, generated_unix_ns)
+        self.build_into(host, own, generation, generated_unix_ns, out);
     }
 
     /// All pinglists of `generation`, sorted by host name; built on all cores.
@@ -380,7 +394,11 @@ impl Generator {
                     s.spawn(move || {
                         hosts
                             .iter()
-                            .map(|(host, own)| self.build(host, own, generation, generated_unix_ns))
+                            .map(|(host, own)| {
+                                let mut out = empty_pinglist();
+                                self.build_into(host, own, generation, generated_unix_ns, &mut out);
+                                out
+                            })
                             .collect::<Vec<_>>()
                     })
                 })
@@ -389,7 +407,12 @@ impl Generator {
         })
     }
 
-    fn build(&self, host: &str, own: &[usize], generation: u64, generated_unix_ns: u64) -> Pinglist {
+    fn build_into(&self, host: &str, own: &[usize], generation: u64, generated_unix_ns: u64, out: &mut Pinglist) {
+        out.version = pinglist::VERSION;
+        host.clone_into(&mut out.host);
+        out.generation = generation;
+        out.generated_unix_ns = generated_unix_ns;
+        out.timeout_ms = self.opts.timeout_ms;
         let count: usize = own
             .iter()
             .map(|&r| {
@@ -398,13 +421,15 @@ impl Generator {
                 tor.rnics.len() - 1 + inter
             })
             .sum();
-        let mut targets = Vec::with_capacity(count);
+        out.targets.reserve(count.saturating_sub(out.targets.len()));
+        let mut n = 0;
         for &r in own {
             let me = &self.rnics[r];
             let tor = &self.tors[me.tor];
             for &peer in &tor.rnics {
                 if peer != r {
-                    targets.push(self.target(me, peer, ProbeKind::TorMesh));
+                    self.set_target(&mut out.targets, n, me, peer, ProbeKind::TorMesh);
+                    n += 1;
                 }
             }
             let Some((p, ring_pos)) = tor.ring else { continue };
@@ -419,38 +444,57 @@ impl Generator {
                 let far = &self.tors[plane.ring[(ring_pos + distance) % plane.ring.len()]];
                 let rotation = rng::derive(&[self.opts.seed, TAG_ROTATION, generation, tor.name_hash, far.name_hash]);
                 let pick = (me.pos as u64).wrapping_add(rotation) % far.rnics.len() as u64;
-                targets.push(self.target(me, far.rnics[pick as usize], ProbeKind::InterTor));
+                self.set_target(&mut out.targets, n, me, far.rnics[pick as usize], ProbeKind::InterTor);
+                n += 1;
             }
         }
-        Pinglist {
-            version: pinglist::VERSION,
-            host: host.to_owned(),
-            generation,
-            generated_unix_ns,
-            timeout_ms: self.opts.timeout_ms,
-            targets,
-        }
+        out.targets.truncate(n);
     }
 
-    fn target(&self, me: &RnicInfo, peer: usize, kind: ProbeKind) -> Target {
+    /// Makes `targets[n]` the target `me` → `peer`, overwriting the slot when there is one.
+    fn set_target(&self, targets: &mut Vec<Target>, n: usize, me: &RnicInfo, peer: usize, kind: ProbeKind) {
         let to = &self.rnics[peer];
-        let (n, rate_pps) = match kind {
+        let (labels, rate_pps) = match kind {
             ProbeKind::InterTor => (self.inter_tor_labels, self.opts.inter_tor_rate_pps),
             _ => (self.opts.tor_mesh_flow_labels, self.opts.tor_mesh_rate_pps),
         };
-        let seed = rng::derive(&[self.opts.seed, TAG_LABELS, u64::from(kind.as_u8()), me.name_hash, to.name_hash]);
-        Target {
-            from: me.device.clone(),
-            to: to.name.clone(),
-            kind,
-            addr: to.addr,
-            port: self.opts.probe_port,
-            // 0: the agent resolves the responder's UD QPN at run time (RDMA CM service ID
-            // resolution on `port`), so an agent restart does not wait for a new pinglist.
-            qpn: self.opts.probe_port.map(|_| 0),
-            rate_pps,
-            flow_labels: flow_labels(seed, n),
+        // derive(&[seed, TAG_LABELS, kind, name_hash(me), name_hash(to)]), without refolding
+        // the prefix and remixing the names for each of millions of targets.
+        let seed = self.label_seeds[usize::from(kind.as_u8())].then_mixed(me.name_mix).then_mixed(to.name_mix).value();
+        if n == targets.len() {
+            targets.push(Target {
+                from: String::new(),
+                to: String::new(),
+                kind,
+                addr: to.addr,
+                port: None,
+                qpn: None,
+                rate_pps,
+                flow_labels: Vec::with_capacity(labels),
+            });
         }
+        let t = &mut targets[n];
+        me.device.clone_into(&mut t.from);
+        to.name.clone_into(&mut t.to);
+        t.kind = kind;
+        t.addr = to.addr;
+        t.port = self.opts.probe_port;
+        // 0: the agent resolves the responder's UD QPN at run time (RDMA CM service ID
+        // resolution on `port`), so an agent restart does not wait for a new pinglist.
+        t.qpn = self.opts.probe_port.map(|_| 0);
+        t.rate_pps = rate_pps;
+        flow_labels_into(seed, labels, &mut t.flow_labels);
+    }
+}
+
+fn empty_pinglist() -> Pinglist {
+    Pinglist {
+        version: pinglist::VERSION,
+        host: String::new(),
+        generation: 0,
+        generated_unix_ns: 0,
+        timeout_ms: pinglist::DEFAULT_TIMEOUT_MS,
+        targets: Vec::new(),
     }
 }
 
@@ -471,10 +515,19 @@ fn distance_blocks(t: usize, half: usize, k: usize) -> Vec<Vec<usize>> {
     blocks
 }
 
-/// `n` distinct nonzero labels with pairwise distinct UDP source ports, from `seed`.
+/// [`flow_labels_into`] a new vector.
+#[cfg(test)]
 fn flow_labels(seed: u64, n: usize) -> Vec<u32> {
-    let mut rng = SplitMix64::new(seed);
     let mut labels = Vec::with_capacity(n);
+    flow_labels_into(seed, n, &mut labels);
+    labels
+}
+
+/// `n` distinct nonzero labels with pairwise distinct UDP source ports, from `seed`, into
+/// `labels` (what it held is dropped, its capacity kept).
+fn flow_labels_into(seed: u64, n: usize, labels: &mut Vec<u32>) {
+    let mut rng = SplitMix64::new(seed);
+    labels.clear();
     // Few labels: a linear scan beats clearing a 2 KiB bitmap per target.
     let mut used_ports: Option<Vec<u64>> = (n > 64).then(|| vec![0; MAX_DISTINCT_PATH_LABELS / 64]);
     while labels.len() < n {
@@ -496,7 +549,6 @@ fn flow_labels(seed: u64, n: usize) -> Vec<u32> {
             labels.push(label);
         }
     }
-    labels
 }
 
 fn check_options(opts: &GenOptions) -> Result<(), Error> {

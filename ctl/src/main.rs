@@ -357,10 +357,9 @@ fn gen_pinglists(args: GenArgs) -> Result<i32> {
     let written = pinglist_dir::write_generated(
         &args.out,
         generator.hosts(),
-        |i| {
-            let p = generator.pinglist(i, generation, now_unix_ns);
+        |i, p| {
+            generator.pinglist_into(i, generation, now_unix_ns, p);
             targets.fetch_add(p.targets.len(), std::sync::atomic::Ordering::Relaxed);
-            p
         },
         &manifest,
     )?;

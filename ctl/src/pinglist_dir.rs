@@ -3,7 +3,7 @@
 //! `gen-pinglists` writes it; `push-pinglist`, `diff` and `status` read it. Only `*.toml` files
 //! are pinglists, so push results and the manifest can live beside them.
 
-use std::borrow::Borrow;
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -166,51 +166,87 @@ pub struct WriteReport {
 /// Writes every pinglist to `dir/<host>.toml` (each by rename, on all cores), removes the
 /// pinglists of hosts not in `pinglists`, and records `manifest`.
 ///
-/// The pinglists are not fsynced one by one (that would cost 100,000 flushes on a large
-/// fabric): after a crash the run is simply repeated (its output is deterministic). Each file
-/// is renamed into place, so a push running meanwhile reads whole files (a file cut at a
+/// Crash safety. Each pinglist is written to a temporary file and renamed over its name, so
+/// a push running meanwhile reads a whole old file or a whole new one (a file cut at a
 /// `[[target]]` boundary would still parse, so validation alone could not tell). The manifest
-/// is written last and durably, so it never names a generation whose files were not written.
+/// is written last and durably (fsynced, renamed, then the directory fsynced, which also
+/// makes every earlier rename durable), so a process that dies mid-run never leaves a
+/// manifest naming a generation whose files were not all renamed into place; the run is then
+/// repeated, and writes the same bytes (the output is deterministic).
+///
+/// The pinglists themselves are not fsynced, neither one by one (100,000 device flushes on a
+/// large fabric) nor once with syncfs before the manifest (that waits for the whole
+/// generation, ~530 MiB for 100,000 hosts, to reach the disk: seconds per run). So after a
+/// power loss the manifest can be on disk while some pinglists renamed just before it are
+/// not: depending on the filesystem such a file comes back empty or zero-filled, which
+/// `Pinglist::parse` refuses (push and diff report the host instead of installing it), or as
+/// the previous generation's whole file, which is still a valid pinglist. Either way, rerun
+/// gen-pinglists after a power loss.
 pub fn write_pinglists(dir: &Path, pinglists: &[Pinglist], manifest: &Manifest) -> Result<WriteReport, Error> {
-    write_all(dir, pinglists.len(), |i| &pinglists[i], manifest)
+    write_all(dir, pinglists.len(), Source::Made(pinglists), manifest)
 }
 
-/// [`write_pinglists`] for pinglists made on the fly by `make(i)`, `i` in `0..n`, so that a
-/// large fabric's lists never all sit in memory at once (`Generator::pinglist`).
+/// [`write_pinglists`] for pinglists made on the fly, `fill(i, p)` making the `i`-th (`i` in
+/// `0..n`) in `p` (`Generator::pinglist_into`), so that a large fabric's lists never all sit
+/// in memory at once. `p` holds whatever the worker wrote before; `fill` must overwrite all
+/// of it. Each worker takes a contiguous share of `0..n`; files are named after their hosts,
+/// so which worker writes which file does not change the output.
 pub fn write_generated(
     dir: &Path,
     n: usize,
-    make: impl Fn(usize) -> Pinglist + Sync,
+    fill: impl Fn(usize, &mut Pinglist) + Sync,
     manifest: &Manifest,
 ) -> Result<WriteReport, Error> {
-    write_all(dir, n, make, manifest)
+    write_all(dir, n, Source::Filled(&fill), manifest)
 }
 
-fn write_all<P: Borrow<Pinglist>>(
-    dir: &Path,
-    n: usize,
-    make: impl Fn(usize) -> P + Sync,
-    manifest: &Manifest,
-) -> Result<WriteReport, Error> {
+enum Source<'a> {
+    Made(&'a [Pinglist]),
+    Filled(&'a (dyn Fn(usize, &mut Pinglist) + Sync)),
+}
+
+fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> Result<WriteReport, Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create the output directory", e))?;
+    // Listed before writing: what this run creates is fresh by definition, and a new
+    // directory then costs nothing to prune instead of a listing of 100,000 new files.
+    let mut stale: HashSet<String> = pinglist_names(dir).into_iter().collect();
+    let track_hosts = !stale.is_empty();
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.max(1));
     let chunk = n.div_ceil(threads).max(1);
-    let make = &make;
+    let source = &source;
+    // One getpid for the whole run rather than one per file (it is a system call).
+    let pid = std::process::id();
     let results: Vec<Result<(u64, Vec<String>), Error>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .step_by(chunk)
             .map(|start| {
                 s.spawn(move || {
                     let mut bytes = 0u64;
-                    let mut hosts = Vec::with_capacity(chunk);
+                    let mut hosts = Vec::new();
+                    let mut scratch = Pinglist {
+                        version: rocemesh_formats::pinglist::VERSION,
+                        host: String::new(),
+                        generation: 0,
+                        generated_unix_ns: 0,
+                        timeout_ms: rocemesh_formats::pinglist::DEFAULT_TIMEOUT_MS,
+                        targets: Vec::new(),
+                    };
                     for i in start..(start + chunk).min(n) {
-                        let made = make(i);
-                        let p = made.borrow();
+                        let p = match source {
+                            Source::Made(lists) => &lists[i],
+                            Source::Filled(fill) => {
+                                fill(i, &mut scratch);
+                                &scratch
+                            }
+                        };
                         let text = serialise(p)?;
                         let path = dir.join(format!("{}.toml", p.host));
-                        atomic_write(&path, text.as_bytes(), false).map_err(|e| Error::io(&path, "write", e))?;
+                        let tmp = dir.join(format!(".{}.toml.tmp.{pid}", p.host));
+                        replace(&path, &tmp, text.as_bytes(), false).map_err(|e| Error::io(&path, "write", e))?;
                         bytes += text.len() as u64;
-                        hosts.push(p.host.clone());
+                        if track_hosts {
+                            hosts.push(p.host.clone());
+                        }
                     }
                     Ok((bytes, hosts))
                 })
@@ -219,21 +255,22 @@ fn write_all<P: Borrow<Pinglist>>(
         handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
     });
     let mut report = WriteReport { written: n, ..WriteReport::default() };
-    let mut fresh = std::collections::HashSet::with_capacity(n);
     for r in results {
         let (bytes, hosts) = r?;
         report.bytes += bytes;
-        fresh.extend(hosts);
+        for host in &hosts {
+            stale.remove(host);
+        }
     }
 
-    if let Ok(listing) = PinglistDir::open(dir) {
-        for host in listing.hosts() {
-            // Only what is recognisably an old pinglist goes; anything else is the operator's.
-            if !fresh.contains(host) && Pinglist::load(listing.path(host)).is_ok() {
-                let path = listing.path(host);
-                std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove the stale pinglist", e))?;
-                report.pruned.push(host.clone());
-            }
+    let mut stale: Vec<String> = stale.into_iter().collect();
+    stale.sort_by(|a, b| natural_cmp(a, b));
+    for host in stale {
+        let path = dir.join(format!("{host}.toml"));
+        // Only what is recognisably an old pinglist goes; anything else is the operator's.
+        if Pinglist::load(&path).is_ok() {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, "remove the stale pinglist", e))?;
+            report.pruned.push(host);
         }
     }
     let text = toml::to_string(manifest)
@@ -242,6 +279,18 @@ fn write_all<P: Borrow<Pinglist>>(
     atomic_write(&path, format!("# written by ctl gen-pinglists\n{text}").as_bytes(), true)
         .map_err(|e| Error::io(&path, "write the manifest", e))?;
     Ok(report)
+}
+
+/// The hosts of `dir/*.toml`, unsorted; none when `dir` cannot be listed.
+fn pinglist_names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let host = name.strip_suffix(".toml")?;
+            (!host.is_empty() && !host.starts_with('.')).then(|| host.to_owned())
+        })
+        .collect()
 }
 
 /// The pinglist as the TOML every ctl command writes.
@@ -263,22 +312,27 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 pub(crate) fn atomic_write(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    replace(path, &dir.join(format!(".{name}.tmp.{}", std::process::id())), bytes, durable)
+}
+
+/// [`atomic_write`] through the temporary file `tmp`, in `path`'s directory.
+fn replace(path: &Path, tmp: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::File::create(tmp)?;
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;
         }
         drop(f);
-        std::fs::rename(&tmp, path)?;
+        std::fs::rename(tmp, path)?;
         if durable {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             std::fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(tmp);
     }
     result
 }

@@ -38,6 +38,26 @@ pub(crate) fn derive(parts: &[u64]) -> u64 {
     parts.iter().fold(0x6A09_E667_F3BC_C908, |h, &p| mix(h ^ mix(p)))
 }
 
+/// [`derive`] one part at a time, so that a prefix shared by millions of derivations (seed,
+/// tag) is folded once: `Derivation::new(&[a, b]).then_mixed(mix(c)).value() == derive(&[a, b, c])`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Derivation(u64);
+
+impl Derivation {
+    pub(crate) fn new(parts: &[u64]) -> Self {
+        Derivation(derive(parts))
+    }
+
+    /// Appends a part given as `mix(part)`, precomputed by the caller.
+    pub(crate) fn then_mixed(self, mixed_part: u64) -> Self {
+        Derivation(mix(self.0 ^ mixed_part))
+    }
+
+    pub(crate) fn value(self) -> u64 {
+        self.0
+    }
+}
+
 /// FNV-1a of a name, to key streams by entity names rather than by positions in the inventory
 /// (adding a host must not reshuffle the labels of every other pair).
 pub(crate) fn name_hash(name: &str) -> u64 {
@@ -56,6 +76,17 @@ mod tests {
         assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
         assert_eq!(name_hash(""), 0xCBF2_9CE4_8422_2325);
         assert_eq!(name_hash("a"), 0xAF63_DC4C_8601_EC8C);
+    }
+
+    #[test]
+    fn a_derivation_in_steps_is_the_derivation() {
+        for parts in [&[][..], &[1], &[7, 3, 9], &[u64::MAX, 0, 5, 0x1234_5678_9ABC_DEF0, 42]] {
+            for split in 0..=parts.len() {
+                let stepped =
+                    parts[split..].iter().fold(Derivation::new(&parts[..split]), |d, &p| d.then_mixed(mix(p)));
+                assert_eq!(stepped.value(), derive(parts), "{parts:?} split at {split}");
+            }
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use rocemesh_formats::inventory::{Host, Rnic, Spine, Tor};
 
 use super::*;
+use crate::pinglist_dir::{MANIFEST, Manifest, write_generated};
 
 /// P(n uniform draws over m paths hit every path), by inclusion-exclusion.
 fn exact_cover_probability(m: u32, n: usize) -> f64 {
@@ -402,6 +403,54 @@ proptest! {
                 .generate(start, 42).iter().map(|p| p.to_toml_string().unwrap()).collect();
             prop_assert_ne!(&once, &other);
         }
+    }
+
+    #[test]
+    fn the_written_files_are_the_generated_pinglists(case in arb_case()) {
+        let Case { inv, opts, start } = case;
+        let g = Generator::new(&inv, &opts).unwrap();
+        let expected: BTreeMap<String, String> =
+            g.generate(start, 42).iter().map(|p| (format!("{}.toml", p.host), p.to_toml_string().unwrap())).collect();
+        let manifest = Manifest {
+            generation: start,
+            generated_unix_ns: 42,
+            seed: opts.seed,
+            hosts: g.hosts(),
+            generations_to_cover: g.coverage().generations_to_cover,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        // Each worker refills one pinglist, host after host, through write_generated.
+        let report = write_generated(tmp.path(), g.hosts(), |i, p| g.pinglist_into(i, start, 42, p), &manifest).unwrap();
+        prop_assert_eq!(report.written, expected.len());
+        prop_assert_eq!(report.bytes, expected.values().map(|t| t.len() as u64).sum::<u64>());
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(tmp.path()).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name != MANIFEST {
+                files.insert(name.clone(), std::fs::read_to_string(tmp.path().join(&name)).unwrap());
+            }
+        }
+        prop_assert_eq!(&files, &expected);
+        for (name, text) in &files {
+            prop_assert!(Pinglist::parse(text, Path::new(name)).is_ok(), "{}", text);
+        }
+    }
+}
+
+#[test]
+fn a_refilled_pinglist_is_the_fresh_one() {
+    // Hosts with 1 to 3 RNICs under ToRs of different sizes, so that a refill meets a
+    // pinglist with more targets, fewer, and other label counts than it needs.
+    let hosts: Vec<Vec<usize>> = (0..20).map(|h| (0..1 + h % 3).map(|k| (h + k) % 5).collect()).collect();
+    let inv = fabric(&[None; 5], &hosts, 0);
+    let opts = GenOptions { seed: 9, tor_mesh_flow_labels: 70, probe_port: Some(18515), ..GenOptions::default() };
+    let g = Generator::new(&inv, &opts).unwrap();
+    let fresh = g.generate(4, 7);
+    let mut p = g.pinglist(0, 1, 0);
+    for i in (0..g.hosts()).rev().chain(0..g.hosts()).chain([3, 0, 17, 3]) {
+        g.pinglist_into(i, 4, 7, &mut p);
+        assert_eq!(p, fresh[i], "host {i}");
+        assert_eq!(g.pinglist(i, 4, 7), fresh[i], "host {i}");
     }
 }
 
