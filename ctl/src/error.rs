@@ -39,17 +39,6 @@ impl Error {
     }
 }
 
-/// A [`FileError`] for a file ctl itself reads (formats' constructor is private to it).
-pub(crate) fn file_error(
-    file: &Path,
-    line: Option<usize>,
-    field: impl Into<String>,
-    problem: impl Into<String>,
-    fix: impl Into<String>,
-) -> FileError {
-    FileError { file: file.to_path_buf(), line, field: field.into(), problem: problem.into(), fix: fix.into() }
-}
-
 /// 1-based line of `byte_offset` in `text`.
 pub(crate) fn line_of(text: &str, byte_offset: usize) -> usize {
     let end = byte_offset.min(text.len());

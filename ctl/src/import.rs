@@ -20,7 +20,7 @@ use regex::Regex;
 use rocemesh_formats::inventory::{self, FileError, Host, Inventory, Link, Rnic, Spine, Tor};
 
 use crate::describe::HostDescription;
-use crate::error::{Error, file_error, name_problem};
+use crate::error::{Error, name_problem};
 
 /// A host description and the file it came from.
 #[derive(Debug, Clone)]
@@ -80,7 +80,7 @@ impl TorMap {
     /// Reads and checks the map at `path`.
     pub fn load(path: &Path) -> Result<TorMap, FileError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| file_error(path, None, "", format!("cannot read the ToR map: {e}"), "check the path"))?;
+            .map_err(|e| FileError::new(path, None, "", format!("cannot read the ToR map: {e}"), "check the path"))?;
         Self::parse(&text, path)
     }
 
@@ -99,7 +99,7 @@ impl TorMap {
             let fields: Vec<&str> = content.split(',').map(str::trim).collect();
             let format_fix = "write `host,device,tor` or `host,device,tor,rail` (device `*` for all RNICs of the host)";
             if !(3..=4).contains(&fields.len()) {
-                return Err(file_error(
+                return Err(FileError::new(
                     path,
                     Some(line),
                     "",
@@ -115,18 +115,24 @@ impl TorMap {
                     continue;
                 }
                 if let Some(problem) = name_problem(value) {
-                    return Err(file_error(path, Some(line), *column, problem, format_fix));
+                    return Err(FileError::new(path, Some(line), *column, problem, format_fix));
                 }
             }
             let rail = match fields.get(3) {
                 Some(r) => Some(r.parse::<u16>().map_err(|_| {
-                    file_error(path, Some(line), "rail", format!("rail {r:?} is not a number in 0..=65535"), format_fix)
+                    FileError::new(
+                        path,
+                        Some(line),
+                        "rail",
+                        format!("rail {r:?} is not a number in 0..=65535"),
+                        format_fix,
+                    )
                 })?),
                 None => None,
             };
             *(if rail.is_some() { &mut with_rail } else { &mut without_rail }) = Some(line);
             if let (Some(a), Some(b)) = (with_rail, without_rail) {
-                return Err(file_error(
+                return Err(FileError::new(
                     path,
                     Some(line),
                     "rail",
@@ -137,7 +143,7 @@ impl TorMap {
             let tor = fields[2].to_owned();
             match tor_rails.get(&tor) {
                 Some((other, first)) if *other != rail => {
-                    return Err(file_error(
+                    return Err(FileError::new(
                         path,
                         Some(line),
                         "rail",
@@ -162,7 +168,7 @@ impl TorMap {
                 map.exact.insert((host.clone(), device.to_owned()), placement)
             };
             if let Some(first) = previous {
-                return Err(file_error(
+                return Err(FileError::new(
                     path,
                     Some(line),
                     "",

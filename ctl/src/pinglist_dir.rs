@@ -11,7 +11,7 @@ use rocemesh_formats::inventory::FileError;
 use rocemesh_formats::pinglist::Pinglist;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, file_error};
+use crate::error::Error;
 use crate::import::natural_cmp;
 
 /// The manifest's file name (not `.toml`: it is not a pinglist).
@@ -38,7 +38,7 @@ pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, Error> {
         Err(e) => return Err(Error::io(&path, "read the manifest", e)),
     };
     toml::from_str(&text).map(Some).map_err(|e| {
-        Error::File(file_error(
+        Error::File(FileError::new(
             &path,
             e.span().map(|s| crate::error::line_of(&text, s.start)),
             "",
@@ -136,13 +136,14 @@ impl PinglistDir {
     pub fn read(&self, host: &str) -> Result<(Vec<u8>, Pinglist), FileError> {
         let path = self.path(host);
         let bytes = std::fs::read(&path).map_err(|e| {
-            file_error(&path, None, "", format!("cannot read the pinglist: {e}"), "regenerate the pinglists")
+            FileError::new(&path, None, "", format!("cannot read the pinglist: {e}"), "regenerate the pinglists")
         })?;
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|_| file_error(&path, None, "", "the pinglist is not UTF-8 text", "regenerate the pinglists"))?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| {
+            FileError::new(&path, None, "", "the pinglist is not UTF-8 text", "regenerate the pinglists")
+        })?;
         let pinglist = Pinglist::parse(text, &path)?;
         if pinglist.host != host {
-            return Err(file_error(
+            return Err(FileError::new(
                 &path,
                 None,
                 "host",

@@ -7,11 +7,13 @@
 //! [`Destination::Dir`] the same is done locally into `DIR/<host>/pinglist.toml` (a shared
 //! filesystem the agents read).
 
+use rocemesh_formats::inventory::FileError;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, file_error};
+use crate::error::Error;
 use crate::import::natural_cmp;
 use crate::pinglist_dir::{PinglistDir, atomic_write};
 use crate::remote::{RemotePath, Ssh, run_parallel, sh_quote};
@@ -164,7 +166,7 @@ pub fn read_results(path: &Path) -> Result<Vec<HostResult>, Error> {
         }
         let fields: Vec<&str> = line.split('\t').collect();
         if fields.len() < 2 {
-            return Err(Error::File(file_error(
+            return Err(Error::File(FileError::new(
                 path,
                 Some(i + 1),
                 "",
@@ -176,7 +178,7 @@ pub fn read_results(path: &Path) -> Result<Vec<HostResult>, Error> {
             "ok" => true,
             "failed" => false,
             other => {
-                return Err(Error::File(file_error(
+                return Err(Error::File(FileError::new(
                     path,
                     Some(i + 1),
                     "result",

@@ -106,7 +106,7 @@ impl HostDescription {
     pub fn load(path: impl AsRef<Path>) -> Result<HostDescription, FileError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| {
-            file_error(
+            FileError::new(
                 path,
                 None,
                 "",
@@ -133,7 +133,7 @@ impl HostDescription {
             } else {
                 "correct the value"
             };
-            file_error(path, line, field, message, fix)
+            FileError::new(path, line, field, message, fix)
         })?;
         validate(raw, text, path)
     }
@@ -146,7 +146,7 @@ impl HostDescription {
 
 fn check_version(text: &str, path: &Path) -> Result<(), FileError> {
     let table: toml::Table = toml::from_str(text).map_err(|e| {
-        file_error(
+        FileError::new(
             path,
             e.span().map(|s| line_of(text, s.start)),
             "",
@@ -156,14 +156,14 @@ fn check_version(text: &str, path: &Path) -> Result<(), FileError> {
     })?;
     match table.get("version") {
         Some(toml::Value::Integer(v)) if *v == i64::from(VERSION) => Ok(()),
-        Some(other) => Err(file_error(
+        Some(other) => Err(FileError::new(
             path,
             line_of_key(text, "version"),
             "version",
             format!("host description version {other} is not supported by this build (it reads version {VERSION})"),
             "describe the host with an agent matching this ctl, or upgrade ctl",
         )),
-        None => Err(file_error(
+        None => Err(FileError::new(
             path,
             None,
             "version",
@@ -208,7 +208,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
     let host_line = at(raw.host.span());
     let host = raw.host.into_inner();
     if let Some(problem) = name_problem(&host).or_else(|| host_name_problem(&host)) {
-        return Err(file_error(
+        return Err(FileError::new(
             path,
             host_line,
             "host",
@@ -217,7 +217,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         ));
     }
     if raw.rnic.is_empty() {
-        return Err(file_error(
+        return Err(FileError::new(
             path,
             host_line,
             "rnic",
@@ -233,7 +233,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         let device_line = at(r.device.span());
         let device = r.device.into_inner();
         if let Some(problem) = name_problem(&device) {
-            return Err(file_error(
+            return Err(FileError::new(
                 path,
                 device_line,
                 format!("rnic[{i}].device"),
@@ -242,7 +242,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
             ));
         }
         if let Some(first) = devices.insert(device.clone(), i) {
-            return Err(file_error(
+            return Err(FileError::new(
                 path,
                 device_line,
                 format!("rnic[{i}].device"),
@@ -253,7 +253,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         let ip_line = at(r.ip.span());
         let ip = r.ip.into_inner();
         if let Some(first) = ips.insert(ip, i) {
-            return Err(file_error(
+            return Err(FileError::new(
                 path,
                 ip_line,
                 format!("rnic[{i}].ip"),
@@ -263,7 +263,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         }
         let port = match r.port {
             Some(p) if *p.get_ref() == 0 => {
-                return Err(file_error(
+                return Err(FileError::new(
                     path,
                     at(p.span()),
                     format!("rnic[{i}].port"),
@@ -276,7 +276,7 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         };
         let netdev = match r.netdev {
             Some(n) if n.get_ref().is_empty() => {
-                return Err(file_error(
+                return Err(FileError::new(
                     path,
                     at(n.span()),
                     format!("rnic[{i}].netdev"),
@@ -290,16 +290,6 @@ fn validate(raw: RawHost, text: &str, path: &Path) -> Result<HostDescription, Fi
         rnics.push(RnicDescription { device, ip, gid: r.gid, port, gid_index: r.gid_index, netdev });
     }
     Ok(HostDescription { version: VERSION, host, rnics })
-}
-
-fn file_error(
-    file: &Path,
-    line: Option<usize>,
-    field: impl Into<String>,
-    problem: impl Into<String>,
-    fix: impl Into<String>,
-) -> FileError {
-    FileError { file: file.to_path_buf(), line, field: field.into(), problem: problem.into(), fix: fix.into() }
 }
 
 /// Host names become file names (`DIR/<host>.toml`) and ssh destinations, so some names the

@@ -46,6 +46,17 @@ fn display_field(field: &str) -> String {
 }
 
 impl FileError {
+    /// An error about `field` (a dotted path, or "") at `line` of `file`.
+    pub fn new(
+        file: &Path,
+        line: Option<usize>,
+        field: impl Into<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        FileError { file: file.to_path_buf(), line, field: field.into(), problem: problem.into(), fix: fix.into() }
+    }
+
     fn whole_file(file: &Path, problem: String, fix: &str) -> Self {
         FileError { file: file.to_path_buf(), line: None, field: String::new(), problem, fix: fix.to_owned() }
     }
