@@ -21,6 +21,7 @@ use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enf
 use crate::clock::now_ns;
 use crate::config::{AgentConfig, Mode, ShardConfig};
 use crate::shard::{Shard, ShardParams, ShardStats, UdpResolver};
+use crate::transport::Transport;
 use crate::udp::{UdpTransport, unspecified_like};
 
 /// glommio's reactor refuses to start below this (its MIN_MEMLOCK_LIMIT).
@@ -124,8 +125,11 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
 
     let (seal_tx, seal_rx) = mpsc::channel::<PathBuf>();
     let sealer = {
-        let (dir, quota, level) = (cfg.segment_dir.clone(), cfg.segment_quota_mib << 20, cfg.zstd_level);
-        std::thread::Builder::new().name("sealer".into()).spawn(move || sealer_loop(&seal_rx, &dir, quota, level))?
+        // Each shard writes into its own sub-directory and gets an equal share of the quota, so
+        // that one busy shard cannot evict another's data.
+        let share = (cfg.segment_quota_mib << 20) / cfg.shards.len() as u64;
+        let level = cfg.zstd_level;
+        std::thread::Builder::new().name("sealer".into()).spawn(move || sealer_loop(&seal_rx, share, level))?
     };
     for s in &cfg.shards {
         recover_leftovers(&cfg.segment_dir.join(&s.device), &seal_tx);
@@ -224,7 +228,7 @@ async fn shard_main(
     let null = unspecified_like(sc.bind.ip());
     // A second handle on the same socket, only for glommio's reactor to wait on (event mode).
     // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
-    let dup = unsafe { libc::dup(transport_fd(&transport)) };
+    let dup = unsafe { libc::dup(transport.readiness_fd()) };
     if dup < 0 {
         bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
     }
@@ -287,11 +291,6 @@ async fn shard_main(
     Ok(ShardReport { device, stats })
 }
 
-fn transport_fd(t: &UdpTransport) -> std::os::fd::RawFd {
-    use crate::transport::Transport;
-    t.readiness_fd()
-}
-
 fn reload(shard: &mut Shard<UdpTransport>, control: &Control, device: &str) {
     let p = control.current();
     let problems = shard.load(&p, &UdpResolver);
@@ -322,7 +321,7 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
     );
 }
 
-fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, dir: &Path, quota_bytes: u64, level: i32) {
+fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: i32) {
     for path in rx {
         match seal(&path, level) {
             Ok(r) => {
@@ -330,11 +329,8 @@ fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, dir: &Path, quota_bytes: u64, level
             }
             Err(e) => tracing::warn!("sealing {} failed (the open segment is kept): {e}", path.display()),
         }
-        // Each shard writes into its own sub-directory; the quota is enforced per sub-directory
-        // with an equal share, so one busy shard cannot evict another's data.
         if let Some(sub) = path.parent() {
-            let shards = std::fs::read_dir(dir).map(|d| d.count().max(1)).unwrap_or(1) as u64;
-            match enforce_quota(sub, quota_bytes / shards) {
+            match enforce_quota(sub, quota_bytes_per_shard) {
                 Ok(ev) if ev.files_evicted > 0 => {
                     tracing::warn!(dir = %sub.display(), files = ev.files_evicted, bytes = ev.bytes_evicted, "quota: evicted the oldest sealed segments")
                 }

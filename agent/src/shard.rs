@@ -338,22 +338,19 @@ impl<T: Transport> Shard<T> {
         t
     }
 
-    /// One round of work. Returns whether anything happened (busy-poll uses it to back off).
-    pub fn step(&mut self) -> Result<bool, SegmentError> {
-        let mut busy = false;
-        busy |= self.collect_tx_timestamps(true)?;
+    /// One round of work.
+    pub fn step(&mut self) -> Result<(), SegmentError> {
+        self.collect_tx_timestamps(true)?;
         // Drain the socket (bounded): one batch per round would let a busy responder fall behind
         // its peers' send rate until its receive buffer overflows.
         for _ in 0..MAX_RECV_BATCHES_PER_STEP {
-            let (got_any, full) = self.receive()?;
-            busy |= got_any;
-            if !full {
+            if !self.receive()? {
                 break;
             }
         }
         self.flush_sends()?;
         let now = now_ns();
-        busy |= self.send_due(now)?;
+        self.send_due(now)?;
         self.flush_sends()?;
         // Send stamps of what just left (software stamps are ready at once), and the ACK2s
         // that ACK1's stamps release.
@@ -365,7 +362,7 @@ impl<T: Transport> Shard<T> {
             self.writer.flush()?;
             self.writer.rotate_if_older(now)?;
         }
-        Ok(busy)
+        Ok(())
     }
 
     fn enqueue(
@@ -426,27 +423,25 @@ impl<T: Transport> Shard<T> {
 
     /// Read send timestamps and refusals. `always`: even with no stamp outstanding (refusals of
     /// probes whose stamps were read long ago arrive whenever the peer's host answers).
-    fn collect_tx_timestamps(&mut self, always: bool) -> Result<bool, SegmentError> {
+    fn collect_tx_timestamps(&mut self, always: bool) -> Result<(), SegmentError> {
         if !always && self.tx_pending == 0 {
-            return Ok(false);
+            return Ok(());
         }
         // Drain (bounded) like the receive path: error-queue entries are charged to the socket's
         // receive buffer, so a backlog of unread stamps would make the kernel drop probes.
-        let mut any = false;
         for _ in 0..MAX_RECV_BATCHES_PER_STEP {
-            let (got, full) = self.collect_tx_batch()?;
-            any |= got;
-            if !full {
+            if !self.collect_tx_batch()? {
                 break;
             }
         }
-        Ok(any)
+        Ok(())
     }
 
-    fn collect_tx_batch(&mut self) -> Result<(bool, bool), SegmentError> {
+    /// One batch of send stamps; returns whether the batch was full (more may be waiting).
+    fn collect_tx_batch(&mut self) -> Result<bool, SegmentError> {
         let n = match self.transport.tx_timestamps(&mut self.tx) {
             Ok(n) => n,
-            Err(_) => return Ok((false, false)),
+            Err(_) => return Ok(false),
         };
         for i in 0..n {
             let Ok(p) = Packet::decode(&self.tx.payload[i]) else { continue };
@@ -494,14 +489,14 @@ impl<T: Transport> Shard<T> {
                 Kind::Ack2 => {}
             }
         }
-        Ok((n > 0, n == crate::transport::BATCH))
+        Ok(n == crate::transport::BATCH)
     }
 
-    /// One receive batch; returns (anything received, the batch was full).
-    fn receive(&mut self) -> Result<(bool, bool), SegmentError> {
+    /// One receive batch; returns whether it was full (more may be waiting).
+    fn receive(&mut self) -> Result<bool, SegmentError> {
         let n = match self.transport.recv(&mut self.rx) {
             Ok(n) => n,
-            Err(_) => return Ok((false, false)),
+            Err(_) => return Ok(false),
         };
         let t6 = now_ns();
         for i in 0..n {
@@ -550,7 +545,7 @@ impl<T: Transport> Shard<T> {
                 }
             }
         }
-        Ok((n > 0, n == crate::transport::BATCH))
+        Ok(n == crate::transport::BATCH)
     }
 
     fn answer(&mut self, p: Packet, from: T::Addr, t3: u64) -> Result<(), SegmentError> {
@@ -584,9 +579,9 @@ impl<T: Transport> Shard<T> {
         Ok(())
     }
 
-    fn send_due(&mut self, now: u64) -> Result<bool, SegmentError> {
+    fn send_due(&mut self, now: u64) -> Result<(), SegmentError> {
         if self.draining {
-            return Ok(false);
+            return Ok(());
         }
         let horizon = now + self.params.send_ahead_ns;
         let mut sent = 0;
@@ -632,7 +627,7 @@ impl<T: Transport> Shard<T> {
             self.enqueue(&addr, label, &b, true, slot as u32)?;
             sent += 1;
         }
-        Ok(sent > 0)
+        Ok(())
     }
 
     fn expire(&mut self, now: u64) -> Result<(), SegmentError> {

@@ -56,18 +56,7 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut prober = shard(dir.path(), "a", 0xA);
     let mut responder = shard(dir.path(), "b", 0xB);
-    use rocemesh_agent::transport::Transport;
-    let _ = responder.transport().readiness_fd();
-    let target_port = {
-        // The responder's port, through its socket.
-        let fd = responder.transport().readiness_fd();
-        // SAFETY: getsockname on a valid socket into a zeroed sockaddr_in.
-        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: valid pointers for the call.
-        assert_eq!(unsafe { libc::getsockname(fd, (&raw mut sa).cast(), &raw mut len) }, 0);
-        u16::from_be(sa.sin_port)
-    };
+    let target_port = responder.transport().local_addr().port();
     let targets = (0..50)
         .map(|i| Target {
             from: "a".into(),

@@ -1,0 +1,50 @@
+//! Wall-clock instants as calendar dates, for the tables operators read. Records carry Unix
+//! nanoseconds (UTC); this turns them into dates without a time-zone database.
+
+/// A UTC calendar date and time of day.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CivilUtc {
+    /// Year (proleptic Gregorian).
+    pub year: i64,
+    /// Month, 1-12.
+    pub month: i64,
+    /// Day of the month, 1-31.
+    pub day: i64,
+    /// Hour, 0-23.
+    pub hour: i64,
+    /// Minute, 0-59.
+    pub minute: i64,
+    /// Second, 0-59.
+    pub second: i64,
+}
+
+/// The calendar date of `unix_s` seconds since the Unix epoch (negative: before it).
+pub fn civil_utc(unix_s: i64) -> CivilUtc {
+    let days = unix_s.div_euclid(86_400);
+    let secs = unix_s.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    CivilUtc { year, month, day, hour: secs / 3_600, minute: secs % 3_600 / 60, second: secs % 60 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_instants() {
+        let c = |y, mo, d, h, mi, s| CivilUtc { year: y, month: mo, day: d, hour: h, minute: mi, second: s };
+        assert_eq!(civil_utc(0), c(1970, 1, 1, 0, 0, 0));
+        assert_eq!(civil_utc(1_700_000_000), c(2023, 11, 14, 22, 13, 20));
+        assert_eq!(civil_utc(951_782_400), c(2000, 2, 29, 0, 0, 0));
+        assert_eq!(civil_utc(-1), c(1969, 12, 31, 23, 59, 59));
+    }
+}
