@@ -13,17 +13,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use rocemesh_formats::pinglist::Pinglist;
-use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource, six_timestamp_delays};
 use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
 use crate::transport::{RxBatch, SEND_BATCH, Transport, TxBatch};
 
-/// RTT above this is not a measurement, it is a broken timestamp (rpingmesh's rule).
-const ABSURD_RTT_NS: i64 = 10_000_000_000;
-/// Host delays above this are a broken timestamp or a clock step.
-const ABSURD_DELAY_NS: i64 = 1_000_000_000;
 /// Probes sent per step at most, so that a burst of due probes cannot starve the receive path.
 const MAX_SENDS_PER_STEP: usize = 256;
 const PENDING_ACK2_SLOTS: usize = 4096;
@@ -707,21 +703,9 @@ impl<T: Transport> Shard<T> {
     }
 }
 
-/// The three delays, each difference inside one clock domain; `None` when a timestamp is missing
-/// or a delay is negative or absurd.
+/// The three delays (see [`six_timestamp_delays`]); `None` makes the probe invalid.
 fn delays(e: &InFlight) -> Option<(i32, i32, i32)> {
-    if [e.t1, e.t2, e.t3, e.t4, e.t5, e.t6].contains(&0) {
-        return None;
-    }
-    let d = |a: u64, b: u64| a as i64 - b as i64;
-    let prober_span = d(e.t5, e.t2);
-    let responder = d(e.t4, e.t3);
-    let rtt = prober_span - responder;
-    let prober = d(e.t6, e.t1) - prober_span;
-    let ok = (0..ABSURD_RTT_NS).contains(&rtt)
-        && (0..ABSURD_DELAY_NS).contains(&prober)
-        && (0..ABSURD_DELAY_NS).contains(&responder);
-    ok.then(|| (rtt.min(i64::from(i32::MAX)) as i32, prober as i32, responder as i32))
+    six_timestamp_delays([e.t1, e.t2, e.t3, e.t4, e.t5, e.t6])
 }
 
 #[cfg(test)]

@@ -1,10 +1,16 @@
 //! Analysis over shipped segments.
 //!
-//! Today this crate owns [`inspect`]: finding segment files, validating them, and saying what
-//! each holds and what a reader had to skip. The SLA report and fault localisation (polars,
-//! issue 5) will live here too, and only here: polars takes ~17 minutes to build on 2 cores.
+//! [`inspect`] finds segment files and says what each holds and what a reader had to skip;
+//! [`ingest`] reads them into one columnar table with fleet-wide ids; [`localize`] turns that
+//! into findings. Polars lives in this crate only: it takes ~17 minutes to build on 2 cores.
 
+pub mod ingest;
 pub mod inspect;
+pub mod localize;
+pub mod cli;
+pub mod export;
+pub mod html;
+pub mod report;
 
 /// Exit codes shared by rocemesh's binaries, so scripts can tell "ran, found problems" from
 /// "could not run".

@@ -2,6 +2,7 @@
 //! because absolute numbers on a shared 2-core VM mean little and ratios travel.
 
 pub mod agent;
+pub mod analyze;
 pub mod formats;
 pub mod pinglists;
 pub mod synth;

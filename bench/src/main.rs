@@ -23,6 +23,31 @@ enum What {
         #[arg(long)]
         agent_bin: Option<std::path::PathBuf>,
     },
+    /// `analyze report` end to end on a fleet's segments (default 10^8 records, ~4.8 GB) against
+    /// DuckDB running the same aggregation on a Parquet export, with a row-by-row check that both
+    /// agree. Needs the analyze binary: `cargo build --release -p rocemesh-analyze`; installs
+    /// DuckDB from PyPI into ~/.cache/rocemesh/venv on first use.
+    Analyze {
+        /// Probe records in all.
+        #[arg(long, default_value_t = 100_000_000)]
+        records: u64,
+        /// RNICs, one segment writer each; a multiple of 32 (RNICs per ToR), at least 64.
+        #[arg(long, default_value_t = 64)]
+        rnics: usize,
+        /// Seal the segments with zstd as agents ship them (default: open, uncompressed).
+        #[arg(long)]
+        sealed: bool,
+        /// Report window, seconds.
+        #[arg(long, default_value_t = 30)]
+        window_s: u64,
+        /// Where data and outputs go (default: bench-analyze under $CARGO_TARGET_DIR or
+        /// ~/.cache/rocemesh/target); the generated segments are reused by later runs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// The analyze binary (default: `analyze` next to this binary).
+        #[arg(long)]
+        analyze_bin: Option<std::path::PathBuf>,
+    },
     /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
     Formats {
         /// Records to write (realistic shard traffic, see bench/src/synth.rs).
@@ -82,6 +107,51 @@ fn main() -> Result<()> {
             );
             for f in rocemesh_bench::agent::run(&agent, seconds)? {
                 println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
+            }
+        }
+        What::Analyze { records, rnics, sealed, window_s, dir, analyze_bin } => {
+            if cfg!(debug_assertions) {
+                eprintln!("warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers");
+            }
+            let analyze_bin = match analyze_bin {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("analyze"),
+            };
+            anyhow::ensure!(
+                analyze_bin.exists(),
+                "{} not found: build it with `cargo build --release -p rocemesh-analyze`, or pass --analyze-bin",
+                analyze_bin.display()
+            );
+            let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()));
+            let dir = dir.unwrap_or_else(|| {
+                std::env::var_os("CARGO_TARGET_DIR")
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(|| home.join(".cache/rocemesh/target"))
+                    .join("bench-analyze")
+            });
+            std::fs::create_dir_all(&dir)?;
+            let opt = rocemesh_bench::analyze::Options {
+                records,
+                rnics,
+                dir,
+                sealed,
+                analyze_bin,
+                venv: home.join(".cache/rocemesh/venv"),
+                window_s,
+            };
+            let mut mem_kib = 0u64;
+            if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
+                mem_kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok()).unwrap_or(0);
+            }
+            println!(
+                "bench analyze: {records} records from {rnics} RNICs ({} segments), {window_s} s windows, {} cores, {:.1} GB RAM",
+                if sealed { "sealed" } else { "open" },
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+                mem_kib as f64 / 1048576.0
+            );
+            for f in rocemesh_bench::analyze::run(&opt)? {
+                let v = if f.unit == "records/s" { format!("{:>8.2} M", f.value / 1e6) } else { format!("{:>10.2}", f.value) };
+                println!("{:<56} {v} {:<9} {}", f.what, f.unit, f.note);
             }
         }
         What::Formats { records, chunk_records, segment_mib, zstd_level, keep } => {

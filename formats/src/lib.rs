@@ -12,6 +12,7 @@ pub mod describe;
 pub mod inventory;
 pub mod pinglist;
 pub mod record;
+pub mod scenario;
 pub mod segment;
 pub mod time;
 

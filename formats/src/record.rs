@@ -132,6 +132,30 @@ pub struct ProbeRecord {
     pub ts_source: u8,
 }
 
+/// RTT above this is not a measurement, it is a broken timestamp (rpingmesh's rule).
+pub const ABSURD_RTT_NS: i64 = 10_000_000_000;
+/// Host delays above this are a broken timestamp or a clock step.
+pub const ABSURD_DELAY_NS: i64 = 1_000_000_000;
+
+/// The three delays of the six-timestamp protocol from T1..T6 (`t[0]..t[5]`), each difference
+/// inside one clock domain: `(network_rtt, prober_delay, responder_delay)`. `None` when a
+/// timestamp is missing (0) or a delay is negative or absurd, which makes the probe
+/// [`Outcome::Invalid`]. Shared by the agent and the simulator so that both classify alike.
+pub fn six_timestamp_delays(t: [u64; 6]) -> Option<(i32, i32, i32)> {
+    if t.contains(&0) {
+        return None;
+    }
+    let d = |a: u64, b: u64| a as i64 - b as i64;
+    let prober_span = d(t[4], t[1]);
+    let responder = d(t[3], t[2]);
+    let rtt = prober_span - responder;
+    let prober = d(t[5], t[0]) - prober_span;
+    let ok = (0..ABSURD_RTT_NS).contains(&rtt)
+        && (0..ABSURD_DELAY_NS).contains(&prober)
+        && (0..ABSURD_DELAY_NS).contains(&responder);
+    ok.then(|| (rtt.min(i64::from(i32::MAX)) as i32, prober as i32, responder as i32))
+}
+
 /// Maximum switch hops kept per path trace; RoCE fabrics are 3-tier at most (5 switch hops).
 pub const MAX_HOPS: usize = 8;
 

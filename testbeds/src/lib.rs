@@ -1,5 +1,14 @@
-//! Testbeds: the deterministic fault-scenario simulator (issue 6), the network-namespace
-//! fabric, and the soft-RoCE VM that runs real verbs in CI (issue 7).
+//! Testbeds: the deterministic fault-scenario simulator and the scorer of `analyze localize`'s
+//! findings (issue 6); the soft-RoCE VM that runs real verbs in CI (issue 7) is not built yet.
 //!
-//! Not built yet. The simulator will write its segments through
-//! `rocemesh_formats::segment::SegmentWriter`, the same writer the agent uses.
+//! The simulator turns a scenario (`rocemesh_formats::scenario`) into the segment files every
+//! agent of that fabric would have written, through `rocemesh_formats::segment::SegmentWriter`,
+//! the writer the agent uses, so analysis reads simulated and real data by the same code.
+
+mod fabric;
+pub mod score;
+pub mod simulate;
+pub mod suite;
+
+pub use score::{Finding, Score, parse_findings, score};
+pub use simulate::{SimError, SimSummary, simulate};

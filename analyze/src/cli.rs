@@ -1,0 +1,219 @@
+//! The `report`, `export` and `html` subcommands: their arguments, and the path from segment
+//! files to output with the exit codes of [`crate::exit`]. Input problems (damaged or
+//! unreadable files) are listed on stderr and make the exit code 1; the output is still written
+//! from what could be read.
+
+use std::path::{Path, PathBuf};
+
+use crate::export::{self, Compression};
+use crate::html::{self, HtmlReport};
+use crate::ingest::{self, Dataset};
+use crate::report::{self, DEFAULT_SCOPES, Format, Meta, Scope, Sla, Span};
+use crate::{exit, inspect};
+
+/// SLA thresholds: flags, or a file, not both.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SlaArgs {
+    /// Loss-ratio threshold; a row above it violates the SLA [default: 0.001, Pingmesh's 0.1%].
+    #[arg(long, conflicts_with = "sla_config")]
+    pub sla_loss: Option<f64>,
+    /// Network RTT p99 threshold, µs [default: 500, rpingmesh's phase-1 bound].
+    #[arg(long, conflicts_with = "sla_config")]
+    pub sla_rtt_p99_us: Option<f64>,
+    /// TOML file with the thresholds: `loss_ratio = 0.001` and `rtt_p99_us = 500` (both
+    /// optional, defaults as above; other keys are refused).
+    #[arg(long)]
+    pub sla_config: Option<PathBuf>,
+}
+
+impl SlaArgs {
+    fn resolve(&self) -> Result<Sla, String> {
+        if let Some(p) = &self.sla_config {
+            return Sla::from_file(p).map_err(|e| e.to_string());
+        }
+        let d = Sla::default();
+        let sla = Sla {
+            loss_ratio: self.sla_loss.unwrap_or(d.loss_ratio),
+            rtt_p99_us: self.sla_rtt_p99_us.unwrap_or(d.rtt_p99_us),
+        };
+        sla.check().map(|()| sla)
+    }
+}
+
+/// `analyze report`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// Scopes to report, comma-separated: cluster, tor_pair, tor, rnic (records where the RNIC
+    /// is prober or target), pair (one row per probed pair and window: large).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = DEFAULT_SCOPES)]
+    pub scope: Vec<Scope>,
+    /// Window length, seconds; windows are aligned on the wall clock (floor(t1 / window)).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
+    pub window_s: u64,
+    #[command(flatten)]
+    pub sla: SlaArgs,
+    /// Output format: table (µs, for a terminal), json, csv, parquet (ns).
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write here instead of standard output (required for parquet).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// `analyze export`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// The Parquet file to write (one row per probe).
+    #[arg(long)]
+    pub parquet: PathBuf,
+    /// Window length for the `window_start_ns` column, seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
+    pub window_s: u64,
+    /// Page compression.
+    #[arg(long, value_enum, default_value_t = Compression::Zstd)]
+    pub compression: Compression,
+    /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// `analyze html`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HtmlArgs {
+    /// The HTML file to write.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Window length for the SLA violations, seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
+    pub window_s: u64,
+    #[command(flatten)]
+    pub sla: SlaArgs,
+    /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// Finds and reads the inputs; `Err(code)` when there is nothing to read (already said why).
+pub fn load(command: &str, inputs: &[PathBuf]) -> Result<Dataset, i32> {
+    let files = match inspect::find_segments(inputs) {
+        Err(e) => {
+            eprintln!("analyze {command}: cannot list {inputs:?}: {e}");
+            return Err(exit::USAGE);
+        }
+        Ok(f) if f.is_empty() => {
+            eprintln!(
+                "analyze {command}: no segment files (*.rseg, *.rseg.zst) under {inputs:?}; point it at an agent's segment directory"
+            );
+            return Err(exit::USAGE);
+        }
+        Ok(f) => f,
+    };
+    let ds = ingest::ingest(&files, true);
+    for p in &ds.problems {
+        let what = if p.skipped { "skipped" } else { "damaged, read in part" };
+        eprintln!("analyze {command}: {}: {what}: {}", p.path.display(), p.problem);
+    }
+    Ok(ds)
+}
+
+fn problems(ds: &Dataset) -> Vec<String> {
+    ds.problems
+        .iter()
+        .map(|p| format!("{}: {}: {}", p.path.display(), if p.skipped { "skipped" } else { "damaged" }, p.problem))
+        .collect()
+}
+
+fn outcome(ds_problems: bool) -> i32 {
+    if ds_problems { exit::PROBLEMS } else { exit::OK }
+}
+
+/// Runs `analyze report`; returns the exit code.
+pub fn report(args: &ReportArgs) -> i32 {
+    let sla = match args.sla.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("analyze report: SLA: {e}");
+            return exit::USAGE;
+        }
+    };
+    if args.format == Format::Parquet && args.output.is_none() {
+        eprintln!("analyze report: --format parquet needs --output FILE");
+        return exit::USAGE;
+    }
+    let mut ds = match load("report", &args.inputs) {
+        Ok(ds) => ds,
+        Err(code) => return code,
+    };
+    let meta = Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    let mut run = || -> Result<(), report::ReportError> {
+        let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
+        let rows = prepared.rows(&args.scope, Span::PerWindow, &sla)?;
+        report::write(&rows, &meta, args.format, args.output.as_deref())
+    };
+    match run() {
+        Ok(()) => outcome(!meta.problems.is_empty()),
+        Err(e) => {
+            eprintln!("analyze report: {e}");
+            exit::USAGE
+        }
+    }
+}
+
+/// Runs `analyze export`; returns the exit code.
+pub fn export(args: &ExportArgs) -> i32 {
+    let ds = match load("export", &args.inputs) {
+        Ok(ds) => ds,
+        Err(code) => return code,
+    };
+    match export::write_parquet(&ds, &args.parquet, args.window_s * 1_000_000_000, args.compression) {
+        Ok(rows) => {
+            eprintln!("analyze export: {rows} probes written to {}", args.parquet.display());
+            outcome(!ds.problems.is_empty())
+        }
+        Err(e) => {
+            eprintln!("analyze export: {e}");
+            exit::USAGE
+        }
+    }
+}
+
+/// Runs `analyze html`; returns the exit code. Findings are left to `analyze localize` until it
+/// is wired in here.
+pub fn html(args: &HtmlArgs) -> i32 {
+    let sla = match args.sla.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("analyze html: SLA: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut ds = match load("html", &args.inputs) {
+        Ok(ds) => ds,
+        Err(code) => return code,
+    };
+    let meta = Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    let has_problems = !meta.problems.is_empty();
+    let run = || -> Result<(), report::ReportError> {
+        let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
+        let page = html::render(&HtmlReport::build(&prepared, meta)?, None);
+        write_file(&args.output, page.as_bytes())
+    };
+    match run() {
+        Ok(()) => outcome(has_problems),
+        Err(e) => {
+            eprintln!("analyze html: {e}");
+            exit::USAGE
+        }
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
+    std::fs::write(path, bytes).map_err(|source| report::ReportError::Io {
+        path: path.to_owned(),
+        what: "write the HTML report",
+        source,
+    })
+}

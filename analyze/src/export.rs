@@ -1,0 +1,167 @@
+//! `analyze export`: the raw probe table as one Parquet file, for DuckDB, Spark or pandas users.
+//!
+//! One row per probe record, with the names of prober and target and of their ToRs next to
+//! the fleet ids of this export, and the start of the record's window. The table is written in
+//! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
+//! written, so memory stays at the ingested table plus one row group whatever the input size.
+//! Names are gathered as string views over one small array of distinct names, and Parquet
+//! dictionary-encodes them, so they cost a few bits per row on disk.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use polars::prelude::*;
+
+use crate::ingest::Dataset;
+
+/// Rows per Parquet row group: large enough for good compression and few footers, small
+/// enough that readers (DuckDB scans one row group per thread) get parallelism.
+pub const ROW_GROUP_ROWS: usize = 1 << 20;
+
+/// What can go wrong exporting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// polars could not build or write a row group.
+    #[error("polars: {0}")]
+    Polars(#[from] PolarsError),
+    /// The output file could not be created or written.
+    #[error("{}: {what}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An option is out of range.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Parquet page compression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Compression {
+    /// zstd (polars' default level): smallest files.
+    #[default]
+    Zstd,
+    /// LZ4 (raw): fastest to decode.
+    Lz4,
+    /// Snappy: what older Spark setups expect.
+    Snappy,
+    /// None.
+    Uncompressed,
+}
+
+impl Compression {
+    fn parquet(self) -> ParquetCompression {
+        match self {
+            Compression::Zstd => ParquetCompression::Zstd(None),
+            Compression::Lz4 => ParquetCompression::Lz4Raw,
+            Compression::Snappy => ParquetCompression::Snappy,
+            Compression::Uncompressed => ParquetCompression::Uncompressed,
+        }
+    }
+}
+
+/// Name of ids no dictionary defined, and of an unknown ToR.
+const UNKNOWN_RNIC: &str = "(unknown rnic)";
+const NO_TOR: &str = "(no tor)";
+
+/// Writes every probe of `ds` to `path`; returns the rows written.
+pub fn write_parquet(
+    ds: &Dataset,
+    path: &Path,
+    window_ns: u64,
+    compression: Compression,
+) -> Result<usize, ExportError> {
+    if window_ns == 0 {
+        return Err(ExportError::Usage("the window must be at least 1 s".into()));
+    }
+    // Distinct names once; rows gather views into them. The last entry stands for ids no
+    // dictionary defined (ingest maps those to u32::MAX).
+    let mut rnic_names: Vec<&str> = ds.rnics.iter().map(|r| r.name.as_str()).collect();
+    rnic_names.push(UNKNOWN_RNIC);
+    let mut tor_names: Vec<&str> = Vec::new();
+    let mut tor_of_rnic: Vec<IdxSize> = Vec::with_capacity(rnic_names.len());
+    for r in &ds.rnics {
+        let t = if r.tor.is_empty() { NO_TOR } else { r.tor.as_str() };
+        let id = match tor_names.iter().position(|n| *n == t) {
+            Some(i) => i,
+            None => {
+                tor_names.push(t);
+                tor_names.len() - 1
+            }
+        };
+        tor_of_rnic.push(id as IdxSize);
+    }
+    tor_names.push(NO_TOR);
+    tor_of_rnic.push((tor_names.len() - 1) as IdxSize);
+    let rnic_names = StringChunked::from_iter_values("name".into(), rnic_names.into_iter());
+    let tor_names = StringChunked::from_iter_values("tor".into(), tor_names.into_iter());
+    let unknown = (rnic_names.len() - 1) as IdxSize;
+
+    let file = std::fs::File::create(path).map_err(|source| ExportError::Io {
+        path: path.to_owned(),
+        what: "create the Parquet file",
+        source,
+    })?;
+    let p = &ds.probes;
+    let batch = |a: usize, b: usize| -> PolarsResult<DataFrame> {
+        let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> {
+            ids.iter().map(|&i| if (i as usize) < ds.rnics.len() { i as IdxSize } else { unknown }).collect()
+        };
+        let (prober, target) = (rnic_idx(&p.prober[a..b]), rnic_idx(&p.target[a..b]));
+        let tor_idx = |idx: &[IdxSize]| -> IdxCa {
+            IdxCa::from_vec("idx".into(), idx.iter().map(|&i| tor_of_rnic[i as usize]).collect())
+        };
+        let (prober_tor, target_tor) = (tor_idx(&prober), tor_idx(&target));
+        let (prober, target) = (IdxCa::from_vec("idx".into(), prober), IdxCa::from_vec("idx".into(), target));
+        let names = |ca: &StringChunked, idx: &IdxCa, name: &str| -> PolarsResult<Column> {
+            Ok(ca.take(idx)?.with_name(name.into()).into_column())
+        };
+        DataFrame::new(
+            b - a,
+            vec![
+                UInt64Chunked::from_slice("t1_unix_ns".into(), &p.t1_unix_ns[a..b]).into_column(),
+                UInt64Chunked::from_vec(
+                    "window_start_ns".into(),
+                    p.t1_unix_ns[a..b].iter().map(|t| t / window_ns * window_ns).collect(),
+                )
+                .into_column(),
+                names(&rnic_names, &prober, "prober")?,
+                names(&tor_names, &prober_tor, "prober_tor")?,
+                names(&rnic_names, &target, "target")?,
+                names(&tor_names, &target_tor, "target_tor")?,
+                UInt32Chunked::from_slice("prober_id".into(), &p.prober[a..b]).into_column(),
+                UInt32Chunked::from_slice("target_id".into(), &p.target[a..b]).into_column(),
+                UInt8Chunked::from_slice("kind".into(), &p.kind[a..b]).into_column(),
+                UInt8Chunked::from_slice("outcome".into(), &p.outcome[a..b]).into_column(),
+                UInt8Chunked::from_slice("arrived".into(), &p.arrived[a..b]).into_column(),
+                UInt32Chunked::from_slice("flow_label".into(), &p.flow_label[a..b]).into_column(),
+                UInt32Chunked::from_slice("responder_epoch".into(), &p.responder_epoch[a..b]).into_column(),
+                Int32Chunked::from_slice("network_rtt_ns".into(), &p.network_rtt_ns[a..b]).into_column(),
+                Int32Chunked::from_slice("prober_delay_ns".into(), &p.prober_delay_ns[a..b]).into_column(),
+                Int32Chunked::from_slice("responder_delay_ns".into(), &p.responder_delay_ns[a..b]).into_column(),
+            ],
+        )
+    };
+    let n = p.len();
+    let first = batch(0, n.min(ROW_GROUP_ROWS))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut writer = ParquetWriter::new(&mut out)
+        .with_compression(compression.parquet())
+        .batched(first.schema())?;
+    writer.write_batch(&first)?;
+    drop(first);
+    let mut at = ROW_GROUP_ROWS;
+    while at < n {
+        let end = (at + ROW_GROUP_ROWS).min(n);
+        writer.write_batch(&batch(at, end)?)?;
+        at = end;
+    }
+    writer.finish()?;
+    drop(writer);
+    out.flush().map_err(|source| ExportError::Io { path: path.to_owned(), what: "write the Parquet file", source })?;
+    Ok(n)
+}

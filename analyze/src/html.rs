@@ -1,0 +1,412 @@
+//! `analyze html`: one self-contained HTML page for operators: ToR x ToR and RNIC x RNIC
+//! heatmaps of loss ratio and RTT p99 over the whole range, the SLA violations, and the
+//! findings of `analyze localize`.
+//!
+//! Self-contained means inline CSS and JS and nothing fetched: the page is mailed, attached to
+//! tickets and opened on bastions without internet access. The heatmaps are drawn by a few
+//! lines of JS on canvases from the (sparse) cells embedded as JSON, because a 256 x 256 SVG
+//! would weigh megabytes and stall browsers.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span, utc};
+
+/// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
+pub const MAX_HEATMAP_AXIS: usize = 256;
+/// At most this many violation rows are listed; the page says how many there were.
+pub const MAX_VIOLATION_ROWS: usize = 2000;
+
+/// One finding of `analyze localize`, as the page shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FindingRow {
+    /// What kind of fault (e.g. `rnic`, `tor_uplink`, `host_noise`).
+    pub kind: String,
+    /// The entity blamed.
+    pub entity: String,
+    /// First evidence, Unix ns.
+    pub start_ns: u64,
+    /// Last evidence, Unix ns; `None` while it lasts to the end of the data.
+    pub end_ns: Option<u64>,
+    /// Why, in one line.
+    pub evidence: String,
+}
+
+/// What the page shows, computed from a [`Prepared`] table.
+#[derive(Clone, Debug)]
+pub struct HtmlReport {
+    /// Inputs, window and thresholds.
+    pub meta: Meta,
+    /// Start of the first window and end of the last, Unix ns.
+    pub range_ns: Option<(u64, u64)>,
+    /// Whole-range rows of the `tor_pair` scope.
+    pub tor_pairs: Vec<Row>,
+    /// Whole-range rows of the `pair` scope.
+    pub rnic_pairs: Vec<Row>,
+    /// Per-window rows (cluster, ToR pair, ToR, RNIC) that break the SLA.
+    pub violations: Vec<Row>,
+}
+
+impl HtmlReport {
+    /// Computes the page's figures.
+    pub fn build(prepared: &Prepared, meta: Meta) -> Result<HtmlReport, ReportError> {
+        let sla = meta.sla;
+        let whole = |scope| prepared.rows(&[scope], Span::WholeRange, &sla);
+        let mut violations = prepared.rows(
+            &[Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic],
+            Span::PerWindow,
+            &sla,
+        )?;
+        violations.retain(|r| !r.sla_violations.is_empty());
+        let range_ns = prepared.windows.map(|(a, b)| {
+            (a.saturating_mul(prepared.window_ns), b.saturating_add(1).saturating_mul(prepared.window_ns))
+        });
+        Ok(HtmlReport {
+            range_ns,
+            tor_pairs: whole(Scope::TorPair)?,
+            rnic_pairs: whole(Scope::Pair)?,
+            violations,
+            meta,
+        })
+    }
+}
+
+/// One heatmap cell: row, column, loss_ratio, rtt_ns_p99, probes, unreachable (a tuple, so the
+/// embedded JSON stays small).
+type Cell = (usize, usize, Option<f64>, Option<i64>, u64, u64);
+
+/// One heatmap's data as the page's JS reads it.
+#[derive(Serialize)]
+struct Heatmap {
+    id: &'static str,
+    labels: Vec<String>,
+    cells: Vec<Cell>,
+    loss_sla: f64,
+    rtt_sla_ns: f64,
+}
+
+/// The heatmap of pair rows (rows with `ends`); returns it and how many entities there were
+/// before capping.
+fn heatmap(id: &'static str, rows: &[Row], sla: &Sla) -> (Heatmap, usize) {
+    use std::collections::{BTreeMap, BTreeSet};
+    // Each entity's worst pair, to keep the most interesting ones when capping.
+    let mut worst: BTreeMap<&str, (f64, i64)> = BTreeMap::new();
+    for r in rows {
+        if let Some((a, b)) = &r.ends {
+            for e in [a.as_str(), b.as_str()] {
+                let w = worst.entry(e).or_insert((0.0, 0));
+                w.0 = w.0.max(r.loss_ratio.unwrap_or(0.0));
+                w.1 = w.1.max(r.rtt_ns_p99.unwrap_or(0));
+            }
+        }
+    }
+    let total = worst.len();
+    let mut ranked: Vec<(&str, (f64, i64))> = worst.into_iter().collect();
+    ranked.sort_by(|x, y| y.1.0.total_cmp(&x.1.0).then(y.1.1.cmp(&x.1.1)).then(x.0.cmp(y.0)));
+    ranked.truncate(MAX_HEATMAP_AXIS);
+    let kept: BTreeSet<&str> = ranked.iter().map(|(n, _)| *n).collect();
+    let labels: Vec<String> = kept.iter().map(|s| (*s).to_owned()).collect();
+    let index = |n: &str| labels.binary_search_by(|l| l.as_str().cmp(n)).ok();
+    let cells = rows
+        .iter()
+        .filter_map(|r| {
+            let (a, b) = r.ends.as_ref()?;
+            Some((index(a)?, index(b)?, r.loss_ratio, r.rtt_ns_p99, r.probes, r.unreachable))
+        })
+        .collect();
+    (Heatmap { id, labels, cells, loss_sla: sla.loss_ratio, rtt_sla_ns: sla.rtt_p99_us * 1e3 }, total)
+}
+
+/// Text safe inside HTML elements and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn us(ns: Option<i64>) -> String {
+    ns.map_or_else(|| "–".into(), |v| format!("{:.1}", v as f64 / 1e3))
+}
+
+fn pct(r: Option<f64>) -> String {
+    r.map_or_else(|| "–".into(), |v| format!("{:.3}%", v * 100.0))
+}
+
+/// The page. `findings` is `None` when localisation was not run.
+pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
+    let m = &report.meta;
+    let mut h = String::with_capacity(1 << 16);
+    h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
+    h.push_str("<title>rocemesh report</title>\n<style>");
+    h.push_str(CSS);
+    h.push_str("</style></head><body>\n<h1>rocemesh fabric report</h1>\n");
+
+    // Summary.
+    let range = report.range_ns.map_or_else(|| "no records".into(), |(a, b)| format!("{} to {}", utc(a), utc(b)));
+    let _ = write!(
+        h,
+        "<section><h2>Summary</h2><table class=\"kv\">\
+         <tr><th>time range (UTC)</th><td>{}</td></tr>\
+         <tr><th>records</th><td>{}</td></tr>\
+         <tr><th>segment files</th><td>{}</td></tr>\
+         <tr><th>window</th><td>{} s</td></tr>\
+         <tr><th>SLA</th><td>loss ratio &le; {}%, network RTT p99 &le; {} µs</td></tr>\
+         <tr><th>SLA violations</th><td>{} window rows</td></tr></table>",
+        escape(&range),
+        m.records,
+        m.files,
+        m.window_s,
+        m.sla.loss_ratio * 100.0,
+        m.sla.rtt_p99_us,
+        report.violations.len()
+    );
+    if !m.problems.is_empty() {
+        let _ = write!(h, "<p class=\"warn\">{} input problems (damaged files were read in part, unreadable ones skipped):</p><ul>", m.problems.len());
+        for p in &m.problems {
+            let _ = write!(h, "<li>{}</li>", escape(p));
+        }
+        h.push_str("</ul>");
+    }
+    h.push_str(
+        "<p class=\"note\">Loss ratio = lost / (ok + partial + lost); a pair with nothing but losses in a \
+         window is a dead peer (unreachable), not loss. Delays are nearest-rank quantiles over ok probes.</p>\
+         </section>\n",
+    );
+
+    // Findings.
+    h.push_str("<section><h2>Findings</h2>");
+    match findings {
+        None => h.push_str("<p>findings: run <code>analyze localize</code></p>"),
+        Some([]) => h.push_str("<p>No findings: localisation blamed nothing.</p>"),
+        Some(f) => {
+            h.push_str("<table><tr><th>kind</th><th>entity</th><th>from (UTC)</th><th>to (UTC)</th><th>evidence</th></tr>");
+            for f in f {
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    escape(&f.kind),
+                    escape(&f.entity),
+                    utc(f.start_ns),
+                    f.end_ns.map_or_else(|| "ongoing".into(), utc),
+                    escape(&f.evidence)
+                );
+            }
+            h.push_str("</table>");
+        }
+    }
+    h.push_str("</section>\n");
+
+    // Heatmaps.
+    let mut maps = Vec::new();
+    for (id, title, rows, what) in [
+        ("tor", "ToR × ToR", &report.tor_pairs, "ToRs"),
+        ("rnic", "RNIC × RNIC", &report.rnic_pairs, "RNICs"),
+    ] {
+        let (map, total) = heatmap(id, rows, &m.sla);
+        let _ = write!(h, "<section><h2>{title} over the whole range</h2>");
+        if total > map.labels.len() {
+            let _ = write!(
+                h,
+                "<p class=\"warn\">Capped: showing {} of {total} {what}, those with the worst loss ratio \
+                 and RTT p99 in any pair.</p>",
+                map.labels.len()
+            );
+        }
+        if map.labels.is_empty() {
+            h.push_str("<p>No probes.</p></section>\n");
+            continue;
+        }
+        let _ = writeln!(
+            h,
+            "<p class=\"note\">Rows: prober, columns: target. Hover a cell for its figures.</p>\
+             <div class=\"maps\"><figure><figcaption>loss ratio</figcaption><canvas id=\"{id}-loss\"></canvas></figure>\
+             <figure><figcaption>network RTT p99</figcaption><canvas id=\"{id}-rtt\"></canvas></figure></div>{LEGEND}</section>"
+        );
+        maps.push(map);
+    }
+
+    // Violations.
+    h.push_str("<section><h2>SLA violations per window</h2>");
+    if report.violations.is_empty() {
+        h.push_str("<p>None: every window of every cluster, ToR pair, ToR and RNIC row is within the SLA.</p>");
+    } else {
+        if report.violations.len() > MAX_VIOLATION_ROWS {
+            let _ = write!(
+                h,
+                "<p class=\"warn\">Showing the first {MAX_VIOLATION_ROWS} of {} rows; \
+                 <code>analyze report --format csv</code> lists them all.</p>",
+                report.violations.len()
+            );
+        }
+        h.push_str(
+            "<table><tr><th>window (UTC)</th><th>scope</th><th>entity</th><th>broke</th><th>probes</th><th>lost</th>\
+             <th>unreachable</th><th>loss</th><th>RTT p50 µs</th><th>RTT p99 µs</th><th>RTT p99.9 µs</th></tr>",
+        );
+        for r in report.violations.iter().take(MAX_VIOLATION_ROWS) {
+            let broke = r.sla_violations.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ");
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"bad\">{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                r.window_start,
+                r.scope.name(),
+                escape(&r.entity),
+                broke,
+                r.probes,
+                r.lost,
+                r.unreachable,
+                pct(r.loss_ratio),
+                us(r.rtt_ns_p50),
+                us(r.rtt_ns_p99),
+                us(r.rtt_ns_p999)
+            );
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</section>\n<div id=\"tip\"></div>\n");
+
+    // Data for the heatmaps: `<` is escaped so that no name can close the script element.
+    let data = serde_json::to_string(&maps).unwrap_or_else(|_| "[]".into()).replace('<', "\\u003c");
+    let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
+    h
+}
+
+const LEGEND: &str = "<p class=\"legend\"><span style=\"background:#1a9850\"></span>0 / well within \
+<span style=\"background:#fee08b\"></span>at the SLA <span style=\"background:#d73027\"></span>far beyond \
+<span style=\"background:#9e9e9e\"></span>no ok/lost samples (dead peer, refused) \
+<span style=\"background:#f4f4f4;border:1px solid #ccc\"></span>not probed</p>";
+
+const CSS: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
+h1{font-size:1.4em}h2{font-size:1.15em;border-bottom:1px solid #ddd;padding-bottom:.2em}\
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}\
+th{background:#f4f4f4}td:nth-child(-n+3){text-align:left}table.kv td,table.kv th{text-align:left}\
+.warn{color:#a04000}.note{color:#555}.bad{color:#b71c1c;font-weight:600}\
+.maps{display:flex;flex-wrap:wrap;gap:2em}figure{margin:0}figcaption{font-weight:600;margin-bottom:.3em}\
+canvas{image-rendering:pixelated;border:1px solid #ccc}\
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}\
+#tip{position:fixed;display:none;background:#fff;border:1px solid #888;padding:4px 8px;font-size:12px;\
+pointer-events:none;box-shadow:1px 1px 4px #aaa;white-space:pre}";
+
+/// Draws every heatmap; a cell's colour is its value against the SLA threshold.
+const JS: &str = r#"
+(function () {
+  const tip = document.getElementById('tip');
+  function mix(a, b, t) { return a.map((x, i) => Math.round(x + (b[i] - x) * Math.max(0, Math.min(1, t)))); }
+  const GREEN = [26, 152, 80], YELLOW = [254, 224, 139], RED = [215, 48, 39];
+  function colour(v, sla) {
+    if (v === null) return 'rgb(158,158,158)';
+    let c;
+    if (v <= 0) c = GREEN;
+    else if (v <= sla) c = mix(GREEN, YELLOW, v / Math.max(sla, 1e-12));
+    else c = mix(YELLOW, RED, Math.log10(v / sla) / 2);
+    return 'rgb(' + c.join(',') + ')';
+  }
+  function fmt(c, m) {
+    const loss = c[2] === null ? 'no samples' : (c[2] * 100).toFixed(3) + '%';
+    const rtt = c[3] === null ? 'no samples' : (c[3] / 1000).toFixed(1) + ' µs';
+    return m.labels[c[0]] + ' → ' + m.labels[c[1]] + '\nloss ' + loss + ', RTT p99 ' + rtt +
+      '\n' + c[4] + ' probes, ' + c[5] + ' unreachable';
+  }
+  for (const m of MAPS) {
+    const n = m.labels.length;
+    const cell = Math.max(2, Math.min(24, Math.floor(720 / n)));
+    const label = cell >= 10 ? Math.min(220, 7 * Math.max(...m.labels.map(l => l.length))) : 0;
+    const grid = new Map();
+    for (const c of m.cells) grid.set(c[0] * n + c[1], c);
+    for (const [suffix, idx, sla] of [['loss', 2, m.loss_sla], ['rtt', 3, m.rtt_sla_ns]]) {
+      const cv = document.getElementById(m.id + '-' + suffix);
+      cv.width = label + n * cell; cv.height = label + n * cell;
+      const g = cv.getContext('2d');
+      g.fillStyle = '#f4f4f4'; g.fillRect(label, label, n * cell, n * cell);
+      for (const c of m.cells) {
+        g.fillStyle = colour(c[idx], sla);
+        g.fillRect(label + c[1] * cell, label + c[0] * cell, cell, cell);
+      }
+      if (label) {
+        g.fillStyle = '#222'; g.font = Math.min(12, cell) + 'px sans-serif'; g.textBaseline = 'middle';
+        m.labels.forEach((l, i) => {
+          g.textAlign = 'right'; g.fillText(l, label - 3, label + i * cell + cell / 2);
+          g.save(); g.translate(label + i * cell + cell / 2, label - 3); g.rotate(-Math.PI / 2);
+          g.textAlign = 'left'; g.fillText(l, 0, 0); g.restore();
+        });
+      }
+      cv.addEventListener('mousemove', e => {
+        const r = cv.getBoundingClientRect();
+        const x = Math.floor((e.clientX - r.left - label) / cell), y = Math.floor((e.clientY - r.top - label) / cell);
+        const c = x >= 0 && y >= 0 && x < n && y < n ? grid.get(y * n + x) : undefined;
+        if (!c) { tip.style.display = 'none'; return; }
+        tip.textContent = fmt(c, m);
+        tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px'; tip.style.display = 'block';
+      });
+      cv.addEventListener('mouseleave', () => { tip.style.display = 'none'; });
+    }
+  }
+})();
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(a: &str, b: &str, loss: Option<f64>) -> Row {
+        Row {
+            window_start_ns: 0,
+            window_start: utc(0),
+            scope: Scope::Pair,
+            entity: format!("{a}->{b}"),
+            ends: Some((a.into(), b.into())),
+            probes: 10,
+            ok: 10,
+            lost: 0,
+            partial: 0,
+            invalid: 0,
+            refused: 0,
+            unreachable: 0,
+            loss_ratio: loss,
+            rtt_ns_p50: Some(1),
+            rtt_ns_p99: Some(2),
+            rtt_ns_p999: Some(3),
+            prober_delay_ns_p50: None,
+            prober_delay_ns_p99: None,
+            responder_delay_ns_p50: None,
+            responder_delay_ns_p99: None,
+            sla_violations: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn heatmap_caps_keeping_the_worst() {
+        let mut rows: Vec<Row> = (0..300).map(|i| row(&format!("r{i:03}"), &format!("r{:03}", (i + 1) % 300), Some(0.0))).collect();
+        rows.push(row("r299", "zz-bad", Some(0.5)));
+        let (m, total) = heatmap("x", &rows, &Sla::default());
+        assert_eq!(total, 301);
+        assert_eq!(m.labels.len(), MAX_HEATMAP_AXIS);
+        assert!(m.labels.iter().any(|l| l == "zz-bad"), "the worst RNIC survives the cap");
+        assert!(m.labels.windows(2).all(|w| w[0] < w[1]), "sorted by name");
+    }
+
+    #[test]
+    fn names_cannot_break_out() {
+        let rep = HtmlReport {
+            meta: Meta { window_s: 30, sla: Sla::default(), files: 1, records: 1, problems: vec!["<b>".into()] },
+            range_ns: Some((0, 30_000_000_000)),
+            tor_pairs: vec![row("</script><script>alert(1)</script>", "t", Some(0.0))],
+            rnic_pairs: Vec::new(),
+            violations: Vec::new(),
+        };
+        let page = render(&rep, None);
+        assert!(!page.contains("</script><script>alert"));
+        assert!(!page.contains("<b>"));
+        assert!(page.contains("findings: run <code>analyze localize</code>"));
+    }
+}

@@ -1,0 +1,388 @@
+//! Ingest: segment files (open and sealed) into one columnar table with fleet-wide ids.
+//!
+//! Files are opened and validated in parallel; their dictionaries are merged into one
+//! name -> id map (segment ids are per file); then every file's column chunks are copied, in
+//! parallel, straight into disjoint slices of preallocated column vectors, remapping the two id
+//! columns on the way. Those vectors become polars columns without another copy
+//! ([`Probes::into_frame`]). Damaged files contribute what validated; unreadable ones are
+//! reported and skipped.
+//!
+//! Ingest also keeps what only the file structure tells: which agent instance wrote which file
+//! (restarts), and each prober's send-time gaps (a frozen host's timers fire late).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use polars::prelude::*;
+use rayon::prelude::*;
+use rocemesh_formats::record::EndpointRole;
+use rocemesh_formats::segment::SegmentReader;
+
+/// The probe columns, all the same length, ids fleet-wide (see [`Dataset::rnics`]).
+#[derive(Debug, Default)]
+pub struct Probes {
+    /// T1, Unix ns.
+    pub t1_unix_ns: Vec<u64>,
+    /// Network RTT, ns (0 unless ok).
+    pub network_rtt_ns: Vec<i32>,
+    /// Prober host delay, ns.
+    pub prober_delay_ns: Vec<i32>,
+    /// Responder host delay, ns.
+    pub responder_delay_ns: Vec<i32>,
+    /// Prober RNIC id.
+    pub prober: Vec<u32>,
+    /// Target RNIC id.
+    pub target: Vec<u32>,
+    /// Flow label.
+    pub flow_label: Vec<u32>,
+    /// Responder epoch from the ACK (0 if none).
+    pub responder_epoch: Vec<u32>,
+    /// Probe kind (0 tor_mesh, 1 inter_tor, 2 service).
+    pub kind: Vec<u8>,
+    /// Outcome (0 ok, 1 lost, 2 invalid, 3 refused).
+    pub outcome: Vec<u8>,
+    /// Arrival bitmap.
+    pub arrived: Vec<u8>,
+}
+
+impl Probes {
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.t1_unix_ns.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.t1_unix_ns.is_empty()
+    }
+
+    fn zeroed(n: usize) -> Probes {
+        Probes {
+            t1_unix_ns: vec![0; n],
+            network_rtt_ns: vec![0; n],
+            prober_delay_ns: vec![0; n],
+            responder_delay_ns: vec![0; n],
+            prober: vec![0; n],
+            target: vec![0; n],
+            flow_label: vec![0; n],
+            responder_epoch: vec![0; n],
+            kind: vec![0; n],
+            outcome: vec![0; n],
+            arrived: vec![0; n],
+        }
+    }
+
+    /// A polars frame over the same memory (the vectors are moved, not copied).
+    pub fn into_frame(self) -> PolarsResult<DataFrame> {
+        let n = self.len();
+        DataFrame::new(
+            n,
+            vec![
+                UInt64Chunked::from_vec("t1_unix_ns".into(), self.t1_unix_ns).into_column(),
+                Int32Chunked::from_vec("network_rtt_ns".into(), self.network_rtt_ns).into_column(),
+                Int32Chunked::from_vec("prober_delay_ns".into(), self.prober_delay_ns).into_column(),
+                Int32Chunked::from_vec("responder_delay_ns".into(), self.responder_delay_ns).into_column(),
+                UInt32Chunked::from_vec("prober".into(), self.prober).into_column(),
+                UInt32Chunked::from_vec("target".into(), self.target).into_column(),
+                UInt32Chunked::from_vec("flow_label".into(), self.flow_label).into_column(),
+                UInt32Chunked::from_vec("responder_epoch".into(), self.responder_epoch).into_column(),
+                UInt8Chunked::from_vec("kind".into(), self.kind).into_column(),
+                UInt8Chunked::from_vec("outcome".into(), self.outcome).into_column(),
+                UInt8Chunked::from_vec("arrived".into(), self.arrived).into_column(),
+            ],
+        )
+    }
+}
+
+/// An RNIC (probing endpoint) known to some file's dictionary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rnic {
+    /// Entity name, e.g. `tor3-h5/rnic0`.
+    pub name: String,
+    /// Its ToR ("" when unknown).
+    pub tor: String,
+    /// Its host: the part of the name before the last `/` (the whole name if none).
+    pub host: String,
+}
+
+/// One agent instance's file: who wrote it and when.
+#[derive(Debug, Clone)]
+pub struct AgentFile {
+    /// Fleet id of the writing RNIC.
+    pub rnic: u32,
+    /// The writer's agent epoch (a new one per agent start).
+    pub agent_epoch: u32,
+    /// First and last T1 in the file.
+    pub first_ns: u64,
+    /// See `first_ns`.
+    pub last_ns: u64,
+    /// Records.
+    pub records: u64,
+    /// Send-time gaps of this prober far above its usual spacing: (T1 before the gap, gap ns).
+    pub long_gaps: Vec<(u64, u64)>,
+    /// Median spacing between consecutive probes, ns.
+    pub median_gap_ns: u64,
+}
+
+/// A file that could not be read, or was read with damage.
+#[derive(Debug, Clone)]
+pub struct FileProblem {
+    /// The file.
+    pub path: PathBuf,
+    /// What was wrong; `skipped` = nothing of it was used.
+    pub problem: String,
+    /// Whether the whole file was skipped.
+    pub skipped: bool,
+}
+
+/// Everything read from a set of segment files.
+#[derive(Debug, Default)]
+pub struct Dataset {
+    /// Probe records.
+    pub probes: Probes,
+    /// RNICs by fleet id.
+    pub rnics: Vec<Rnic>,
+    /// Switch names by switch id (from path traces).
+    pub switches: Vec<String>,
+    /// Traced paths: (src RNIC, dst RNIC, flow label) -> switch ids in order.
+    pub paths: HashMap<(u32, u32, u32), Vec<u32>>,
+    /// One entry per readable file.
+    pub agents: Vec<AgentFile>,
+    /// Unreadable or damaged files.
+    pub problems: Vec<FileProblem>,
+    /// Files looked at.
+    pub files: usize,
+}
+
+impl Dataset {
+    /// Fleet id of an RNIC name.
+    pub fn rnic_id(&self, name: &str) -> Option<u32> {
+        self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)
+    }
+}
+
+/// A gap counts as "long" (host noise evidence) above this multiple of the prober's median
+/// spacing plus [`LONG_GAP_MIN_NS`].
+const LONG_GAP_FACTOR: u64 = 2;
+/// See [`LONG_GAP_FACTOR`]: 100 ms, far beyond any scheduling jitter of a healthy agent.
+pub const LONG_GAP_MIN_NS: u64 = 100_000_000;
+
+/// Reads every file in `files` (see [`crate::inspect::find_segments`]). `progress` draws a bar on
+/// stderr when it is a terminal.
+pub fn ingest(files: &[PathBuf], progress: bool) -> Dataset {
+    let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = ProgressBar::with_draw_target(Some(files.len() as u64 * 2), ProgressDrawTarget::stderr());
+        b.set_style(
+            ProgressStyle::with_template("{msg} {wide_bar} {pos}/{len}").unwrap_or(ProgressStyle::default_bar()),
+        );
+        b.set_message("reading segments");
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let opened: Vec<(PathBuf, Result<SegmentReader, String>)> = files
+        .par_iter()
+        .map(|p| {
+            let r = SegmentReader::open(p).map_err(|e| e.to_string());
+            bar.inc(1);
+            (p.clone(), r)
+        })
+        .collect();
+    let mut ds = Dataset { files: files.len(), ..Dataset::default() };
+    let mut rnic_ids: HashMap<String, u32> = HashMap::new();
+    let mut switch_ids: HashMap<String, u32> = HashMap::new();
+    let mut readers = Vec::new();
+    // Per file: segment id -> fleet id (RNICs) and -> switch id (switches).
+    let mut remaps: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    for (path, r) in opened {
+        let reader = match r {
+            Ok(r) => r,
+            Err(problem) => {
+                ds.problems.push(FileProblem { path, problem, skipped: true });
+                continue;
+            }
+        };
+        for d in reader.damage() {
+            ds.problems.push(FileProblem {
+                path: path.clone(),
+                problem: format!("{:?} at byte {}: {}", d.kind, d.offset, d.detail),
+                skipped: false,
+            });
+        }
+        let dict = reader.dictionary();
+        let max_id = dict.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
+        let (mut rn, mut sw) = (vec![u32::MAX; max_id], vec![u32::MAX; max_id]);
+        for e in dict {
+            if e.role == EndpointRole::Switch as u8 {
+                let next = switch_ids.len() as u32;
+                let id = *switch_ids.entry(e.name.clone()).or_insert_with(|| {
+                    ds.switches.push(e.name.clone());
+                    next
+                });
+                sw[e.id as usize] = id;
+            } else {
+                let next = rnic_ids.len() as u32;
+                let id = *rnic_ids.entry(e.name.clone()).or_insert_with(|| {
+                    let host = e.name.rsplit_once('/').map_or(e.name.as_str(), |(h, _)| h).to_owned();
+                    ds.rnics.push(Rnic { name: e.name.clone(), tor: e.tor.clone(), host });
+                    next
+                });
+                rn[e.id as usize] = id;
+            }
+        }
+        remaps.push((rn, sw));
+        readers.push(reader);
+    }
+    // Path traces (few: one per traced (pair, label)).
+    for (reader, (rn, sw)) in readers.iter().zip(&remaps) {
+        for p in reader.path_records() {
+            let map = |v: u32, m: &Vec<u32>| m.get(v as usize).copied().unwrap_or(u32::MAX);
+            let (src, dst) = (map(p.src.to_native(), rn), map(p.dst.to_native(), rn));
+            let n = (p.hop_count.to_native() as usize).min(p.hops.len());
+            let hops: Vec<u32> = p.hops[..n].iter().map(|h| map(h.to_native(), sw)).collect();
+            if src != u32::MAX && dst != u32::MAX && !hops.contains(&u32::MAX) {
+                ds.paths.insert((src, dst, p.flow_label.to_native()), hops);
+            }
+        }
+    }
+    let counts: Vec<usize> = readers.iter().map(|r| r.probe_chunks().map(|c| c.len()).sum()).collect();
+    let total: usize = counts.iter().sum();
+    let mut probes = Probes::zeroed(total);
+    {
+        let mut slices = split(&mut probes, &counts);
+        ds.agents = readers
+            .par_iter()
+            .zip(remaps.par_iter())
+            .zip(slices.par_iter_mut())
+            .map(|((reader, (rn, _)), out)| {
+                let agent = fill(reader, rn, out, &rnic_ids);
+                bar.inc(1);
+                agent
+            })
+            .collect();
+    }
+    bar.finish_and_clear();
+    ds.probes = probes;
+    ds
+}
+
+/// One file's share of every column.
+struct Slices<'a> {
+    t1: &'a mut [u64],
+    rtt: &'a mut [i32],
+    pd: &'a mut [i32],
+    rd: &'a mut [i32],
+    prober: &'a mut [u32],
+    target: &'a mut [u32],
+    label: &'a mut [u32],
+    epoch: &'a mut [u32],
+    kind: &'a mut [u8],
+    outcome: &'a mut [u8],
+    arrived: &'a mut [u8],
+}
+
+fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
+    let mut rest = Slices {
+        t1: &mut p.t1_unix_ns,
+        rtt: &mut p.network_rtt_ns,
+        pd: &mut p.prober_delay_ns,
+        rd: &mut p.responder_delay_ns,
+        prober: &mut p.prober,
+        target: &mut p.target,
+        label: &mut p.flow_label,
+        epoch: &mut p.responder_epoch,
+        kind: &mut p.kind,
+        outcome: &mut p.outcome,
+        arrived: &mut p.arrived,
+    };
+    let mut out = Vec::with_capacity(counts.len());
+    for &n in counts {
+        macro_rules! cut {
+            ($f:ident) => {{
+                let (a, b) = std::mem::take(&mut rest.$f).split_at_mut(n);
+                rest.$f = b;
+                a
+            }};
+        }
+        out.push(Slices {
+            t1: cut!(t1),
+            rtt: cut!(rtt),
+            pd: cut!(pd),
+            rd: cut!(rd),
+            prober: cut!(prober),
+            target: cut!(target),
+            label: cut!(label),
+            epoch: cut!(epoch),
+            kind: cut!(kind),
+            outcome: cut!(outcome),
+            arrived: cut!(arrived),
+        });
+    }
+    out
+}
+
+fn fill(reader: &SegmentReader, rn: &[u32], out: &mut Slices<'_>, rnic_ids: &HashMap<String, u32>) -> AgentFile {
+    let mut at = 0;
+    let remap = |v: u32| rn.get(v as usize).copied().unwrap_or(u32::MAX);
+    for c in reader.probe_chunks() {
+        let n = c.len();
+        let r = at..at + n;
+        for (o, v) in out.t1[r.clone()].iter_mut().zip(c.t1_unix_ns.iter()) {
+            *o = v.to_native();
+        }
+        for (o, v) in out.rtt[r.clone()].iter_mut().zip(c.network_rtt_ns.iter()) {
+            *o = v.to_native();
+        }
+        for (o, v) in out.pd[r.clone()].iter_mut().zip(c.prober_delay_ns.iter()) {
+            *o = v.to_native();
+        }
+        for (o, v) in out.rd[r.clone()].iter_mut().zip(c.responder_delay_ns.iter()) {
+            *o = v.to_native();
+        }
+        for (o, v) in out.prober[r.clone()].iter_mut().zip(c.prober.iter()) {
+            *o = remap(v.to_native());
+        }
+        for (o, v) in out.target[r.clone()].iter_mut().zip(c.target.iter()) {
+            *o = remap(v.to_native());
+        }
+        for (o, v) in out.label[r.clone()].iter_mut().zip(c.flow_label.iter()) {
+            *o = v.to_native();
+        }
+        for (o, v) in out.epoch[r.clone()].iter_mut().zip(c.responder_epoch.iter()) {
+            *o = v.to_native();
+        }
+        out.kind[r.clone()].copy_from_slice(&c.kind);
+        out.outcome[r.clone()].copy_from_slice(&c.outcome);
+        out.arrived[r.clone()].copy_from_slice(&c.arrived);
+        at += n;
+    }
+    let id = reader.identity();
+    let name = format!("{}/{}", id.host, id.device);
+    // The writer's own endpoint: by name, else the most frequent prober id in the file.
+    let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| out.prober.first().copied().unwrap_or(u32::MAX));
+    let (long_gaps, median_gap_ns) = gaps(out.t1);
+    let (first_ns, last_ns) = reader.time_range().unwrap_or((0, 0));
+    AgentFile { rnic, agent_epoch: id.agent_epoch, first_ns, last_ns, records: at as u64, long_gaps, median_gap_ns }
+}
+
+/// Long send-time gaps of one prober's records (in send order), and its median spacing.
+fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
+    if t1.len() < 3 {
+        return (Vec::new(), 0);
+    }
+    // The median of a strided sample is plenty to know the usual spacing.
+    let stride = (t1.len() / 4096).max(1);
+    let mut sample: Vec<u64> = t1.windows(2).step_by(stride).map(|w| w[1].saturating_sub(w[0])).collect();
+    let mid = sample.len() / 2;
+    let median = *sample.select_nth_unstable(mid).1;
+    let limit = median.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
+    let long = t1.windows(2).filter(|w| w[1] > w[0] && w[1] - w[0] > limit).map(|w| (w[0], w[1] - w[0])).collect();
+    (long, median)
+}
+
+/// Whether `path` looks like a segment by name (used by callers that glob).
+pub fn is_segment_name(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    s.ends_with(rocemesh_formats::segment::OPEN_SUFFIX) || s.ends_with(rocemesh_formats::segment::SEALED_SUFFIX)
+}

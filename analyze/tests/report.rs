@@ -1,0 +1,489 @@
+//! `analyze report`, `export` and `html` end to end: hand-built segments with known records
+//! (several pairs, ToRs and windows; lost, partial, invalid, refused, unknown outcomes; a dead
+//! peer; a pair whose only replies are partial; a self-probe; an RNIC without a ToR), every
+//! number of every scope compared with a plain-Rust reference computed from the same records;
+//! plus damaged input, exit codes, Parquet and HTML output.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use polars::prelude::*;
+use rocemesh_analyze::ingest::ingest;
+use rocemesh_analyze::inspect::find_segments;
+use rocemesh_analyze::report::{Sla, Span, prepare};
+use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity};
+use serde_json::Value;
+
+const WINDOW_NS: u64 = 30_000_000_000;
+/// Not window-aligned on purpose: the first window is partly empty.
+const T0: u64 = 1_700_000_010_000_000_000 + 7_000_000_000;
+
+/// (name, tor) of every RNIC; "" = ToR unknown.
+const RNICS: [(&str, &str); 6] = [
+    ("ta-h0/mlx5_0", "tor-a"),
+    ("ta-h1/mlx5_0", "tor-a"),
+    ("ta-h2/mlx5_0", "tor-a"),
+    ("tb-h0/mlx5_0", "tor-b"),
+    ("tb-h1/mlx5_0", "tor-b"),
+    ("x-h0/mlx5_0", ""),
+];
+
+/// What a pair's records look like in a window.
+#[derive(Clone, Copy, Debug)]
+enum Behaviour {
+    /// Mostly ok; every 23rd lost, every 11th partial, every 13th invalid, every 29th unknown.
+    Mixed,
+    /// Ok, but RTTs around 600 µs.
+    Slow,
+    /// Every record lost (a dead peer).
+    Dead,
+    /// Every record refused (agent down, host up).
+    Refused,
+    /// Lost 1 in 3, else ok.
+    Lossy,
+    /// No ok at all: half lost, half partial (alive, not unreachable).
+    PartialOnly,
+    /// Lost with a send error (nothing arrived) or ok.
+    SendErrors,
+}
+
+/// (prober, target, behaviour per window 0..4, records per window).
+fn plan() -> Vec<(usize, usize, [Behaviour; 4], u64)> {
+    use Behaviour::*;
+    vec![
+        (0, 1, [Mixed, Mixed, Mixed, Mixed], 60),
+        (0, 3, [Mixed, Slow, Mixed, Mixed], 40),
+        (1, 4, [Mixed, Mixed, Dead, Mixed], 30),
+        (2, 4, [Mixed, Mixed, Refused, Mixed], 20),
+        (3, 2, [Lossy, Mixed, Lossy, Mixed], 50),
+        (5, 0, [Mixed, PartialOnly, Mixed, Mixed], 25),
+        (5, 5, [Mixed, Mixed, Mixed, Mixed], 10),
+        (4, 3, [SendErrors, Mixed, Mixed, Dead], 33),
+        (1, 0, [Mixed, Mixed, Mixed, Mixed], 45),
+    ]
+}
+
+/// A record as the reference sees it.
+#[derive(Clone, Debug)]
+struct Rec {
+    window: u64,
+    prober: usize,
+    target: usize,
+    outcome: u8,
+    arrived: u8,
+    rtt: i32,
+    pd: i32,
+    rd: i32,
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Writes one segment directory per prober and returns every record written.
+fn write_fleet(dir: &Path) -> Vec<Rec> {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut by_prober: BTreeMap<usize, Vec<(u64, usize, ProbeRecord)>> = BTreeMap::new();
+    let mut all = Vec::new();
+    for (prober, target, behaviours, per_window) in plan() {
+        for (w, b) in behaviours.iter().enumerate() {
+            for i in 0..per_window {
+                // Spread over the window; window 0 starts 7 s late (T0 is not aligned).
+                let start = (T0 / WINDOW_NS + w as u64) * WINDOW_NS;
+                let from = start.max(T0);
+                let t1 = from + (rng.next() % (start + WINDOW_NS - from));
+                let mut rtt = 2_000 + (rng.next() % 20_000) as i32;
+                let pd = 500 + (rng.next() % 9_000) as i32;
+                let rd = 300 + (rng.next() % 4_000) as i32;
+                let (outcome, arrived) = match b {
+                    Behaviour::Mixed if i % 29 == 5 => (7, Arrived::ALL.0),
+                    Behaviour::Mixed if i % 23 == 3 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                    Behaviour::Mixed if i % 11 == 4 => {
+                        (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1)
+                    }
+                    Behaviour::Mixed if i % 13 == 6 => (Outcome::Invalid as u8, Arrived::ALL.0),
+                    Behaviour::Mixed => (Outcome::Ok as u8, Arrived::ALL.0),
+                    Behaviour::Slow => {
+                        rtt = 550_000 + (rng.next() % 100_000) as i32;
+                        (Outcome::Ok as u8, Arrived::ALL.0)
+                    }
+                    Behaviour::Dead => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                    Behaviour::Refused => (Outcome::Refused as u8, Arrived::PROBE_SENT),
+                    Behaviour::Lossy if i % 3 == 0 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                    Behaviour::Lossy => (Outcome::Ok as u8, Arrived::ALL.0),
+                    Behaviour::PartialOnly if i % 2 == 0 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                    Behaviour::PartialOnly => (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1),
+                    Behaviour::SendErrors if i % 4 == 0 => (Outcome::Lost as u8, 0),
+                    Behaviour::SendErrors => (Outcome::Ok as u8, Arrived::ALL.0),
+                };
+                if outcome != Outcome::Ok as u8 && outcome != Outcome::Invalid as u8 {
+                    rtt = 0;
+                }
+                let r = ProbeRecord {
+                    t1_unix_ns: t1,
+                    seq: i,
+                    network_rtt_ns: rtt,
+                    prober_delay_ns: pd,
+                    responder_delay_ns: rd,
+                    prober: 0,
+                    target: 0,
+                    flow_label: 7,
+                    responder_epoch: 1,
+                    kind: 0,
+                    outcome,
+                    arrived,
+                    ts_source: TsSource::KernelSoftware as u8,
+                };
+                by_prober.entry(prober).or_default().push((t1, target, r));
+                all.push(Rec { window: t1 / WINDOW_NS, prober, target, outcome, arrived, rtt, pd, rd });
+            }
+        }
+    }
+    for (prober, mut recs) in by_prober {
+        recs.sort_by_key(|r| r.0);
+        let (name, tor) = RNICS[prober];
+        let (host, device) = name.split_once('/').expect("host/device");
+        let mut cfg = WriterConfig::new(dir.join(host));
+        cfg.chunk_records = 64;
+        let id = WriterIdentity {
+            host: host.into(),
+            device: device.into(),
+            tor: tor.into(),
+            agent_epoch: 1,
+            tool: "report-test".into(),
+        };
+        let mut w = SegmentWriter::new(cfg, id).expect("writer");
+        let me = w.endpoint(EndpointRole::Rnic, name, tor, [0; 16]);
+        // Define targets in reverse order so that segment ids differ from fleet ids.
+        let mut ids = BTreeMap::new();
+        for t in (0..RNICS.len()).rev() {
+            if t != prober && recs.iter().any(|r| r.1 == t) {
+                ids.insert(t, w.endpoint(EndpointRole::Rnic, RNICS[t].0, RNICS[t].1, [0; 16]));
+            }
+        }
+        ids.insert(prober, me);
+        for (_, t, mut r) in recs {
+            r.prober = me;
+            r.target = ids[&t];
+            w.append(&r).expect("append");
+        }
+        w.finish().expect("finish");
+    }
+    all
+}
+
+/// Nearest rank: the value at 1-based rank ceil(q n) (the report's documented definition).
+fn quantile(v: &mut [i32], q: f64) -> Option<i64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let idx = ((v.len() as f64 * q).ceil() - 1.0).max(0.0) as usize;
+    Some(i64::from(v[idx.min(v.len() - 1)]))
+}
+
+/// A reference row: the counts, loss ratio and quantiles in the report's field names.
+type RefRow = BTreeMap<&'static str, Value>;
+
+fn tor_of(i: usize) -> &'static str {
+    if RNICS[i].1.is_empty() { "(no tor)" } else { RNICS[i].1 }
+}
+
+/// The report computed the obvious way: pair counts per window with the unreachable rule, then
+/// every scope's entities by membership. `whole` = one bucket for all windows.
+fn reference(recs: &[Rec], sla: &Sla, whole: bool) -> BTreeMap<(u64, String, String), RefRow> {
+    // (window, prober, target) -> [probes, ok, lost_raw, partial, invalid, refused]
+    let mut pairs: BTreeMap<(u64, usize, usize), [u64; 6]> = BTreeMap::new();
+    for r in recs {
+        let c = pairs.entry((r.window, r.prober, r.target)).or_default();
+        c[0] += 1;
+        match (r.outcome, r.arrived & Arrived::ACK1 != 0) {
+            (0, _) => c[1] += 1,
+            (1, false) => c[2] += 1,
+            (1, true) => c[3] += 1,
+            (2, _) => c[4] += 1,
+            (3, _) => c[5] += 1,
+            _ => {}
+        }
+    }
+    let members = |scope: &str, p: usize, t: usize| -> Vec<String> {
+        match scope {
+            "cluster" => vec!["cluster".into()],
+            "pair" => vec![format!("{}->{}", RNICS[p].0, RNICS[t].0)],
+            "tor_pair" => vec![format!("{}->{}", tor_of(p), tor_of(t))],
+            "rnic" => {
+                let set: BTreeSet<String> = [RNICS[p].0.to_owned(), RNICS[t].0.to_owned()].into();
+                set.into_iter().collect()
+            }
+            "tor" => {
+                let set: BTreeSet<String> = [tor_of(p).to_owned(), tor_of(t).to_owned()].into();
+                set.into_iter().collect()
+            }
+            _ => unreachable!(),
+        }
+    };
+    let bucket = |w: u64| if whole { recs.iter().map(|r| r.window).min().unwrap_or(0) } else { w };
+    let mut out: BTreeMap<(u64, String, String), RefRow> = BTreeMap::new();
+    for scope in ["cluster", "tor_pair", "tor", "rnic", "pair"] {
+        // (bucket, entity) -> [probes, ok, lost, partial, invalid, refused, unreachable]
+        let mut counts: BTreeMap<(u64, String), [u64; 7]> = BTreeMap::new();
+        for (&(w, p, t), c) in &pairs {
+            let unreachable = if c[1] + c[3] == 0 { c[2] } else { 0 };
+            let row = [c[0], c[1], c[2] - unreachable, c[3], c[4], c[5], unreachable];
+            for e in members(scope, p, t) {
+                let s = counts.entry((bucket(w), e)).or_default();
+                for k in 0..7 {
+                    s[k] += row[k];
+                }
+            }
+        }
+        let mut samples: BTreeMap<(u64, String), [Vec<i32>; 3]> = BTreeMap::new();
+        for r in recs.iter().filter(|r| r.outcome == 0) {
+            for e in members(scope, r.prober, r.target) {
+                let s = samples.entry((bucket(r.window), e)).or_default();
+                s[0].push(r.rtt);
+                s[1].push(r.pd);
+                s[2].push(r.rd);
+            }
+        }
+        for ((w, e), c) in counts {
+            let mut row = RefRow::new();
+            for (k, name) in ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable"].iter().enumerate() {
+                row.insert(name, Value::from(c[k]));
+            }
+            let den = c[1] + c[2] + c[3];
+            let loss = (den > 0).then(|| c[2] as f64 / den as f64);
+            row.insert("loss_ratio", loss.map_or(Value::Null, Value::from));
+            let mut s = samples.remove(&(w, e.clone())).unwrap_or_default();
+            let q = |v: &mut Vec<i32>, q: f64| quantile(v, q).map_or(Value::Null, Value::from);
+            let p99 = quantile(&mut s[0], 0.99);
+            row.insert("rtt_ns_p50", q(&mut s[0], 0.5));
+            row.insert("rtt_ns_p99", q(&mut s[0], 0.99));
+            row.insert("rtt_ns_p999", q(&mut s[0], 0.999));
+            row.insert("prober_delay_ns_p50", q(&mut s[1], 0.5));
+            row.insert("prober_delay_ns_p99", q(&mut s[1], 0.99));
+            row.insert("responder_delay_ns_p50", q(&mut s[2], 0.5));
+            row.insert("responder_delay_ns_p99", q(&mut s[2], 0.99));
+            let mut v = Vec::new();
+            if loss.is_some_and(|l| l > sla.loss_ratio) {
+                v.push(Value::from("loss"));
+            }
+            if p99.is_some_and(|p| p as f64 > sla.rtt_p99_us * 1e3) {
+                v.push(Value::from("rtt_p99"));
+            }
+            row.insert("sla_violations", Value::Array(v));
+            row.insert("window_start_ns", Value::from(w * WINDOW_NS));
+            out.insert((w * WINDOW_NS, scope.to_owned(), e), row);
+        }
+    }
+    out
+}
+
+fn analyze(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_analyze")).args(args).output().expect("run analyze")
+}
+
+fn fleet() -> (tempfile::TempDir, PathBuf, Vec<Rec>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seg = dir.path().join("segments");
+    let recs = write_fleet(&seg);
+    (dir, seg, recs)
+}
+
+/// Compares report rows (JSON) with the reference, every field of every row.
+fn compare(rows: &[Value], expected: &BTreeMap<(u64, String, String), RefRow>) {
+    let mut seen = BTreeSet::new();
+    for r in rows {
+        let key = (
+            r["window_start_ns"].as_u64().expect("window_start_ns"),
+            r["scope"].as_str().expect("scope").to_owned(),
+            r["entity"].as_str().expect("entity").to_owned(),
+        );
+        let want = expected.get(&key).unwrap_or_else(|| panic!("unexpected row {key:?}"));
+        for (field, v) in want {
+            match (v.as_f64(), r[*field].as_f64()) {
+                // serde_json parses floats to within one ulp (no `float_roundtrip`); the counts
+                // the ratio is made of are compared exactly.
+                (Some(a), Some(b)) if *field == "loss_ratio" => {
+                    assert!((a - b).abs() <= 1e-15 * a.abs().max(1e-300), "{key:?} {field}: {b} != {a}")
+                }
+                _ => assert_eq!(&r[*field], v, "{key:?} {field}"),
+            }
+        }
+        assert!(seen.insert(key.clone()), "duplicate row {key:?}");
+    }
+    let missing: Vec<_> = expected.keys().filter(|k| !seen.contains(*k)).collect();
+    assert!(missing.is_empty(), "rows missing from the report: {missing:?}");
+}
+
+#[test]
+fn every_number_of_every_scope_matches_the_reference() {
+    let (_dir, seg, recs) = fleet();
+    let seg_s = seg.to_str().expect("utf-8 path");
+    let out = analyze(&[
+        "report",
+        "--scope",
+        "cluster,tor_pair,tor,rnic,pair",
+        "--format",
+        "json",
+        "--sla-loss",
+        "0.1",
+        "--sla-rtt-p99-us",
+        "500",
+        seg_s,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = doc["rows"].as_array().expect("rows");
+    let sla = Sla { loss_ratio: 0.1, rtt_p99_us: 500.0 };
+    let expected = reference(&recs, &sla, false);
+    compare(rows, &expected);
+    assert_eq!(doc["meta"]["records"], Value::from(recs.len()));
+
+    // The planted cases are there, so the comparison above covered them.
+    let row = |scope: &str, entity: &str, w: u64| {
+        let start = (T0 / WINDOW_NS + w) * WINDOW_NS;
+        rows.iter()
+            .find(|r| r["scope"] == scope && r["entity"] == entity && r["window_start_ns"] == start)
+            .unwrap_or_else(|| panic!("no row {scope} {entity} {w}"))
+    };
+    let dead = row("pair", "ta-h1/mlx5_0->tb-h1/mlx5_0", 2);
+    assert_eq!((dead["unreachable"].as_u64(), dead["lost"].as_u64()), (Some(30), Some(0)));
+    assert!(dead["loss_ratio"].is_null());
+    let partial_only = row("pair", "x-h0/mlx5_0->ta-h0/mlx5_0", 1);
+    assert_eq!(partial_only["unreachable"], 0, "partial replies prove the peer alive");
+    assert!(partial_only["lost"].as_u64() > Some(0));
+    assert_eq!(row("pair", "ta-h2/mlx5_0->tb-h1/mlx5_0", 2)["refused"], 20);
+    assert_eq!(row("tor", "(no tor)", 0)["probes"], 35, "self-probe counted once, x-h0 -> ta-h0 once");
+    assert_eq!(row("rnic", "x-h0/mlx5_0", 0)["probes"], 35);
+    let slow = row("pair", "ta-h0/mlx5_0->tb-h0/mlx5_0", 1);
+    assert_eq!(slow["sla_violations"], serde_json::json!(["rtt_p99"]));
+    assert_eq!(row("pair", "tb-h0/mlx5_0->ta-h2/mlx5_0", 0)["sla_violations"], serde_json::json!(["loss"]));
+    assert_eq!(slow["window_start"], rocemesh_analyze::report::utc(slow["window_start_ns"].as_u64().unwrap_or(0)));
+
+    // Violations first.
+    let first_clean = rows.iter().position(|r| r["sla_violations"].as_array().is_some_and(|v| v.is_empty()));
+    let last_violation = rows.iter().rposition(|r| r["sla_violations"].as_array().is_some_and(|v| !v.is_empty()));
+    assert!(last_violation.is_some());
+    assert!(first_clean > last_violation, "violations are listed first");
+}
+
+#[test]
+fn whole_range_rows_match_the_reference() {
+    let (_dir, seg, recs) = fleet();
+    let ds = ingest(&find_segments(&[seg]).expect("list"), false);
+    assert!(ds.problems.is_empty(), "{:?}", ds.problems);
+    let sla = Sla::default();
+    let prepared = prepare(ds.probes, &ds.rnics, WINDOW_NS).expect("prepare");
+    use rocemesh_analyze::report::Scope::*;
+    let rows = prepared.rows(&[Cluster, TorPair, Tor, Rnic, Pair], Span::WholeRange, &sla).expect("rows");
+    let rows: Vec<Value> = rows.iter().map(|r| serde_json::to_value(r).expect("json")).collect();
+    compare(&rows, &reference(&recs, &sla, true));
+}
+
+#[test]
+fn csv_table_and_parquet_carry_the_same_rows() {
+    let (dir, seg, _recs) = fleet();
+    let seg_s = seg.to_str().expect("utf-8");
+    let json = analyze(&["report", "--format", "json", seg_s]);
+    assert_eq!(json.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&json.stdout).expect("json");
+    let n = doc["rows"].as_array().map_or(0, Vec::len);
+    assert!(n > 0);
+    // Default scopes only.
+    assert!(doc["rows"].as_array().into_iter().flatten().all(|r| ["cluster", "tor", "rnic"].contains(&r["scope"].as_str().unwrap_or(""))));
+
+    let csv = analyze(&["report", "--format", "csv", seg_s]);
+    assert_eq!(csv.status.code(), Some(0));
+    let text = String::from_utf8(csv.stdout).expect("utf-8");
+    assert_eq!(text.lines().count(), n + 1);
+    assert!(text.starts_with("window_start_ns,window_start,scope,entity,probes,ok,lost,partial,invalid,refused,unreachable,loss_ratio,rtt_ns_p50"));
+
+    let table = analyze(&["report", seg_s]);
+    assert_eq!(table.status.code(), Some(0));
+    let text = String::from_utf8(table.stdout).expect("utf-8");
+    assert!(text.contains("rtt p99") && text.contains("(delays in µs)"), "{text}");
+    assert_eq!(text.lines().count(), n + 3, "summary, header, units, then one line per row");
+
+    let pq = dir.path().join("report.parquet");
+    let out = analyze(&["report", "--format", "parquet", "--output", pq.to_str().expect("utf-8"), seg_s]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let df = ParquetReader::new(std::fs::File::open(&pq).expect("open")).finish().expect("read parquet");
+    assert_eq!(df.height(), n);
+    assert_eq!(df.column("rtt_ns_p99").expect("column").dtype(), &DataType::Int64);
+
+    let no_output = analyze(&["report", "--format", "parquet", seg_s]);
+    assert_eq!(no_output.status.code(), Some(2), "parquet without --output is a usage error");
+}
+
+#[test]
+fn damaged_and_foreign_files_are_reported_and_skipped() {
+    let (_dir, seg, recs) = fleet();
+    let junk = seg.join("ta-h0").join("0000-junk.rseg");
+    std::fs::write(&junk, b"this is not a segment, just some bytes that happen to be here").expect("junk");
+    let out = analyze(&["report", "--format", "json", "--scope", "cluster", seg.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1), "input problems exit 1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("0000-junk.rseg") && stderr.contains("skipped"), "{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("the report is still written");
+    let probes: u64 = doc["rows"].as_array().into_iter().flatten().filter_map(|r| r["probes"].as_u64()).sum();
+    assert_eq!(probes, recs.len() as u64, "the readable files are all counted");
+    assert_eq!(doc["meta"]["problems"].as_array().map(Vec::len), Some(1));
+
+    let empty = tempfile::tempdir().expect("tempdir");
+    let out = analyze(&["report", empty.path().to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(2), "no input is a usage error");
+    let out = analyze(&["report", "--window-s", "0", seg.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = analyze(&["report", "--sla-loss", "2", seg.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(2), "a loss ratio above 1 is refused");
+}
+
+#[test]
+fn export_reads_back_with_every_probe() {
+    let (dir, seg, recs) = fleet();
+    let pq = dir.path().join("probes.parquet");
+    let out = analyze(&["export", "--parquet", pq.to_str().expect("utf-8"), seg.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let df = ParquetReader::new(std::fs::File::open(&pq).expect("open")).finish().expect("read parquet");
+    assert_eq!(df.height(), recs.len());
+    // Names and windows as the reference has them.
+    let prober = df.column("prober").expect("prober").str().expect("str");
+    let tor = df.column("target_tor").expect("target_tor").str().expect("str");
+    let window = df.column("window_start_ns").expect("window").u64().expect("u64");
+    let mut got: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    for i in 0..df.height() {
+        let key = (
+            prober.get(i).unwrap_or("").to_owned(),
+            tor.get(i).unwrap_or("").to_owned(),
+            window.get(i).unwrap_or(0),
+        );
+        *got.entry(key).or_default() += 1;
+    }
+    let mut want: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    for r in &recs {
+        *want.entry((RNICS[r.prober].0.to_owned(), tor_of(r.target).to_owned(), r.window * WINDOW_NS)).or_default() += 1;
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn html_page_is_self_contained() {
+    let (dir, seg, _recs) = fleet();
+    let page = dir.path().join("report.html");
+    let out = analyze(&["html", "--output", page.to_str().expect("utf-8"), "--sla-loss", "0.1", seg.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&page).expect("page");
+    for needle in ["ToR × ToR", "RNIC × RNIC", "tor-loss", "rnic-rtt", "SLA violations", "findings: run", "tb-h0/mlx5_0"] {
+        assert!(html.contains(needle), "missing {needle}");
+    }
+    assert!(!html.contains("http://") && !html.contains("https://") && !html.contains(" src="), "nothing fetched");
+}

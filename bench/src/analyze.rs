@@ -1,0 +1,475 @@
+//! `bench analyze`: `analyze report` end to end on a fleet's worth of segments, against DuckDB
+//! running the same aggregation on the same probes exported to Parquet, in the same run.
+//!
+//! The data: `rnics` RNICs in ToRs of 32, each one agent shard writing its own segments with the
+//! realistic stream of [`crate::synth`] (31 ToR-mesh targets at 10/s, 5 inter-ToR targets at
+//! 1/s), its dictionary naming real fleet peers. It is generated once per parameter set into
+//! `dir` and reused by later runs (a manifest records what is there).
+//!
+//! Measured: the wall time of the `analyze report --scope cluster,tor,rnic --format parquet`
+//! process (ingest included), of `analyze export`, and of DuckDB's query (read Parquet, the same
+//! scopes, windows, counts and nearest-rank quantiles, write Parquet). Then both outputs are
+//! compared row by row, every count and quantile, so the ratio compares equal work. DuckDB
+//! comes from PyPI into a venv under `~/.cache/rocemesh/venv`; the bench does not link polars,
+//! it runs the analyze binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use rocemesh_formats::record::EndpointRole;
+use rocemesh_formats::segment::{OPEN_SUFFIX, SegmentWriter, WriterConfig, WriterIdentity, seal};
+
+use crate::synth::ShardStream;
+
+/// RNICs per ToR: the stream's 31 ToR-mesh targets are the other RNICs of the prober's ToR.
+const RNICS_PER_TOR: usize = 32;
+/// The stream's inter-ToR targets.
+const INTER_TOR_TARGETS: usize = 5;
+/// First probe time: window-aligned, fixed so reruns produce the same bytes.
+const START_UNIX_NS: u64 = 1_700_000_010_000_000_000;
+/// Bump when the generated data changes, so old directories are regenerated.
+const DATA_VERSION: u32 = 1;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Probe records in all.
+    pub records: u64,
+    /// RNICs (agent shards, one writer each); a multiple of 32, at least 64.
+    pub rnics: usize,
+    /// Where the segments, Parquet files and outputs go.
+    pub dir: PathBuf,
+    /// Seal the segments (zstd), as shipped, instead of leaving them open (uncompressed).
+    pub sealed: bool,
+    /// The analyze binary.
+    pub analyze_bin: PathBuf,
+    /// Python venv with DuckDB.
+    pub venv: PathBuf,
+    /// Report window, seconds.
+    pub window_s: u64,
+}
+
+/// One measured figure.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    /// What.
+    pub what: String,
+    /// Value.
+    pub value: f64,
+    /// Unit.
+    pub unit: &'static str,
+    /// Comparison or context.
+    pub note: String,
+}
+
+/// Generates (or reuses) the data, runs analyze and DuckDB, checks they agree.
+pub fn run(opt: &Options) -> Result<Vec<Figure>> {
+    ensure!(
+        opt.rnics >= 2 * RNICS_PER_TOR && opt.rnics.is_multiple_of(RNICS_PER_TOR),
+        "--rnics must be a multiple of {RNICS_PER_TOR} and at least {}",
+        2 * RNICS_PER_TOR
+    );
+    let segments = opt.dir.join(if opt.sealed { "segments-sealed" } else { "segments-open" });
+    let gen_s = ensure_data(opt, &segments)?;
+    let (files, bytes) = dir_size(&segments)?;
+    let python = ensure_duckdb(&opt.venv)?;
+    let mut out = Vec::new();
+    if let Some(s) = gen_s {
+        out.push(Figure {
+            what: "generate segments (once, reused by later runs)".into(),
+            value: opt.records as f64 / s,
+            unit: "records/s",
+            note: format!("{s:.1} s"),
+        });
+    }
+    let n = opt.records as f64;
+    let note_data = format!(
+        "{} records, {} RNICs, {files} {} segment files, {:.2} GB, {:.1} B/record",
+        opt.records,
+        opt.rnics,
+        if opt.sealed { "sealed" } else { "open" },
+        bytes as f64 / 1e9,
+        bytes as f64 / n
+    );
+
+    let report_pq = opt.dir.join("analyze-report.parquet");
+    let scopes = "cluster,tor,rnic";
+    let window = opt.window_s.to_string();
+    let report = run_timed(
+        Command::new(&opt.analyze_bin)
+            .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
+            .arg(&report_pq)
+            .arg(&segments),
+        "analyze report",
+    )?;
+    out.push(Figure {
+        what: "analyze report (cluster,tor,rnic), process wall time".into(),
+        value: n / report.wall_s,
+        unit: "records/s",
+        note: format!(
+            "{:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {note_data}",
+            report.wall_s,
+            report.cpu_s,
+            report.max_rss_kib as f64 / 1048576.0
+        ),
+    });
+
+    let probes_pq = opt.dir.join(if opt.sealed { "probes-zstd.parquet" } else { "probes-uncompressed.parquet" });
+    let compression = if opt.sealed { "zstd" } else { "uncompressed" };
+    let export = run_timed(
+        Command::new(&opt.analyze_bin)
+            .args(["export", "--window-s", &window, "--compression", compression, "--parquet"])
+            .arg(&probes_pq)
+            .arg(&segments),
+        "analyze export",
+    )?;
+    let pq_bytes = std::fs::metadata(&probes_pq)?.len();
+    out.push(Figure {
+        what: "analyze export --parquet (input of DuckDB)".into(),
+        value: n / export.wall_s,
+        unit: "records/s",
+        note: format!(
+            "{:.2} s wall, {compression}, {:.2} GB, peak RSS {:.2} GB",
+            export.wall_s,
+            pq_bytes as f64 / 1e9,
+            export.max_rss_kib as f64 / 1048576.0
+        ),
+    });
+
+    let script = opt.dir.join("duckdb_report.py");
+    std::fs::write(&script, DUCKDB_SCRIPT)?;
+    let duck_pq = opt.dir.join("duckdb-report.parquet");
+    let duck = run_timed(
+        Command::new(&python)
+            .arg(&script)
+            .args(["query", &(opt.window_s * 1_000_000_000).to_string()])
+            .arg(&probes_pq)
+            .arg(&duck_pq),
+        "DuckDB",
+    )?;
+    let (query_s, version) = parse_query(&duck.stdout)?;
+    out.push(Figure {
+        what: "DuckDB, same aggregation on the Parquet export".into(),
+        value: n / query_s,
+        unit: "records/s",
+        note: format!(
+            "duckdb {version}: {query_s:.2} s query (read Parquet, write Parquet); process {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB",
+            duck.wall_s,
+            duck.cpu_s,
+            duck.max_rss_kib as f64 / 1048576.0
+        ),
+    });
+    out.push(Figure {
+        what: "ratio analyze report / DuckDB (records/s)".into(),
+        value: query_s / report.wall_s,
+        unit: "x",
+        note: "analyze's time includes reading the segments; DuckDB's its Parquet scan; warm page cache for both".into(),
+    });
+
+    let check = run_timed(
+        Command::new(&python).arg(&script).arg("compare").arg(&report_pq).arg(&duck_pq),
+        "comparison of the two reports",
+    )?;
+    out.push(Figure {
+        what: "rows compared, every count and quantile equal".into(),
+        value: check.stdout.trim().parse::<f64>().unwrap_or(0.0),
+        unit: "rows",
+        note: "cluster, tor and rnic rows of every window".into(),
+    });
+    Ok(out)
+}
+
+/// Seconds the generation took, or `None` when the data was already there.
+fn ensure_data(opt: &Options, segments: &Path) -> Result<Option<f64>> {
+    let manifest = segments.join("MANIFEST");
+    let want = format!(
+        "version={DATA_VERSION} records={} rnics={} sealed={} start={START_UNIX_NS}\n",
+        opt.records, opt.rnics, opt.sealed
+    );
+    if std::fs::read_to_string(&manifest).is_ok_and(|m| m == want) {
+        return Ok(None);
+    }
+    if segments.exists() {
+        std::fs::remove_dir_all(segments).with_context(|| format!("removing stale {}", segments.display()))?;
+    }
+    std::fs::create_dir_all(segments)?;
+    eprintln!(
+        "bench analyze: generating {} records from {} RNICs into {} (once)",
+        opt.records,
+        opt.rnics,
+        segments.display()
+    );
+    let t = Instant::now();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(opt.rnics);
+    let per = opt.records / opt.rnics as u64;
+    let extra = opt.records % opt.rnics as u64;
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..threads)
+            .map(|w| {
+                s.spawn(move || -> Result<()> {
+                    for r in (w..opt.rnics).step_by(threads) {
+                        let n = per + u64::from((r as u64) < extra);
+                        write_rnic(segments, opt.rnics, r, n, opt.sealed)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| anyhow::anyhow!("a generator thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    std::fs::write(&manifest, want)?;
+    Ok(Some(t.elapsed().as_secs_f64()))
+}
+
+fn rnic_name(rnics: usize, tor: usize, j: usize) -> (String, String) {
+    let tors = rnics / RNICS_PER_TOR;
+    let tor = tor % tors;
+    (format!("su{tor:03}-h{j:02}/mlx5_0", j = j % RNICS_PER_TOR), format!("su{tor:03}-tor"))
+}
+
+/// One RNIC's agent: its segments, with a dictionary that names its real peers.
+fn write_rnic(segments: &Path, rnics: usize, r: usize, records: u64, sealed: bool) -> Result<()> {
+    let tors = rnics / RNICS_PER_TOR;
+    let (tor, j) = (r / RNICS_PER_TOR, r % RNICS_PER_TOR);
+    let (name, tor_name) = rnic_name(rnics, tor, j);
+    let (host, device) = name.split_once('/').context("host/device")?;
+    let id = WriterIdentity {
+        host: host.into(),
+        device: device.into(),
+        tor: tor_name.clone(),
+        agent_epoch: r as u32 + 1,
+        tool: "rocemesh-bench".into(),
+    };
+    let mut w = SegmentWriter::new(WriterConfig::new(segments.join(host)), id)?;
+    // Ids as the stream uses them: 0 = itself, 1..=31 = the rest of its ToR, 32.. = other ToRs.
+    let mut ends = vec![(name.clone(), tor_name.clone())];
+    ends.extend((1..RNICS_PER_TOR).map(|k| rnic_name(rnics, tor, j + k)));
+    ends.extend((0..INTER_TOR_TARGETS).map(|m| rnic_name(rnics, tor + 1 + m % (tors - 1), j + 7 * m)));
+    for (id, (n, t)) in ends.iter().enumerate() {
+        ensure!(w.endpoint(EndpointRole::Rnic, n, t, [0; 16]) == id as u32, "{n} is named twice in {name}'s dictionary");
+    }
+    let mut stream = ShardStream::new(0x5EED + r as u64, START_UNIX_NS);
+    for _ in 0..records {
+        w.append(&stream.next_record())?;
+    }
+    for p in w.finish()? {
+        if sealed && p.to_string_lossy().ends_with(OPEN_SUFFIX) {
+            seal(&p, 3)?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> Result<(usize, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            let (f, b) = dir_size(&e.path())?;
+            files += f;
+            bytes += b;
+        } else if e.file_name().to_string_lossy().contains(".rseg") {
+            files += 1;
+            bytes += e.metadata()?.len();
+        }
+    }
+    Ok((files, bytes))
+}
+
+/// The venv's python with DuckDB importable, created on first use.
+fn ensure_duckdb(venv: &Path) -> Result<PathBuf> {
+    let python = venv.join("bin").join("python");
+    let has = |py: &Path| {
+        Command::new(py)
+            .args(["-c", "import duckdb"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if has(&python) {
+        return Ok(python);
+    }
+    eprintln!("bench analyze: installing DuckDB from PyPI into {}", venv.display());
+    let status = Command::new("python3").arg("-m").arg("venv").arg(venv).status();
+    if !status.is_ok_and(|s| s.success()) {
+        bail!(
+            "`python3 -m venv {}` failed: install python3 and python3-venv (scripts/setup does)",
+            venv.display()
+        );
+    }
+    let status = Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "duckdb"]).status()?;
+    ensure!(status.success() && has(&python), "pip install duckdb into {} failed", venv.display());
+    Ok(python)
+}
+
+struct Timed {
+    wall_s: f64,
+    cpu_s: f64,
+    max_rss_kib: u64,
+    stdout: String,
+}
+
+/// Runs `cmd` to completion; fails with its stderr unless it exits 0.
+fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
+    let t = Instant::now();
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;
+    let pid = child.id() as libc::pid_t;
+    // Read the pipes on threads so a chatty child cannot block on a full pipe while we wait.
+    let mut child = child;
+    let mut so = child.stdout.take().context("stdout")?;
+    let mut se = child.stderr.take().context("stderr")?;
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut so, &mut s).map(|_| s)
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut se, &mut s).map(|_| s)
+    });
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our own unwaited child; both out-pointers are valid for the call. wait4
+    // rather than Child::wait because it also returns the child's own CPU time and peak RSS.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall_s = t.elapsed().as_secs_f64();
+    ensure!(rc == pid, "waiting for {what}: {}", std::io::Error::last_os_error());
+    let stdout = out_t.join().map_err(|_| anyhow::anyhow!("reader thread"))??;
+    let stderr = err_t.join().map_err(|_| anyhow::anyhow!("reader thread"))??;
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    ensure!(ok, "{what} failed (wait status {status}):\n{stderr}");
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(Timed {
+        wall_s,
+        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+        stdout,
+    })
+}
+
+/// `query_s=<seconds> duckdb=<version>` from the script.
+fn parse_query(stdout: &str) -> Result<(f64, String)> {
+    let mut s = None;
+    let mut v = String::new();
+    for word in stdout.split_whitespace() {
+        if let Some(x) = word.strip_prefix("query_s=") {
+            s = x.parse::<f64>().ok();
+        } else if let Some(x) = word.strip_prefix("duckdb=") {
+            v = x.to_owned();
+        }
+    }
+    Ok((s.with_context(|| format!("no query time in the DuckDB script's output: {stdout}"))?, v))
+}
+
+/// The DuckDB side: `query WINDOW_NS IN.parquet OUT.parquet` runs the report's aggregation
+/// (same semantics as analyze/src/report.rs: unreachable per window and pair, loss ratio over
+/// ok + partial + lost, nearest-rank quantiles = quantile_disc over ok records; rnic and tor
+/// rows take a record under both ends, once when they are equal); `compare A B` checks two
+/// reports row by row and prints the rows compared.
+const DUCKDB_SCRIPT: &str = r#"
+import sys, time, duckdb
+
+def query(window_ns, src, dst):
+    con = duckdb.connect()
+    sql = f"""
+    COPY (
+    WITH raw AS (
+        SELECT (t1_unix_ns // {window_ns}) * {window_ns} AS w, prober_id, target_id, prober, target,
+               prober_tor, target_tor, outcome, arrived,
+               network_rtt_ns AS rtt, prober_delay_ns AS pd, responder_delay_ns AS rd
+        FROM read_parquet('{src}')
+    ),
+    pair AS (
+        SELECT w, prober_id, target_id, any_value(prober) AS prober, any_value(target) AS target,
+               any_value(prober_tor) AS prober_tor, any_value(target_tor) AS target_tor,
+               count(*) AS probes,
+               count(*) FILTER (WHERE outcome = 0) AS ok,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
+               count(*) FILTER (WHERE outcome = 2) AS invalid,
+               count(*) FILTER (WHERE outcome = 3) AS refused
+        FROM raw GROUP BY w, prober_id, target_id
+    ),
+    pc AS (
+        SELECT *, CASE WHEN ok + partial = 0 THEN lost_raw ELSE 0 END AS unreachable,
+               CASE WHEN ok + partial = 0 THEN 0 ELSE lost_raw END AS lost
+        FROM pair
+    ),
+    ends AS (
+        SELECT 'cluster' AS scope, w, 'cluster' AS entity, * EXCLUDE (w) FROM pc
+        UNION ALL SELECT 'tor', w, prober_tor, * EXCLUDE (w) FROM pc
+        UNION ALL SELECT 'tor', w, target_tor, * EXCLUDE (w) FROM pc WHERE target_tor <> prober_tor
+        UNION ALL SELECT 'rnic', w, prober, * EXCLUDE (w) FROM pc
+        UNION ALL SELECT 'rnic', w, target, * EXCLUDE (w) FROM pc WHERE target_id <> prober_id
+    ),
+    counts AS (
+        SELECT scope, w, entity, sum(probes) AS probes, sum(ok) AS ok, sum(lost) AS lost,
+               sum(partial) AS partial, sum(invalid) AS invalid, sum(refused) AS refused,
+               sum(unreachable) AS unreachable
+        FROM ends GROUP BY scope, w, entity
+    ),
+    okr AS (SELECT * FROM raw WHERE outcome = 0),
+    samples AS (
+        SELECT 'cluster' AS scope, w, 'cluster' AS entity, rtt, pd, rd FROM okr
+        UNION ALL SELECT 'tor', w, prober_tor, rtt, pd, rd FROM okr
+        UNION ALL SELECT 'tor', w, target_tor, rtt, pd, rd FROM okr WHERE target_tor <> prober_tor
+        UNION ALL SELECT 'rnic', w, prober, rtt, pd, rd FROM okr
+        UNION ALL SELECT 'rnic', w, target, rtt, pd, rd FROM okr WHERE target_id <> prober_id
+    ),
+    quantiles AS (
+        SELECT scope, w, entity,
+               quantile_disc(rtt, [0.5, 0.99, 0.999]) AS rq,
+               quantile_disc(pd, [0.5, 0.99]) AS pq,
+               quantile_disc(rd, [0.5, 0.99]) AS dq
+        FROM samples GROUP BY scope, w, entity
+    )
+    SELECT c.w AS window_start_ns, c.scope, c.entity, c.probes, c.ok, c.lost, c.partial, c.invalid,
+           c.refused, c.unreachable,
+           CASE WHEN c.ok + c.partial + c.lost > 0 THEN c.lost / (c.ok + c.partial + c.lost) END AS loss_ratio,
+           q.rq[1] AS rtt_ns_p50, q.rq[2] AS rtt_ns_p99, q.rq[3] AS rtt_ns_p999,
+           q.pq[1] AS prober_delay_ns_p50, q.pq[2] AS prober_delay_ns_p99,
+           q.dq[1] AS responder_delay_ns_p50, q.dq[2] AS responder_delay_ns_p99
+    FROM counts c LEFT JOIN quantiles q USING (scope, w, entity)
+    ) TO '{dst}' (FORMAT parquet)
+    """
+    t = time.perf_counter()
+    con.execute(sql)
+    print(f"query_s={time.perf_counter() - t:.4f} duckdb={duckdb.__version__}")
+
+COLS = ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable", "rtt_ns_p50", "rtt_ns_p99",
+        "rtt_ns_p999", "prober_delay_ns_p50", "prober_delay_ns_p99", "responder_delay_ns_p50", "responder_delay_ns_p99"]
+
+def load(con, path):
+    rows = con.execute(f"SELECT window_start_ns, scope, entity, loss_ratio, {', '.join(COLS)} FROM read_parquet('{path}')").fetchall()
+    return {(int(r[0]), r[1], r[2]): r[3:] for r in rows}
+
+def compare(a_path, b_path):
+    con = duckdb.connect()
+    a, b = load(con, a_path), load(con, b_path)
+    bad = []
+    if a.keys() != b.keys():
+        bad.append(f"row sets differ: {len(a.keys() - b.keys())} only in analyze, {len(b.keys() - a.keys())} only in DuckDB, e.g. {sorted(a.keys() ^ b.keys())[:3]}")
+    for k in sorted(a.keys() & b.keys()):
+        x, y = a[k], b[k]
+        if (x[0] is None) != (y[0] is None) or (x[0] is not None and abs(x[0] - y[0]) > 1e-12):
+            bad.append(f"{k}: loss_ratio {x[0]} != {y[0]}")
+        for c, u, v in zip(COLS, x[1:], y[1:]):
+            if (None if u is None else int(u)) != (None if v is None else int(v)):
+                bad.append(f"{k}: {c} {u} != {v}")
+    if bad:
+        print("\n".join(bad[:20]), file=sys.stderr)
+        sys.exit(1)
+    print(len(a))
+
+if __name__ == "__main__":
+    if sys.argv[1] == "query":
+        query(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    else:
+        compare(sys.argv[2], sys.argv[3])
+"#;
