@@ -147,7 +147,8 @@ pub fn report(args: &ReportArgs) -> i32 {
         Ok(ds) => ds,
         Err(code) => return code,
     };
-    let meta = Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    let meta =
+        Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
     let mut run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
         let rows = prepared.rows(&args.scope, Span::PerWindow, &sla)?;
@@ -194,7 +195,8 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(ds) => ds,
         Err(code) => return code,
     };
-    let meta = Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    let meta =
+        Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
     let has_problems = !meta.problems.is_empty();
     let run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;

@@ -149,9 +149,7 @@ pub fn write_parquet(
     let n = p.len();
     let first = batch(0, n.min(ROW_GROUP_ROWS))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut writer = ParquetWriter::new(&mut out)
-        .with_compression(compression.parquet())
-        .batched(first.schema())?;
+    let mut writer = ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(first.schema())?;
     writer.write_batch(&first)?;
     drop(first);
     let mut at = ROW_GROUP_ROWS;

@@ -53,11 +53,8 @@ impl HtmlReport {
     pub fn build(prepared: &Prepared, meta: Meta) -> Result<HtmlReport, ReportError> {
         let sla = meta.sla;
         let whole = |scope| prepared.rows(&[scope], Span::WholeRange, &sla);
-        let mut violations = prepared.rows(
-            &[Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic],
-            Span::PerWindow,
-            &sla,
-        )?;
+        let mut violations =
+            prepared.rows(&[Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic], Span::PerWindow, &sla)?;
         violations.retain(|r| !r.sla_violations.is_empty());
         let range_ns = prepared.windows.map(|(a, b)| {
             (a.saturating_mul(prepared.window_ns), b.saturating_add(1).saturating_mul(prepared.window_ns))
@@ -171,7 +168,11 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
         report.violations.len()
     );
     if !m.problems.is_empty() {
-        let _ = write!(h, "<p class=\"warn\">{} input problems (damaged files were read in part, unreadable ones skipped):</p><ul>", m.problems.len());
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{} input problems (damaged files were read in part, unreadable ones skipped):</p><ul>",
+            m.problems.len()
+        );
         for p in &m.problems {
             let _ = write!(h, "<li>{}</li>", escape(p));
         }
@@ -189,7 +190,9 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
         None => h.push_str("<p>findings: run <code>analyze localize</code></p>"),
         Some([]) => h.push_str("<p>No findings: localisation blamed nothing.</p>"),
         Some(f) => {
-            h.push_str("<table><tr><th>kind</th><th>entity</th><th>from (UTC)</th><th>to (UTC)</th><th>evidence</th></tr>");
+            h.push_str(
+                "<table><tr><th>kind</th><th>entity</th><th>from (UTC)</th><th>to (UTC)</th><th>evidence</th></tr>",
+            );
             for f in f {
                 let _ = write!(
                     h,
@@ -208,10 +211,9 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
 
     // Heatmaps.
     let mut maps = Vec::new();
-    for (id, title, rows, what) in [
-        ("tor", "ToR × ToR", &report.tor_pairs, "ToRs"),
-        ("rnic", "RNIC × RNIC", &report.rnic_pairs, "RNICs"),
-    ] {
+    for (id, title, rows, what) in
+        [("tor", "ToR × ToR", &report.tor_pairs, "ToRs"), ("rnic", "RNIC × RNIC", &report.rnic_pairs, "RNICs")]
+    {
         let (map, total) = heatmap(id, rows, &m.sla);
         let _ = write!(h, "<section><h2>{title} over the whole range</h2>");
         if total > map.labels.len() {
@@ -386,7 +388,8 @@ mod tests {
 
     #[test]
     fn heatmap_caps_keeping_the_worst() {
-        let mut rows: Vec<Row> = (0..300).map(|i| row(&format!("r{i:03}"), &format!("r{:03}", (i + 1) % 300), Some(0.0))).collect();
+        let mut rows: Vec<Row> =
+            (0..300).map(|i| row(&format!("r{i:03}"), &format!("r{:03}", (i + 1) % 300), Some(0.0))).collect();
         rows.push(row("r299", "zz-bad", Some(0.5)));
         let (m, total) = heatmap("x", &rows, &Sla::default());
         assert_eq!(total, 301);

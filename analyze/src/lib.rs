@@ -4,12 +4,12 @@
 //! [`ingest`] reads them into one columnar table with fleet-wide ids; [`localize`] turns that
 //! into findings. Polars lives in this crate only: it takes ~17 minutes to build on 2 cores.
 
-pub mod ingest;
-pub mod inspect;
-pub mod localize;
 pub mod cli;
 pub mod export;
 pub mod html;
+pub mod ingest;
+pub mod inspect;
+pub mod localize;
 pub mod report;
 
 /// Exit codes shared by rocemesh's binaries, so scripts can tell "ran, found problems" from

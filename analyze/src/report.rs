@@ -313,8 +313,8 @@ pub struct Prepared {
     keys: KeySpace,
     /// d, prober, target, prober_tor, target_tor (u32), then [`COUNTS`] (u64).
     pair_counts: DataFrame,
-    /// d, prober, target, prober_tor, target_tor and the three delays, ok records only.
-    ok: DataFrame,
+    /// class, d, prober, target, prober_tor, target_tor and the three delays of every record.
+    base: DataFrame,
 }
 
 /// Sizes of the id spaces packed into group keys: key = ((d * a) + x) * b + y.
@@ -410,8 +410,13 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     }
     // Pass 2: the dense window index, and the pair-count key (d, prober, target, class).
     let mut dense = vec![0u32; records];
-    dense.par_chunks_mut(BLOCK).zip(count_key.par_chunks_mut(BLOCK)).zip(class.par_chunks(BLOCK)).zip(prober.par_chunks(BLOCK)).zip(target.par_chunks(BLOCK)).for_each(
-        |((((d, k), c), p), g)| {
+    dense
+        .par_chunks_mut(BLOCK)
+        .zip(count_key.par_chunks_mut(BLOCK))
+        .zip(class.par_chunks(BLOCK))
+        .zip(prober.par_chunks(BLOCK))
+        .zip(target.par_chunks(BLOCK))
+        .for_each(|((((d, k), c), p), g)| {
             let (mut last, mut at) = (u64::MAX, 0u64);
             for i in 0..k.len() {
                 if k[i] != last {
@@ -421,8 +426,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
                 d[i] = at as u32;
                 k[i] = ((at * r + u64::from(p[i])) * r + u64::from(g[i])) * 8 + u64::from(c[i]);
             }
-        },
-    );
+        });
 
     let frame = DataFrame::new(
         records,
@@ -441,22 +445,9 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     )?;
     let classes = frame.clone().lazy().group_by([col("count_key")]).agg([len().alias("n")]).collect()?;
     let pair_counts = pair_counts(&classes, keys, &rnic_tor)?;
-    let ok = frame
-        .lazy()
-        .filter(col("class").eq(lit(class::OK)))
-        .select([
-            col("d"),
-            col("prober"),
-            col("target"),
-            col("prober_tor"),
-            col("target_tor"),
-            col("network_rtt_ns"),
-            col("prober_delay_ns"),
-            col("responder_delay_ns"),
-        ])
-        .collect()?;
+    let base = frame.drop("count_key")?;
     let windows = window_list.first().copied().zip(window_list.last().copied());
-    Ok(Prepared { window_ns, windows, records, rnic_names, tor_names, window_list, keys, pair_counts, ok })
+    Ok(Prepared { window_ns, windows, records, rnic_names, tor_names, window_list, keys, pair_counts, base })
 }
 
 /// Per (window, prober, target): every count, with the unreachable rule applied, from the
@@ -483,8 +474,13 @@ fn pair_counts(classes: &DataFrame, keys: KeySpace, rnic_tor: &[u32]) -> PolarsR
     }
     let r = keys.rnics;
     let m = pairs.len();
-    let (mut d, mut p, mut t, mut pt, mut tt) =
-        (Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m));
+    let (mut d, mut p, mut t, mut pt, mut tt) = (
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+        Vec::with_capacity(m),
+    );
     let mut counts: [Vec<u64>; 7] = Default::default();
     for (k, c) in pairs {
         let (prober, target) = ((k / r % r) as u32, (k % r) as u32);
@@ -521,33 +517,47 @@ pub enum Span {
     WholeRange,
 }
 
-fn u64_lit(v: u64) -> Expr {
-    lit(v).strict_cast(DataType::UInt64)
-}
-
-fn u64_col(name: &str) -> Expr {
-    col(name).strict_cast(DataType::UInt64)
-}
+/// Group keys that are not real: records a quantile must not see (not ok, or the second end of a
+/// record whose ends are equal) get this key, and their group is dropped by the join with the
+/// counts (which never produce it: [`prepare`] checks that real keys stay below it).
+const JUNK_KEY_U32: u32 = u32::MAX;
 
 impl KeySpace {
+    /// The largest key `scope` can produce, plus one.
+    fn bound(self, scope: Scope, windows: u64) -> u64 {
+        let (r, t) = (self.rnics, self.tors);
+        windows.max(1)
+            * match scope {
+                Scope::Cluster => 1,
+                Scope::Pair => r * r,
+                Scope::TorPair => t * t,
+                Scope::Rnic => r,
+                Scope::Tor => t,
+            }
+    }
+
     /// The group key(s) of `scope` over a frame with d, prober, target, prober_tor and
     /// target_tor: one key, or for either-end scopes two (the second only where the ends
-    /// differ, so that a self-probe or a ToR-local record counts once).
-    fn exprs(self, scope: Scope, whole: bool) -> Vec<(Expr, Option<Expr>)> {
-        let d = || if whole { u64_lit(0) } else { u64_col("d") };
-        let (r, t) = (u64_lit(self.rnics), u64_lit(self.tors));
-        let pair = |a: &str, b: &str, n: Expr| (d() * n.clone() + u64_col(a)) * n + u64_col(b);
-        let one = |a: &str, n: Expr| d() * n + u64_col(a);
+    /// differ, so that a self-probe or a ToR-local record counts once), each with the condition
+    /// under which the record takes part. Keys are u32 when they fit, which halves the memory
+    /// of the key columns at 10^8 records.
+    fn exprs(self, scope: Scope, whole: bool, narrow: bool) -> Vec<(Expr, Option<Expr>)> {
+        let dtype = if narrow { DataType::UInt32 } else { DataType::UInt64 };
+        let num = |v: u64| lit(v).strict_cast(dtype.clone());
+        let c = |name: &str| col(name).strict_cast(dtype.clone());
+        let d = || if whole { num(0) } else { c("d") };
+        let (r, t) = (self.rnics, self.tors);
+        let pair = |a: &str, b: &str, n: u64| (d() * num(n) + c(a)) * num(n) + c(b);
+        let one = |a: &str, n: u64| d() * num(n) + c(a);
         match scope {
             Scope::Cluster => vec![(d(), None)],
             Scope::Pair => vec![(pair("prober", "target", r), None)],
             Scope::TorPair => vec![(pair("prober_tor", "target_tor", t), None)],
-            Scope::Rnic => vec![
-                (one("prober", r.clone()), None),
-                (one("target", r), Some(col("target").neq(col("prober")))),
-            ],
+            Scope::Rnic => {
+                vec![(one("prober", r), None), (one("target", r), Some(col("target").neq(col("prober"))))]
+            }
             Scope::Tor => vec![
-                (one("prober_tor", t.clone()), None),
+                (one("prober_tor", t), None),
                 (one("target_tor", t), Some(col("target_tor").neq(col("prober_tor")))),
             ],
         }
@@ -566,27 +576,6 @@ impl KeySpace {
     }
 }
 
-/// `lf` with a `key` column for `scope`, then `values`; either-end scopes take every record once
-/// under its first end and once more under its second end when the two differ.
-fn keyed(lf: LazyFrame, keys: KeySpace, scope: Scope, whole: bool, values: &[&str]) -> PolarsResult<LazyFrame> {
-    let parts: Vec<LazyFrame> = keys
-        .exprs(scope, whole)
-        .into_iter()
-        .map(|(key, filter)| {
-            let mut select = vec![key.alias("key")];
-            select.extend(values.iter().map(|c| col(*c)));
-            match filter {
-                Some(f) => lf.clone().filter(f).select(select),
-                None => lf.clone().select(select),
-            }
-        })
-        .collect();
-    match <[LazyFrame; 1]>::try_from(parts) {
-        Ok([one]) => Ok(one),
-        Err(parts) => concat(parts, UnionArgs::default()),
-    }
-}
-
 impl Prepared {
     /// The rows of `scopes` over `span`, SLA violations first, then by window, scope and entity.
     pub fn rows(&self, scopes: &[Scope], span: Span, sla: &Sla) -> Result<Vec<Row>, ReportError> {
@@ -599,11 +588,13 @@ impl Prepared {
         scopes.dedup();
         let mut rows = Vec::new();
         for scope in scopes {
-            let counts = keyed(self.pair_counts.clone().lazy(), self.keys, scope, whole, &COUNTS)?
+            let narrow = self.keys.bound(scope, self.window_list.len() as u64) < u64::from(JUNK_KEY_U32);
+            let parts = self.keys.exprs(scope, whole, narrow);
+            let counts = self
+                .count_input(&parts)?
                 .group_by([col("key")])
                 .agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
-            let values = ["network_rtt_ns", "prober_delay_ns", "responder_delay_ns"];
-            let quantiles = keyed(self.ok.clone().lazy(), self.keys, scope, whole, &values)?.group_by([col("key")]).agg(
+            let quantiles = self.quantile_input(&parts, narrow)?.group_by([col("key")]).agg(
                 QUANTILES
                     .iter()
                     .map(|(c, name, q)| col(*c).quantile(lit(*q), QuantileMethod::Equiprobable).alias(*name))
@@ -622,6 +613,70 @@ impl Prepared {
                 .then_with(|| a.entity.cmp(&b.entity))
         });
         Ok(rows)
+    }
+
+    /// The pair counts keyed for a scope (small: one row per pair and window).
+    fn count_input(&self, parts: &[(Expr, Option<Expr>)]) -> PolarsResult<LazyFrame> {
+        let lf = self.pair_counts.clone().lazy();
+        let parts: Vec<LazyFrame> = parts
+            .iter()
+            .map(|(key, end)| {
+                let mut select = vec![key.clone().alias("key")];
+                select.extend(COUNTS.iter().map(|c| col(*c)));
+                match end {
+                    Some(f) => lf.clone().filter(f.clone()).select(select),
+                    None => lf.clone().select(select),
+                }
+            })
+            .collect();
+        concat(parts, UnionArgs::default())
+    }
+
+    /// Every record keyed for a scope, with the delays; records that must not count get the
+    /// junk key instead of being filtered out, because a filter copies every column it keeps and
+    /// nearly every record is ok. The second end of either-end scopes is filtered when most
+    /// records have equal ends (ToR-local probes in the `tor` scope), junk-keyed otherwise.
+    fn quantile_input(&self, parts: &[(Expr, Option<Expr>)], narrow: bool) -> PolarsResult<LazyFrame> {
+        let junk = if narrow {
+            lit(JUNK_KEY_U32).strict_cast(DataType::UInt32)
+        } else {
+            lit(u64::MAX).strict_cast(DataType::UInt64)
+        };
+        let is_ok = || col("class").eq(lit(class::OK));
+        let lf = self.base.clone().lazy();
+        let parts: Vec<LazyFrame> = parts
+            .iter()
+            .map(|(key, end)| {
+                let values = [col("network_rtt_ns"), col("prober_delay_ns"), col("responder_delay_ns")];
+                let keyed = |lf: LazyFrame, keep: Expr| {
+                    let mut select = vec![when(keep).then(key.clone()).otherwise(junk.clone()).alias("key")];
+                    select.extend(values.clone());
+                    lf.select(select)
+                };
+                match end {
+                    None => keyed(lf.clone(), is_ok()),
+                    Some(f) if self.equal_ends_mostly(f) => keyed(lf.clone().filter(f.clone()), is_ok()),
+                    Some(f) => keyed(lf.clone(), is_ok().and(f.clone())),
+                }
+            })
+            .collect();
+        // One rechunk here, rather than one per quantile expression in the group-by.
+        concat(parts, UnionArgs { rechunk: true, ..UnionArgs::default() })
+    }
+
+    /// Whether most records fail `ends_differ` (counted on the small pair-count table).
+    fn equal_ends_mostly(&self, ends_differ: &Expr) -> bool {
+        let differ = self
+            .pair_counts
+            .clone()
+            .lazy()
+            .filter(ends_differ.clone())
+            .select([col("probes").sum()])
+            .collect()
+            .ok()
+            .and_then(|df| df.column("probes").ok().and_then(|c| c.u64().ok().and_then(|c| c.get(0))))
+            .unwrap_or(0);
+        differ < self.records as u64 / 2
     }
 
     fn rnic_name(&self, id: u64) -> &str {
@@ -815,7 +870,11 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
         meta.sla.loss_ratio * 100.0,
         meta.sla.rtt_p99_us,
         rows.len(),
-        if meta.problems.is_empty() { String::new() } else { format!("; {} input problems (stderr)", meta.problems.len()) }
+        if meta.problems.is_empty() {
+            String::new()
+        } else {
+            format!("; {} input problems (stderr)", meta.problems.len())
+        }
     );
     let entity_width = rows.iter().map(|r| r.entity.chars().count()).max().unwrap_or(6).clamp(6, 60);
     let _ = writeln!(

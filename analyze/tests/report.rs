@@ -106,9 +106,7 @@ fn write_fleet(dir: &Path) -> Vec<Rec> {
                 let (outcome, arrived) = match b {
                     Behaviour::Mixed if i % 29 == 5 => (7, Arrived::ALL.0),
                     Behaviour::Mixed if i % 23 == 3 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
-                    Behaviour::Mixed if i % 11 == 4 => {
-                        (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1)
-                    }
+                    Behaviour::Mixed if i % 11 == 4 => (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1),
                     Behaviour::Mixed if i % 13 == 6 => (Outcome::Invalid as u8, Arrived::ALL.0),
                     Behaviour::Mixed => (Outcome::Ok as u8, Arrived::ALL.0),
                     Behaviour::Slow => {
@@ -256,7 +254,8 @@ fn reference(recs: &[Rec], sla: &Sla, whole: bool) -> BTreeMap<(u64, String, Str
         }
         for ((w, e), c) in counts {
             let mut row = RefRow::new();
-            for (k, name) in ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable"].iter().enumerate() {
+            for (k, name) in ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable"].iter().enumerate()
+            {
                 row.insert(name, Value::from(c[k]));
             }
             let den = c[1] + c[2] + c[3];
@@ -399,7 +398,13 @@ fn csv_table_and_parquet_carry_the_same_rows() {
     let n = doc["rows"].as_array().map_or(0, Vec::len);
     assert!(n > 0);
     // Default scopes only.
-    assert!(doc["rows"].as_array().into_iter().flatten().all(|r| ["cluster", "tor", "rnic"].contains(&r["scope"].as_str().unwrap_or(""))));
+    assert!(
+        doc["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|r| ["cluster", "tor", "rnic"].contains(&r["scope"].as_str().unwrap_or("")))
+    );
 
     let csv = analyze(&["report", "--format", "csv", seg_s]);
     assert_eq!(csv.status.code(), Some(0));
@@ -461,16 +466,14 @@ fn export_reads_back_with_every_probe() {
     let window = df.column("window_start_ns").expect("window").u64().expect("u64");
     let mut got: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
     for i in 0..df.height() {
-        let key = (
-            prober.get(i).unwrap_or("").to_owned(),
-            tor.get(i).unwrap_or("").to_owned(),
-            window.get(i).unwrap_or(0),
-        );
+        let key =
+            (prober.get(i).unwrap_or("").to_owned(), tor.get(i).unwrap_or("").to_owned(), window.get(i).unwrap_or(0));
         *got.entry(key).or_default() += 1;
     }
     let mut want: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
     for r in &recs {
-        *want.entry((RNICS[r.prober].0.to_owned(), tor_of(r.target).to_owned(), r.window * WINDOW_NS)).or_default() += 1;
+        *want.entry((RNICS[r.prober].0.to_owned(), tor_of(r.target).to_owned(), r.window * WINDOW_NS)).or_default() +=
+            1;
     }
     assert_eq!(got, want);
 }
@@ -479,10 +482,19 @@ fn export_reads_back_with_every_probe() {
 fn html_page_is_self_contained() {
     let (dir, seg, _recs) = fleet();
     let page = dir.path().join("report.html");
-    let out = analyze(&["html", "--output", page.to_str().expect("utf-8"), "--sla-loss", "0.1", seg.to_str().expect("utf-8")]);
+    let out = analyze(&[
+        "html",
+        "--output",
+        page.to_str().expect("utf-8"),
+        "--sla-loss",
+        "0.1",
+        seg.to_str().expect("utf-8"),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let html = std::fs::read_to_string(&page).expect("page");
-    for needle in ["ToR × ToR", "RNIC × RNIC", "tor-loss", "rnic-rtt", "SLA violations", "findings: run", "tb-h0/mlx5_0"] {
+    for needle in
+        ["ToR × ToR", "RNIC × RNIC", "tor-loss", "rnic-rtt", "SLA violations", "findings: run", "tb-h0/mlx5_0"]
+    {
         assert!(html.contains(needle), "missing {needle}");
     }
     assert!(!html.contains("http://") && !html.contains("https://") && !html.contains(" src="), "nothing fetched");

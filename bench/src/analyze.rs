@@ -165,7 +165,8 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
         what: "ratio analyze report / DuckDB (records/s)".into(),
         value: query_s / report.wall_s,
         unit: "x",
-        note: "analyze's time includes reading the segments; DuckDB's its Parquet scan; warm page cache for both".into(),
+        note: "analyze's time includes reading the segments; DuckDB's its Parquet scan; warm page cache for both"
+            .into(),
     });
 
     let check = run_timed(
@@ -251,7 +252,10 @@ fn write_rnic(segments: &Path, rnics: usize, r: usize, records: u64, sealed: boo
     ends.extend((1..RNICS_PER_TOR).map(|k| rnic_name(rnics, tor, j + k)));
     ends.extend((0..INTER_TOR_TARGETS).map(|m| rnic_name(rnics, tor + 1 + m % (tors - 1), j + 7 * m)));
     for (id, (n, t)) in ends.iter().enumerate() {
-        ensure!(w.endpoint(EndpointRole::Rnic, n, t, [0; 16]) == id as u32, "{n} is named twice in {name}'s dictionary");
+        ensure!(
+            w.endpoint(EndpointRole::Rnic, n, t, [0; 16]) == id as u32,
+            "{n} is named twice in {name}'s dictionary"
+        );
     }
     let mut stream = ShardStream::new(0x5EED + r as u64, START_UNIX_NS);
     for _ in 0..records {
@@ -298,10 +302,7 @@ fn ensure_duckdb(venv: &Path) -> Result<PathBuf> {
     eprintln!("bench analyze: installing DuckDB from PyPI into {}", venv.display());
     let status = Command::new("python3").arg("-m").arg("venv").arg(venv).status();
     if !status.is_ok_and(|s| s.success()) {
-        bail!(
-            "`python3 -m venv {}` failed: install python3 and python3-venv (scripts/setup does)",
-            venv.display()
-        );
+        bail!("`python3 -m venv {}` failed: install python3 and python3-venv (scripts/setup does)", venv.display());
     }
     let status = Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "duckdb"]).status()?;
     ensure!(status.success() && has(&python), "pip install duckdb into {} failed", venv.display());
@@ -318,7 +319,8 @@ struct Timed {
 /// Runs `cmd` to completion; fails with its stderr unless it exits 0.
 fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
     let t = Instant::now();
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;
+    let child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;
     let pid = child.id() as libc::pid_t;
     // Read the pipes on threads so a chatty child cannot block on a full pipe while we wait.
     let mut child = child;
@@ -345,12 +347,7 @@ fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     ensure!(ok, "{what} failed (wait status {status}):\n{stderr}");
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok(Timed {
-        wall_s,
-        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
-        max_rss_kib: usage.ru_maxrss as u64,
-        stdout,
-    })
+    Ok(Timed { wall_s, cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime), max_rss_kib: usage.ru_maxrss as u64, stdout })
 }
 
 /// `query_s=<seconds> duckdb=<version>` from the script.

@@ -111,7 +111,9 @@ fn main() -> Result<()> {
         }
         What::Analyze { records, rnics, sealed, window_s, dir, analyze_bin } => {
             if cfg!(debug_assertions) {
-                eprintln!("warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers");
+                eprintln!(
+                    "warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers"
+                );
             }
             let analyze_bin = match analyze_bin {
                 Some(p) => p,
@@ -141,7 +143,11 @@ fn main() -> Result<()> {
             };
             let mut mem_kib = 0u64;
             if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
-                mem_kib = m.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.trim().trim_end_matches(" kB").parse().ok()).unwrap_or(0);
+                mem_kib = m
+                    .lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+                    .unwrap_or(0);
             }
             println!(
                 "bench analyze: {records} records from {rnics} RNICs ({} segments), {window_s} s windows, {} cores, {:.1} GB RAM",
@@ -150,7 +156,11 @@ fn main() -> Result<()> {
                 mem_kib as f64 / 1048576.0
             );
             for f in rocemesh_bench::analyze::run(&opt)? {
-                let v = if f.unit == "records/s" { format!("{:>8.2} M", f.value / 1e6) } else { format!("{:>10.2}", f.value) };
+                let v = if f.unit == "records/s" {
+                    format!("{:>8.2} M", f.value / 1e6)
+                } else {
+                    format!("{:>10.2}", f.value)
+                };
                 println!("{:<56} {v} {:<9} {}", f.what, f.unit, f.note);
             }
         }
