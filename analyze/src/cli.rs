@@ -198,9 +198,22 @@ pub fn html(args: &HtmlArgs) -> i32 {
     let meta =
         Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
     let has_problems = !meta.problems.is_empty();
+    // Localisation reads the probe columns in place, so it runs before they move into polars.
+    let opts = crate::localize::Options { window_s: args.window_s, ..crate::localize::Options::default() };
+    let findings: Vec<html::FindingRow> = crate::localize::localize(&ds, &opts)
+        .findings
+        .into_iter()
+        .map(|f| html::FindingRow {
+            kind: f.kind,
+            entity: f.entity,
+            start_ns: f.start_ns,
+            end_ns: f.end_ns,
+            evidence: f.evidence,
+        })
+        .collect();
     let run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
-        let page = html::render(&HtmlReport::build(&prepared, meta)?, None);
+        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings));
         write_file(&args.output, page.as_bytes())
     };
     match run() {

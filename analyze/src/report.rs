@@ -290,9 +290,10 @@ const COUNTS: [&str; 7] = ["probes", "ok", "lost", "partial", "invalid", "refuse
 const NO_TOR: &str = "(no tor)";
 const UNKNOWN_RNIC: &str = "(unknown rnic)";
 
-/// The probe table reduced to what reports need: per-window pair counts and the ok records.
+/// The probe table reduced to what reports need: per-window pair counts, and per record its
+/// class, window index, ends and delays.
 ///
-/// Every group-by runs on one `u64` key that packs the window's index with the entity's ids
+/// Every group-by runs on one integer key that packs the window's index with the entity's ids
 /// (see [`KeySpace`]): polars groups a single integer column several times faster than a
 /// multi-column key, which it row-encodes and hashes as bytes (measured: 0.77 s against 0.07 s
 /// for the pair counts of 10^7 records).
@@ -317,7 +318,8 @@ pub struct Prepared {
     base: DataFrame,
 }
 
-/// Sizes of the id spaces packed into group keys: key = ((d * a) + x) * b + y.
+/// Sizes of the id spaces packed into group keys: a window index `d` and one or two ids, as
+/// `d * n + x` or `(d * n + x) * n + y` ([`KeySpace::keys`]).
 #[derive(Debug, Clone, Copy)]
 struct KeySpace {
     /// RNIC ids, the unknown one included.
@@ -517,13 +519,18 @@ pub enum Span {
     WholeRange,
 }
 
-/// Group keys that are not real: records a quantile must not see (not ok, or the second end of a
-/// record whose ends are equal) get this key, and their group is dropped by the join with the
-/// counts (which never produce it: [`prepare`] checks that real keys stay below it).
-const JUNK_KEY_U32: u32 = u32::MAX;
+/// Above this many possible keys a scope's samples are grouped by hashing instead of being laid
+/// out by key (the layout needs a counter per possible key and thread): 4 Mi keys is 16 MiB of
+/// counters, beyond any cluster, ToR or RNIC scope; only the `pair` scope of a large fleet over
+/// many windows gets there.
+const LAYOUT_KEYS_MAX: u64 = 1 << 22;
+
+/// The key of samples that must not count, on the hashing path: their group is dropped by the
+/// join with the counts, which never produce it ([`prepare`] keeps real keys below 2^61).
+const JUNK_KEY: u64 = u64::MAX;
 
 impl KeySpace {
-    /// The largest key `scope` can produce, plus one.
+    /// The number of keys `scope` can produce over `windows` windows.
     fn bound(self, scope: Scope, windows: u64) -> u64 {
         let (r, t) = (self.rnics, self.tors);
         windows.max(1)
@@ -536,30 +543,18 @@ impl KeySpace {
             }
     }
 
-    /// The group key(s) of `scope` over a frame with d, prober, target, prober_tor and
-    /// target_tor: one key, or for either-end scopes two (the second only where the ends
-    /// differ, so that a self-probe or a ToR-local record counts once), each with the condition
-    /// under which the record takes part. Keys are u32 when they fit, which halves the memory
-    /// of the key columns at 10^8 records.
-    fn exprs(self, scope: Scope, whole: bool, narrow: bool) -> Vec<(Expr, Option<Expr>)> {
-        let dtype = if narrow { DataType::UInt32 } else { DataType::UInt64 };
-        let num = |v: u64| lit(v).strict_cast(dtype.clone());
-        let c = |name: &str| col(name).strict_cast(dtype.clone());
-        let d = || if whole { num(0) } else { c("d") };
+    /// The group key of a record (window index `d`, RNICs `p` -> `g`, their ToRs `pt` -> `gt`)
+    /// in `scope`, and for the either-end scopes the key of its second end when the ends differ
+    /// (so that a self-probe or a ToR-local record counts once).
+    fn keys(self, scope: Scope, d: u64, p: u32, g: u32, pt: u32, gt: u32) -> (u64, Option<u64>) {
         let (r, t) = (self.rnics, self.tors);
-        let pair = |a: &str, b: &str, n: u64| (d() * num(n) + c(a)) * num(n) + c(b);
-        let one = |a: &str, n: u64| d() * num(n) + c(a);
+        let (p, g, pt, gt) = (u64::from(p), u64::from(g), u64::from(pt), u64::from(gt));
         match scope {
-            Scope::Cluster => vec![(d(), None)],
-            Scope::Pair => vec![(pair("prober", "target", r), None)],
-            Scope::TorPair => vec![(pair("prober_tor", "target_tor", t), None)],
-            Scope::Rnic => {
-                vec![(one("prober", r), None), (one("target", r), Some(col("target").neq(col("prober"))))]
-            }
-            Scope::Tor => vec![
-                (one("prober_tor", t), None),
-                (one("target_tor", t), Some(col("target_tor").neq(col("prober_tor")))),
-            ],
+            Scope::Cluster => (d, None),
+            Scope::Pair => ((d * r + p) * r + g, None),
+            Scope::TorPair => ((d * t + pt) * t + gt, None),
+            Scope::Rnic => (d * r + p, (g != p).then_some(d * r + g)),
+            Scope::Tor => (d * t + pt, (gt != pt).then_some(d * t + gt)),
         }
     }
 
@@ -576,9 +571,33 @@ impl KeySpace {
     }
 }
 
+/// The base columns as slices (each a single chunk: built from vectors in [`prepare`]).
+struct Columns<'a> {
+    class: &'a [u8],
+    d: &'a [u32],
+    prober: &'a [u32],
+    target: &'a [u32],
+    prober_tor: &'a [u32],
+    target_tor: &'a [u32],
+    delays: [&'a [i32]; 3],
+}
+
+const DELAYS: [&str; 3] = ["network_rtt_ns", "prober_delay_ns", "responder_delay_ns"];
+
 impl Prepared {
     /// The rows of `scopes` over `span`, SLA violations first, then by window, scope and entity.
     pub fn rows(&self, scopes: &[Scope], span: Span, sla: &Sla) -> Result<Vec<Row>, ReportError> {
+        self.rows_with(scopes, span, sla, LAYOUT_KEYS_MAX)
+    }
+
+    /// [`Prepared::rows`], laying samples out by key up to `layout_keys_max` possible keys.
+    fn rows_with(
+        &self,
+        scopes: &[Scope],
+        span: Span,
+        sla: &Sla,
+        layout_keys_max: u64,
+    ) -> Result<Vec<Row>, ReportError> {
         if self.window_list.is_empty() {
             return Ok(Vec::new());
         }
@@ -588,18 +607,26 @@ impl Prepared {
         scopes.dedup();
         let mut rows = Vec::new();
         for scope in scopes {
-            let narrow = self.keys.bound(scope, self.window_list.len() as u64) < u64::from(JUNK_KEY_U32);
-            let parts = self.keys.exprs(scope, whole, narrow);
             let counts = self
-                .count_input(&parts)?
+                .count_input(scope, whole)?
+                .lazy()
                 .group_by([col("key")])
                 .agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
-            let quantiles = self.quantile_input(&parts, narrow)?.group_by([col("key")]).agg(
-                QUANTILES
-                    .iter()
-                    .map(|(c, name, q)| col(*c).quantile(lit(*q), QuantileMethod::Equiprobable).alias(*name))
-                    .collect::<Vec<_>>(),
-            );
+            let windows = if whole { 1 } else { self.window_list.len() as u64 };
+            let samples = if self.keys.bound(scope, windows) <= layout_keys_max {
+                self.samples_by_key(scope, whole)?
+            } else {
+                self.samples_hashed(scope, whole)?
+            };
+            let quantiles = samples
+                .group_by([col("key")])
+                .agg(
+                    QUANTILES
+                        .iter()
+                        .map(|(c, name, q)| col(*c).quantile(lit(*q), QuantileMethod::Equiprobable).alias(*name))
+                        .collect::<Vec<_>>(),
+                )
+                .with_column(col("key").strict_cast(DataType::UInt64));
             let df = counts.join(quantiles, [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
             self.collect_rows(scope, &df, sla, &mut rows)?;
         }
@@ -615,68 +642,228 @@ impl Prepared {
         Ok(rows)
     }
 
-    /// The pair counts keyed for a scope (small: one row per pair and window).
-    fn count_input(&self, parts: &[(Expr, Option<Expr>)]) -> PolarsResult<LazyFrame> {
-        let lf = self.pair_counts.clone().lazy();
-        let parts: Vec<LazyFrame> = parts
-            .iter()
-            .map(|(key, end)| {
-                let mut select = vec![key.clone().alias("key")];
-                select.extend(COUNTS.iter().map(|c| col(*c)));
-                match end {
-                    Some(f) => lf.clone().filter(f.clone()).select(select),
-                    None => lf.clone().select(select),
-                }
-            })
-            .collect();
-        concat(parts, UnionArgs::default())
-    }
-
-    /// Every record keyed for a scope, with the delays; records that must not count get the
-    /// junk key instead of being filtered out, because a filter copies every column it keeps and
-    /// nearly every record is ok. The second end of either-end scopes is filtered when most
-    /// records have equal ends (ToR-local probes in the `tor` scope), junk-keyed otherwise.
-    fn quantile_input(&self, parts: &[(Expr, Option<Expr>)], narrow: bool) -> PolarsResult<LazyFrame> {
-        let junk = if narrow {
-            lit(JUNK_KEY_U32).strict_cast(DataType::UInt32)
-        } else {
-            lit(u64::MAX).strict_cast(DataType::UInt64)
+    /// The per-window pair counts keyed for `scope` (small: one row per pair, window and end).
+    fn count_input(&self, scope: Scope, whole: bool) -> PolarsResult<DataFrame> {
+        let pc = &self.pair_counts;
+        let ids = |name: &str| -> PolarsResult<Vec<u32>> {
+            Ok(pc.column(name)?.u32()?.iter().map(|v| v.unwrap_or(0)).collect())
         };
-        let is_ok = || col("class").eq(lit(class::OK));
-        let lf = self.base.clone().lazy();
-        let parts: Vec<LazyFrame> = parts
+        let (d, p, g, pt, gt) = (ids("d")?, ids("prober")?, ids("target")?, ids("prober_tor")?, ids("target_tor")?);
+        let counts: Vec<Vec<u64>> = COUNTS
             .iter()
-            .map(|(key, end)| {
-                let values = [col("network_rtt_ns"), col("prober_delay_ns"), col("responder_delay_ns")];
-                let keyed = |lf: LazyFrame, keep: Expr| {
-                    let mut select = vec![when(keep).then(key.clone()).otherwise(junk.clone()).alias("key")];
-                    select.extend(values.clone());
-                    lf.select(select)
-                };
-                match end {
-                    None => keyed(lf.clone(), is_ok()),
-                    Some(f) if self.equal_ends_mostly(f) => keyed(lf.clone().filter(f.clone()), is_ok()),
-                    Some(f) => keyed(lf.clone(), is_ok().and(f.clone())),
-                }
-            })
-            .collect();
-        // One rechunk here, rather than one per quantile expression in the group-by.
-        concat(parts, UnionArgs { rechunk: true, ..UnionArgs::default() })
+            .map(|c| Ok(pc.column(c)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect()))
+            .collect::<PolarsResult<_>>()?;
+        let (mut key, mut rows) = (Vec::with_capacity(pc.height()), Vec::with_capacity(pc.height()));
+        for i in 0..pc.height() {
+            let w = if whole { 0 } else { u64::from(d[i]) };
+            let (a, b) = self.keys.keys(scope, w, p[i], g[i], pt[i], gt[i]);
+            for k in std::iter::once(a).chain(b) {
+                key.push(k);
+                rows.push(i as IdxSize);
+            }
+        }
+        let rows = IdxCa::from_vec("rows".into(), rows);
+        let mut columns = vec![UInt64Chunked::from_vec("key".into(), key).into_column()];
+        for (name, v) in COUNTS.iter().zip(counts) {
+            columns.push(UInt64Chunked::from_vec((*name).into(), v).take(&rows)?.into_column());
+        }
+        DataFrame::new(rows.len(), columns)
     }
 
-    /// Whether most records fail `ends_differ` (counted on the small pair-count table).
-    fn equal_ends_mostly(&self, ends_differ: &Expr) -> bool {
-        let differ = self
-            .pair_counts
-            .clone()
-            .lazy()
-            .filter(ends_differ.clone())
-            .select([col("probes").sum()])
-            .collect()
-            .ok()
-            .and_then(|df| df.column("probes").ok().and_then(|c| c.u64().ok().and_then(|c| c.get(0))))
-            .unwrap_or(0);
-        differ < self.records as u64 / 2
+    fn columns(&self) -> PolarsResult<Columns<'_>> {
+        let b = &self.base;
+        let u32s = |name: &str| -> PolarsResult<&[u32]> { b.column(name)?.u32()?.cont_slice() };
+        let i32s = |name: &str| -> PolarsResult<&[i32]> { b.column(name)?.i32()?.cont_slice() };
+        Ok(Columns {
+            class: b.column("class")?.u8()?.cont_slice()?,
+            d: u32s("d")?,
+            prober: u32s("prober")?,
+            target: u32s("target")?,
+            prober_tor: u32s("prober_tor")?,
+            target_tor: u32s("target_tor")?,
+            delays: [i32s(DELAYS[0])?, i32s(DELAYS[1])?, i32s(DELAYS[2])?],
+        })
+    }
+
+    /// The ok records' delays of `scope`, laid out by key (a counting sort: count per key, then
+    /// place), with the key column flagged sorted: polars then groups them as contiguous slices
+    /// (its sorted-key fast path) and each quantile copies a slice, instead of hashing 10^8 keys
+    /// and gathering every group's values from all over the table. A target's records, for one,
+    /// are spread over every prober's file: one value per cache line gathered.
+    fn samples_by_key(&self, scope: Scope, whole: bool) -> PolarsResult<LazyFrame> {
+        let c = self.columns()?;
+        let keys = self.keys;
+        let windows = if whole { 1 } else { self.window_list.len() as u64 };
+        let nkeys = keys.bound(scope, windows) as usize;
+        let n = c.class.len();
+        let either = matches!(scope, Scope::Rnic | Scope::Tor);
+        const BLOCK: usize = 1 << 16;
+        const NONE: u32 = u32::MAX;
+        // Pass 1: each record's key(s) (NONE: not a sample), and the samples per key. Few
+        // accumulators, as each holds a counter per possible key.
+        let mut first = vec![NONE; n];
+        let mut second = vec![NONE; if either { n } else { 0 }];
+        let blocks = n.div_ceil(BLOCK);
+        let min_len = (blocks / (4 * rayon::current_num_threads().max(1))).max(1);
+        let count = |mut h: Vec<u32>, (b, k1): (usize, &mut [u32]), k2: &mut [u32]| {
+            for (j, k) in k1.iter_mut().enumerate() {
+                let i = b * BLOCK + j;
+                if c.class[i] != class::OK {
+                    continue;
+                }
+                let d = if whole { 0 } else { u64::from(c.d[i]) };
+                let (a, s) = keys.keys(scope, d, c.prober[i], c.target[i], c.prober_tor[i], c.target_tor[i]);
+                *k = a as u32;
+                h[a as usize] += 1;
+                if let (Some(s), Some(slot)) = (s, k2.get_mut(j)) {
+                    *slot = s as u32;
+                    h[s as usize] += 1;
+                }
+            }
+            h
+        };
+        let add = |mut a: Vec<u32>, b: Vec<u32>| {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+            a
+        };
+        let histogram = if either {
+            first
+                .par_chunks_mut(BLOCK)
+                .enumerate()
+                .zip(second.par_chunks_mut(BLOCK))
+                .with_min_len(min_len)
+                .fold(|| vec![0u32; nkeys], |h, (k1, k2)| count(h, k1, k2))
+                .reduce(|| vec![0u32; nkeys], add)
+        } else {
+            first
+                .par_chunks_mut(BLOCK)
+                .enumerate()
+                .with_min_len(min_len)
+                .fold(|| vec![0u32; nkeys], |h, k1| count(h, k1, &mut []))
+                .reduce(|| vec![0u32; nkeys], add)
+        };
+        let mut starts = Vec::with_capacity(nkeys + 1);
+        let mut total = 0usize;
+        for &h in &histogram {
+            starts.push(total);
+            total += h as usize;
+        }
+        starts.push(total);
+        // Pass 2: key ranges of about equal sample counts, one per thread; each reads the key
+        // columns and writes the samples of its keys into its own part of the output.
+        let parts = rayon::current_num_threads().max(1);
+        let mut bounds = vec![0usize];
+        for (j, &start) in starts.iter().enumerate().take(nkeys).skip(1) {
+            if start * parts >= total * bounds.len() && bounds.len() < parts {
+                bounds.push(j);
+            }
+        }
+        bounds.push(nkeys);
+        let mut key_out = vec![0u32; total];
+        let mut delays_out = [vec![0i32; total], vec![0i32; total], vec![0i32; total]];
+        {
+            let mut jobs = Vec::new();
+            let mut k_rest = key_out.as_mut_slice();
+            let [mut r0, mut r1, mut r2] = delays_out.each_mut().map(|v| v.as_mut_slice());
+            for w in bounds.windows(2) {
+                let len = starts[w[1]] - starts[w[0]];
+                let (k, kr) = std::mem::take(&mut k_rest).split_at_mut(len);
+                let (a, ar) = std::mem::take(&mut r0).split_at_mut(len);
+                let (b, br) = std::mem::take(&mut r1).split_at_mut(len);
+                let (e, er) = std::mem::take(&mut r2).split_at_mut(len);
+                (k_rest, r0, r1, r2) = (kr, ar, br, er);
+                jobs.push((w[0], w[1], k, [a, b, e]));
+            }
+            let (first, second) = (&first, &second);
+            jobs.into_par_iter().for_each(|(lo, hi, k, mut out)| {
+                let base = starts[lo];
+                let mut cursor: Vec<usize> = starts[lo..hi].iter().map(|s| s - base).collect();
+                for j in lo..hi {
+                    k[starts[j] - base..starts[j + 1] - base].fill(j as u32);
+                }
+                let (lo32, hi32) = (lo as u32, hi as u32);
+                for keys in [first, second] {
+                    for (i, &key) in keys.iter().enumerate() {
+                        if key >= lo32 && key < hi32 {
+                            let at = &mut cursor[(key - lo32) as usize];
+                            for (o, v) in out.iter_mut().zip(c.delays) {
+                                o[*at] = v[i];
+                            }
+                            *at += 1;
+                        }
+                    }
+                }
+            });
+        }
+        drop((first, second));
+        let mut key = UInt32Chunked::from_vec("key".into(), key_out);
+        key.set_sorted_flag(polars::series::IsSorted::Ascending);
+        let [rtt, pd, rd] = delays_out;
+        let df = DataFrame::new(
+            total,
+            vec![
+                key.into_column(),
+                Int32Chunked::from_vec(DELAYS[0].into(), rtt).into_column(),
+                Int32Chunked::from_vec(DELAYS[1].into(), pd).into_column(),
+                Int32Chunked::from_vec(DELAYS[2].into(), rd).into_column(),
+            ],
+        )?;
+        Ok(df.lazy())
+    }
+
+    /// The ok records' delays of `scope` with a key column, for polars to group by hashing: the
+    /// path for key spaces too large to lay out. Records that must not count get [`JUNK_KEY`] rather than being filtered out, so the
+    /// delay columns are shared with the table, not copied. The second ends of either-end
+    /// scopes are a second part: compact (gathered) when few records have one, as in the `tor`
+    /// scope where most probes stay under one ToR.
+    fn samples_hashed(&self, scope: Scope, whole: bool) -> PolarsResult<LazyFrame> {
+        let c = self.columns()?;
+        let keys = self.keys;
+        let n = c.class.len();
+        let key_of = |i: usize| {
+            let d = if whole { 0 } else { u64::from(c.d[i]) };
+            keys.keys(scope, d, c.prober[i], c.target[i], c.prober_tor[i], c.target_tor[i])
+        };
+        // u32 keys where they fit (the junk key then is u32::MAX): half the memory, and polars
+        // hashes them faster.
+        let windows = if whole { 1 } else { self.window_list.len() as u64 };
+        let narrow = keys.bound(scope, windows) < u64::from(u32::MAX);
+        let column = |len: usize, key: &(dyn Fn(usize) -> Option<u64> + Sync)| -> Column {
+            if narrow {
+                let v: Vec<u32> = (0..len).into_par_iter().map(|i| key(i).map_or(u32::MAX, |k| k as u32)).collect();
+                UInt32Chunked::from_vec("key".into(), v).into_column()
+            } else {
+                let v: Vec<u64> = (0..len).into_par_iter().map(|i| key(i).unwrap_or(JUNK_KEY)).collect();
+                UInt64Chunked::from_vec("key".into(), v).into_column()
+            }
+        };
+        let shared = |key: Column| -> PolarsResult<LazyFrame> {
+            let mut columns = vec![key];
+            for name in DELAYS {
+                columns.push(self.base.column(name)?.clone());
+            }
+            Ok(DataFrame::new(n, columns)?.lazy())
+        };
+        let first = shared(column(n, &|i| (c.class[i] == class::OK).then(|| key_of(i).0)))?;
+        if !matches!(scope, Scope::Rnic | Scope::Tor) {
+            return Ok(first);
+        }
+        let second_of = |i: usize| (c.class[i] == class::OK).then(|| key_of(i).1).flatten();
+        let rows: Vec<IdxSize> =
+            (0..n).into_par_iter().filter(|&i| second_of(i).is_some()).map(|i| i as IdxSize).collect();
+        let second = if rows.len() > n / 2 {
+            shared(column(n, &second_of))?
+        } else {
+            let mut columns = vec![column(rows.len(), &|j| second_of(rows[j] as usize))];
+            let rows = IdxCa::from_vec("rows".into(), rows);
+            for name in DELAYS {
+                columns.push(self.base.column(name)?.take(&rows)?);
+            }
+            DataFrame::new(rows.len(), columns)?.lazy()
+        };
+        concat([first, second], UnionArgs { rechunk: true, ..UnionArgs::default() })
     }
 
     fn rnic_name(&self, id: u64) -> &str {
@@ -863,7 +1050,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
     let violating = rows.iter().filter(|r| !r.sla_violations.is_empty()).count();
     let _ = writeln!(
         s,
-        "{} records from {} files, windows of {} s; SLA: loss <= {}%, RTT p99 <= {} µs; {violating} of {} rows violate it{}",
+        "{} records from {} files, windows of {} s, delays in µs; SLA: loss <= {}%, RTT p99 <= {} µs; {violating} of {} rows violate it{}",
         meta.records,
         meta.files,
         meta.window_s,
@@ -899,7 +1086,6 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
         "rsp p50",
         "rsp p99",
     );
-    let _ = writeln!(s, "{:<20} {:<8} {:<entity_width$} {:>139}", "", "", "", "(delays in µs)");
     for r in rows {
         let loss = r.loss_ratio.map_or_else(|| "-".into(), |l| format!("{:.3}", l * 100.0));
         let sla = r
@@ -972,6 +1158,52 @@ mod tests {
         assert!(matches!(Sla::from_file(&p), Err(ReportError::SlaConfig { .. })));
         std::fs::write(&p, "loss_ratio = 5\n").expect("write");
         assert!(matches!(Sla::from_file(&p), Err(ReportError::SlaConfig { .. })));
+    }
+
+    /// Both ways of grouping samples (laid out by key, hashed) give the same rows, on records
+    /// with every outcome, an unknown RNIC id, an RNIC without a ToR and a self-probe.
+    #[test]
+    fn laid_out_and_hashed_agree() {
+        let rnics: Vec<Rnic> = (0..7)
+            .map(|i| Rnic {
+                name: format!("h{i}/d0"),
+                tor: if i == 6 { String::new() } else { format!("t{}", i % 3) },
+                host: format!("h{i}"),
+            })
+            .collect();
+        let n = 20_000usize;
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut p = Probes::default();
+        for i in 0..n {
+            let r = next();
+            p.t1_unix_ns.push(1_700_000_000_000_000_000 + (i as u64) * 6_000_000 + r % 1000);
+            p.network_rtt_ns.push((r >> 10) as i32 & 0xFFFF);
+            p.prober_delay_ns.push((r >> 26) as i32 & 0xFFF);
+            p.responder_delay_ns.push((r >> 38) as i32 & 0xFFF);
+            p.prober.push(if r % 997 == 0 { u32::MAX } else { (r >> 3) as u32 % 7 });
+            p.target.push((r >> 7) as u32 % 7);
+            p.flow_label.push(0);
+            p.responder_epoch.push(0);
+            p.kind.push(0);
+            p.outcome.push([0, 0, 0, 0, 0, 1, 1, 2, 3, 9][(r >> 50) as usize % 10]);
+            p.arrived.push((r >> 54) as u8 & 7);
+        }
+        let prepared = prepare(p, &rnics, 30_000_000_000).expect("prepare");
+        let scopes = [Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair];
+        for span in [Span::PerWindow, Span::WholeRange] {
+            let laid_out = prepared.rows(&scopes, span, &Sla::default()).expect("laid out");
+            let hashed = prepared.rows_with(&scopes, span, &Sla::default(), 0).expect("hashed");
+            assert!(laid_out.len() > 50, "{}", laid_out.len());
+            assert_eq!(laid_out, hashed);
+            assert!(laid_out.iter().any(|r| r.entity == UNKNOWN_RNIC));
+            assert!(laid_out.iter().any(|r| r.entity == NO_TOR));
+        }
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct Options {
     pub venv: PathBuf,
     /// Report window, seconds.
     pub window_s: u64,
+    /// Timed runs of each side; the median is reported (a shared VM's runs vary by 10-30%).
+    pub runs: usize,
 }
 
 /// One measured figure.
@@ -97,19 +99,23 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
     let report_pq = opt.dir.join("analyze-report.parquet");
     let scopes = "cluster,tor,rnic";
     let window = opt.window_s.to_string();
-    let report = run_timed(
-        Command::new(&opt.analyze_bin)
-            .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
-            .arg(&report_pq)
-            .arg(&segments),
-        "analyze report",
-    )?;
+    let report = median_of(opt.runs, || {
+        run_timed(
+            Command::new(&opt.analyze_bin)
+                .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
+                .arg(&report_pq)
+                .arg(&segments),
+            "analyze report",
+        )
+    })?;
     out.push(Figure {
         what: "analyze report (cluster,tor,rnic), process wall time".into(),
         value: n / report.wall_s,
         unit: "records/s",
         note: format!(
-            "{:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {note_data}",
+            "median of {} runs ({}): {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {note_data}",
+            opt.runs,
+            report.spread,
             report.wall_s,
             report.cpu_s,
             report.max_rss_kib as f64 / 1048576.0
@@ -141,22 +147,33 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
     let script = opt.dir.join("duckdb_report.py");
     std::fs::write(&script, DUCKDB_SCRIPT)?;
     let duck_pq = opt.dir.join("duckdb-report.parquet");
-    let duck = run_timed(
-        Command::new(&python)
-            .arg(&script)
-            .args(["query", &(opt.window_s * 1_000_000_000).to_string()])
-            .arg(&probes_pq)
-            .arg(&duck_pq),
-        "DuckDB",
-    )?;
-    let (query_s, version) = parse_query(&duck.stdout)?;
+    let duck = median_of(opt.runs, || {
+        let mut t = run_timed(
+            Command::new(&python)
+                .arg(&script)
+                .args(["query", &(opt.window_s * 1_000_000_000).to_string()])
+                .arg(&probes_pq)
+                .arg(&duck_pq),
+            "DuckDB",
+        )?;
+        // DuckDB's own query time, not the Python interpreter's start-up around it.
+        let (query_s, version) = parse_query(&t.stdout)?;
+        t.process_s = t.wall_s;
+        t.wall_s = query_s;
+        t.stdout = version;
+        Ok(t)
+    })?;
+    let query_s = duck.wall_s;
     out.push(Figure {
         what: "DuckDB, same aggregation on the Parquet export".into(),
         value: n / query_s,
         unit: "records/s",
         note: format!(
-            "duckdb {version}: {query_s:.2} s query (read Parquet, write Parquet); process {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB",
-            duck.wall_s,
+            "duckdb {}, median of {} runs ({}): {query_s:.2} s query (read Parquet, write Parquet); process {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB",
+            duck.stdout.trim(),
+            opt.runs,
+            duck.spread,
+            duck.process_s,
             duck.cpu_s,
             duck.max_rss_kib as f64 / 1048576.0
         ),
@@ -314,6 +331,23 @@ struct Timed {
     cpu_s: f64,
     max_rss_kib: u64,
     stdout: String,
+    /// The whole process's wall time where `wall_s` is a part of it.
+    process_s: f64,
+    /// "min-max s" over the runs the median was taken from.
+    spread: String,
+}
+
+/// The run with the median wall time of `runs` (at least one).
+fn median_of(runs: usize, mut run: impl FnMut() -> Result<Timed>) -> Result<Timed> {
+    let mut all = (0..runs.max(1)).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    all.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
+    let spread = match (all.first(), all.last()) {
+        (Some(a), Some(b)) => format!("{:.2}-{:.2} s", a.wall_s, b.wall_s),
+        _ => String::new(),
+    };
+    let mut m = all.swap_remove(all.len() / 2);
+    m.spread = spread;
+    Ok(m)
 }
 
 /// Runs `cmd` to completion; fails with its stderr unless it exits 0.
@@ -347,7 +381,14 @@ fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     ensure!(ok, "{what} failed (wait status {status}):\n{stderr}");
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok(Timed { wall_s, cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime), max_rss_kib: usage.ru_maxrss as u64, stdout })
+    Ok(Timed {
+        wall_s,
+        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+        stdout,
+        process_s: wall_s,
+        spread: String::new(),
+    })
 }
 
 /// `query_s=<seconds> duckdb=<version>` from the script.

@@ -40,6 +40,9 @@ enum What {
         /// Report window, seconds.
         #[arg(long, default_value_t = 30)]
         window_s: u64,
+        /// Timed runs of analyze and of DuckDB each; the medians are compared.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         /// Where data and outputs go (default: bench-analyze under $CARGO_TARGET_DIR or
         /// ~/.cache/rocemesh/target); the generated segments are reused by later runs.
         #[arg(long)]
@@ -109,7 +112,7 @@ fn main() -> Result<()> {
                 println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
             }
         }
-        What::Analyze { records, rnics, sealed, window_s, dir, analyze_bin } => {
+        What::Analyze { records, rnics, sealed, window_s, runs, dir, analyze_bin } => {
             if cfg!(debug_assertions) {
                 eprintln!(
                     "warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers"
@@ -140,6 +143,7 @@ fn main() -> Result<()> {
                 analyze_bin,
                 venv: home.join(".cache/rocemesh/venv"),
                 window_s,
+                runs,
             };
             let mut mem_kib = 0u64;
             if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
