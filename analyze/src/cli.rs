@@ -232,3 +232,29 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
         source,
     })
 }
+
+/// Runs `analyze localize`; returns the exit code.
+pub fn localize(inputs: &[PathBuf], format: &str, window_s: u64, close_after_quiet_windows: u64) -> i32 {
+    if format != "table" && format != "json" {
+        eprintln!("analyze localize: --format {format} is not supported; use table or json");
+        return exit::USAGE;
+    }
+    let ds = match load("localize", inputs) {
+        Ok(ds) => ds,
+        Err(code) => return code,
+    };
+    let opts = crate::localize::Options { window_s, close_after_quiet_windows, ..crate::localize::Options::default() };
+    let result = crate::localize::localize(&ds, &opts);
+    if format == "json" {
+        match serde_json::to_string_pretty(&result) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("analyze localize: cannot encode findings: {e}");
+                return exit::USAGE;
+            }
+        }
+    } else {
+        print!("{}", crate::localize::render_table(&result));
+    }
+    outcome(!ds.problems.is_empty())
+}

@@ -11,7 +11,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span, utc};
+use crate::inspect::utc;
+use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
 pub const MAX_HEATMAP_AXIS: usize = 256;

@@ -11,7 +11,7 @@
 //! (restarts), and each prober's send-time gaps (a frozen host's timers fire late).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use polars::prelude::*;
@@ -379,10 +379,4 @@ fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
     let limit = median.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
     let long = t1.windows(2).filter(|w| w[1] > w[0] && w[1] - w[0] > limit).map(|w| (w[0], w[1] - w[0])).collect();
     (long, median)
-}
-
-/// Whether `path` looks like a segment by name (used by callers that glob).
-pub fn is_segment_name(path: &Path) -> bool {
-    let s = path.to_string_lossy();
-    s.ends_with(rocemesh_formats::segment::OPEN_SUFFIX) || s.ends_with(rocemesh_formats::segment::SEALED_SUFFIX)
 }

@@ -240,14 +240,9 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
                 }
             }
         } else if outcome == Outcome::Lost as u8 {
-            if p.arrived[i] & Arrived::ACK1 != 0 {
-                // Only ACK2 missing: the forward path and the responder are proven alive.
-                a.valid = 1;
-                a.ok = 0;
-            } else {
-                a.valid = 1;
-                a.lost = 1;
-            }
+            a.valid = 1;
+            // Only ACK2 missing proves the forward path and the responder alive: not loss.
+            a.lost = u32::from(p.arrived[i] & Arrived::ACK1 == 0);
         } else {
             continue;
         }
@@ -257,12 +252,13 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         }
         acc.entry(key).or_default().add(&a);
     }
+    let noise_ms = opts.host_delay_noise_ns as f64 / 1e6;
     for (&(rnic, w), &count) in pd_noise.iter() {
         if count >= 3 {
             let r = &ds.rnics[rnic as usize];
             noisy
                 .entry((host_of[rnic as usize], w))
-                .or_insert_with(|| format!("{}: {count} probes with prober delay > 1 ms", r.name));
+                .or_insert_with(|| format!("{}: {count} probes with prober delay > {noise_ms} ms", r.name));
         }
     }
     for (&(rnic, w), &count) in rd_noise.iter() {
@@ -270,7 +266,7 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
             let r = &ds.rnics[rnic as usize];
             noisy
                 .entry((host_of[rnic as usize], w))
-                .or_insert_with(|| format!("{}: answered {count} probes > 1 ms late", r.name));
+                .or_insert_with(|| format!("{}: answered {count} probes > {noise_ms} ms late", r.name));
         }
     }
 

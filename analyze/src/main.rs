@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use rocemesh_analyze::{exit, inspect, localize};
+use rocemesh_analyze::{exit, inspect};
 
 /// Analyse rocemesh segment files (open *.rseg and sealed *.rseg.zst).
 ///
@@ -74,7 +74,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.what {
         What::Localize { inputs, format, window_s, close_after_quiet_windows } => {
-            localize_cli(&inputs, &format, window_s, close_after_quiet_windows)
+            rocemesh_analyze::cli::localize(&inputs, &format, window_s, close_after_quiet_windows)
         }
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),
@@ -99,41 +99,4 @@ fn main() {
         },
     };
     std::process::exit(code);
-}
-
-fn localize_cli(inputs: &[PathBuf], format: &str, window_s: u64, close_after_quiet_windows: u64) -> i32 {
-    if format != "table" && format != "json" {
-        eprintln!("analyze localize: --format {format} is not supported; use table or json");
-        return exit::USAGE;
-    }
-    let files = match inspect::find_segments(inputs) {
-        Ok(f) if !f.is_empty() => f,
-        Ok(_) => {
-            eprintln!("analyze localize: no segment files (*.rseg, *.rseg.zst) under {inputs:?}");
-            return exit::USAGE;
-        }
-        Err(e) => {
-            eprintln!("analyze localize: cannot list {inputs:?}: {e}");
-            return exit::USAGE;
-        }
-    };
-    let ds = rocemesh_analyze::ingest::ingest(&files, true);
-    for p in &ds.problems {
-        let what = if p.skipped { "skipped" } else { "damaged, read what validated" };
-        eprintln!("analyze localize: {} ({what}): {}", p.path.display(), p.problem);
-    }
-    let opts = localize::Options { window_s, close_after_quiet_windows, ..localize::Options::default() };
-    let result = localize::localize(&ds, &opts);
-    if format == "json" {
-        match serde_json::to_string_pretty(&result) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("analyze localize: cannot encode findings: {e}");
-                return exit::USAGE;
-            }
-        }
-    } else {
-        print!("{}", localize::render_table(&result));
-    }
-    if ds.problems.is_empty() { exit::OK } else { exit::PROBLEMS }
 }

@@ -32,6 +32,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::{Probes, Rnic};
+use crate::inspect::utc;
 
 /// Everything that can go wrong computing or writing a report.
 #[derive(Debug, thiserror::Error)]
@@ -933,12 +934,6 @@ impl Prepared {
         }
         Ok(())
     }
-}
-
-/// RFC 3339 UTC, second precision (windows are whole seconds).
-pub fn utc(unix_ns: u64) -> String {
-    let c = rocemesh_formats::time::civil_utc((unix_ns / 1_000_000_000) as i64);
-    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", c.year, c.month, c.day, c.hour, c.minute, c.second)
 }
 
 /// How to print a report.

@@ -366,7 +366,7 @@ fn every_number_of_every_scope_matches_the_reference() {
     let slow = row("pair", "ta-h0/mlx5_0->tb-h0/mlx5_0", 1);
     assert_eq!(slow["sla_violations"], serde_json::json!(["rtt_p99"]));
     assert_eq!(row("pair", "tb-h0/mlx5_0->ta-h2/mlx5_0", 0)["sla_violations"], serde_json::json!(["loss"]));
-    assert_eq!(slow["window_start"], rocemesh_analyze::report::utc(slow["window_start_ns"].as_u64().unwrap_or(0)));
+    assert_eq!(slow["window_start"], rocemesh_analyze::inspect::utc(slow["window_start_ns"].as_u64().unwrap_or(0)));
 
     // Violations first.
     let first_clean = rows.iter().position(|r| r["sla_violations"].as_array().is_some_and(|v| v.is_empty()));
