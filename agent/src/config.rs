@@ -11,6 +11,17 @@
 //! tor = "tor0"
 //! bind = "10.0.0.1:18515"          # UDP transport: the address this shard probes from and answers on
 //! core = 2                         # CPU core the shard is pinned to
+//!
+//! [[shard]]
+//! device = "mlx5_1"                # verbs: the RDMA device (`rdma link` / `ibv_devices` name)
+//! transport = "verbs"
+//! tor = "tor1"
+//! bind = "10.0.1.1:18515"          # verbs: the RNIC's address (selects its RoCEv2 GID) and the
+//!                                  # RDMA CM port peers resolve this shard's QPN on
+//! core = 3
+//! ib_port = 1                      # verbs: device port (default 1)
+//! # gid_index = 3                  # verbs: override the GID found from `bind`'s address
+//! traffic_class = 106              # verbs: GRH traffic class, DSCP << 2 | ECN (default 106)
 //! ```
 
 use std::net::SocketAddr;
@@ -37,6 +48,8 @@ pub enum TransportKind {
     /// Kernel UDP with SO_TIMESTAMPING software timestamps (hosts and CI without RNICs).
     #[default]
     Udp,
+    /// RDMA verbs: one UD queue pair on the RNIC, peers' QPNs resolved through RDMA CM.
+    Verbs,
 }
 
 /// The whole file.
@@ -98,6 +111,24 @@ pub struct ShardConfig {
     /// Testing only: ignore this fraction of received probes, as a lossy peer would.
     #[serde(default)]
     pub ignore_probe_fraction: f64,
+    /// Verbs: the device port (1-based).
+    #[serde(default = "default_ib_port")]
+    pub ib_port: u8,
+    /// Verbs: GID index to use instead of the RoCEv2 GID of `bind`'s address.
+    #[serde(default)]
+    pub gid_index: Option<u8>,
+    /// Verbs: traffic class of probes and answers (DSCP << 2 | ECN). The default, 106 (DSCP 26,
+    /// ECT), is the lossless class most RoCE fabrics and NCCL (`NCCL_IB_TC=106`) use: probes
+    /// should queue where the training traffic queues. Set it to your fabric's RDMA class.
+    #[serde(default = "default_traffic_class")]
+    pub traffic_class: u8,
+}
+
+fn default_ib_port() -> u8 {
+    1
+}
+fn default_traffic_class() -> u8 {
+    106
 }
 
 fn default_flush_interval_ms() -> u64 {
@@ -176,6 +207,15 @@ impl AgentConfig {
                     cores - 1
                 ));
             }
+            if s.transport == TransportKind::Verbs && s.ib_port == 0 {
+                return Err(format!("shard[{i}].ib_port = 0: device ports are numbered from 1"));
+            }
+            if s.transport == TransportKind::Verbs && s.bind.port() == 0 {
+                return Err(format!(
+                    "shard[{i}].bind {}: a verbs shard needs a fixed port (peers resolve its QPN there)",
+                    s.bind
+                ));
+            }
             if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
                 return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
             }
@@ -241,5 +281,18 @@ core = 0
         )
         .expect_err("mode");
         assert!(e.to_string().contains("spin"), "{e}");
+    }
+
+    #[test]
+    fn a_verbs_shard_gets_its_defaults_and_needs_a_fixed_port() {
+        let p = Path::new("/x/agent.toml");
+        let verbs = GOOD.replace("core = 0", "core = 0\ntransport = \"verbs\"");
+        let c = AgentConfig::parse(&verbs, p).expect("parses");
+        let s = &c.shards[0];
+        assert_eq!((s.transport, s.ib_port, s.gid_index, s.traffic_class), (TransportKind::Verbs, 1, None, 106));
+        let e = AgentConfig::parse(&verbs.replace(":18515", ":0"), p).expect_err("port 0");
+        assert!(e.to_string().contains("shard[0].bind 127.0.0.1:0: a verbs shard needs a fixed port"), "{e}");
+        let e = AgentConfig::parse(&verbs.replace("core = 0", "core = 0\nib_port = 0"), p).expect_err("port");
+        assert!(e.to_string().contains("shard[0].ib_port = 0"), "{e}");
     }
 }

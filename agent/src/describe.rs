@@ -34,7 +34,7 @@ pub fn describe(cfg: &AgentConfig, sysfs: &Path) -> HostDescription {
 }
 
 /// (port, GID index, GID) of the RoCEv2 GID of `device` that is `ip` (IPv4-mapped for IPv4).
-fn roce_v2_gid(sysfs: &Path, device: &str, ip: IpAddr) -> Option<(u8, u16, std::net::Ipv6Addr)> {
+pub(crate) fn roce_v2_gid(sysfs: &Path, device: &str, ip: IpAddr) -> Option<(u8, u16, std::net::Ipv6Addr)> {
     let want = match ip {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,

@@ -3,7 +3,8 @@
 //! probes, and writing every probe into its segment files.
 //!
 //! - [`protocol`]: the 64-byte packet on the wire.
-//! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one.
+//! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one, [`verbs`]
+//!   the RDMA one (UD queue pairs, RDMA CM peer resolution, device recovery).
 //! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
@@ -18,3 +19,4 @@ pub mod runtime;
 pub mod shard;
 pub mod transport;
 pub mod udp;
+pub mod verbs;

@@ -19,10 +19,11 @@ use rocemesh_formats::pinglist::Pinglist;
 use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enforce_quota, seal};
 
 use crate::clock::now_ns;
-use crate::config::{AgentConfig, Mode, ShardConfig};
-use crate::shard::{Shard, ShardParams, ShardStats, UdpResolver};
+use crate::config::{AgentConfig, Mode, ShardConfig, TransportKind};
+use crate::shard::{Resolve, Shard, ShardParams, ShardStats, UdpResolver};
 use crate::transport::Transport;
 use crate::udp::{UdpTransport, unspecified_like};
+use crate::verbs::{VerbsAddr, VerbsConfig, VerbsResolver, VerbsTransport};
 
 /// glommio's reactor refuses to start below this (its MIN_MEMLOCK_LIMIT).
 const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
@@ -207,7 +208,71 @@ async fn shard_main(
     seal_tx: &mpsc::Sender<PathBuf>,
     shards: usize,
 ) -> Result<ShardReport> {
-    let transport = UdpTransport::bind(sc.bind)?;
+    match sc.transport {
+        TransportKind::Udp => {
+            let transport = UdpTransport::bind(sc.bind)?;
+            // A second handle on the same socket, only for glommio's reactor to wait on.
+            // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
+            let dup = unsafe { libc::dup(transport.readiness_fd()) };
+            if dup < 0 {
+                bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
+            }
+            // SAFETY: `dup` is a fresh, valid UDP socket descriptor owned by the new object.
+            let waiter = Waiter::Socket(unsafe { glommio::net::UdpSocket::from_raw_fd(dup) });
+            let null = unspecified_like(sc.bind.ip());
+            run_shard(cfg, sc, params, control, seal_tx, shards, transport, &UdpResolver, null, waiter).await
+        }
+        TransportKind::Verbs => {
+            let transport = VerbsTransport::open(VerbsConfig {
+                device: sc.device.clone(),
+                port: sc.ib_port,
+                bind: sc.bind,
+                gid_index: sc.gid_index,
+                traffic_class: sc.traffic_class,
+                sysfs: PathBuf::from("/sys"),
+            })?;
+            tracing::info!(device = %sc.device, qpn = transport.qpn(), "verbs transport ready");
+            run_shard(
+                cfg,
+                sc,
+                params,
+                control,
+                seal_tx,
+                shards,
+                transport,
+                &VerbsResolver,
+                VerbsAddr::NULL,
+                Waiter::Poll,
+            )
+            .await
+        }
+    }
+}
+
+/// How an event-mode shard sleeps until its transport has work.
+enum Waiter {
+    /// glommio's reactor waits on the UDP socket (a peek on a dup of it).
+    Socket(glommio::net::UdpSocket),
+    /// poll(2) on the transport's descriptors, on the shard's own thread. The verbs completion
+    /// channel is a uverbs character device, and glommio 0.9 can wait only on sockets (its
+    /// fd-readiness source is crate-private); the shard is the only task on its executor, so
+    /// blocking its thread in poll is what the reactor would do.
+    Poll,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_shard<T: Transport>(
+    cfg: &AgentConfig,
+    sc: &ShardConfig,
+    params: ShardParams,
+    control: &Control,
+    seal_tx: &mpsc::Sender<PathBuf>,
+    shards: usize,
+    transport: T,
+    resolver: &impl Resolve<T::Addr>,
+    null: T::Addr,
+    waiter: Waiter,
+) -> Result<ShardReport> {
     control.ready.fetch_add(1, Ordering::SeqCst);
     let ready_by = now_ns() + 5_000_000_000;
     while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
@@ -225,18 +290,9 @@ async fn shard_main(
         tool: concat!("rocemesh-agent ", env!("CARGO_PKG_VERSION")).into(),
     };
     let writer = SegmentWriter::new(wc, identity)?;
-    let null = unspecified_like(sc.bind.ip());
-    // A second handle on the same socket, only for glommio's reactor to wait on (event mode).
-    // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
-    let dup = unsafe { libc::dup(transport.readiness_fd()) };
-    if dup < 0 {
-        bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: `dup` is a fresh, valid UDP socket descriptor owned by the new object.
-    let waiter = unsafe { glommio::net::UdpSocket::from_raw_fd(dup) };
     let mut shard = Shard::new(params, transport, writer, null);
     let mut seen_generation = control.generation.load(Ordering::Acquire);
-    reload(&mut shard, control, &sc.device);
+    reload(&mut shard, control, &sc.device, resolver);
     let stats_every_ns = cfg.stats_interval_s * 1_000_000_000;
     let mut next_stats = now_ns() + stats_every_ns;
     let mut peek = [0u8; 1];
@@ -253,7 +309,7 @@ async fn shard_main(
         let g = control.generation.load(Ordering::Acquire);
         if g != seen_generation {
             seen_generation = g;
-            reload(&mut shard, control, &sc.device);
+            reload(&mut shard, control, &sc.device, resolver);
         }
         if let Err(e) = shard.step() {
             tracing::warn!(device = %sc.device, "segment write failed (records counted as dropped): {e}");
@@ -270,15 +326,27 @@ async fn shard_main(
             Mode::BusyPoll => glommio::yield_if_needed().await,
             Mode::Event => {
                 let wait_ns = shard.next_deadline_ns().saturating_sub(now_ns());
-                if wait_ns > 0 {
-                    let wait = Duration::from_nanos(wait_ns).min(MAX_WAIT);
-                    futures_lite::future::or(
-                        async {
-                            let _ = waiter.peek_from(&mut peek).await;
-                        },
-                        glommio::timer::sleep(wait),
-                    )
-                    .await;
+                if wait_ns == 0 {
+                    continue;
+                }
+                let wait = Duration::from_nanos(wait_ns).min(MAX_WAIT);
+                match &waiter {
+                    Waiter::Socket(sock) => {
+                        futures_lite::future::or(
+                            async {
+                                let _ = sock.peek_from(&mut peek).await;
+                            },
+                            glommio::timer::sleep(wait),
+                        )
+                        .await;
+                    }
+                    Waiter::Poll => {
+                        if shard.transport_mut().arm() {
+                            poll_fds(shard.transport(), wait);
+                        }
+                        // Let glommio run its own housekeeping between waits.
+                        glommio::yield_if_needed().await;
+                    }
                 }
             }
         }
@@ -291,9 +359,23 @@ async fn shard_main(
     Ok(ShardReport { device, stats })
 }
 
-fn reload(shard: &mut Shard<UdpTransport>, control: &Control, device: &str) {
+/// Block until one of the transport's descriptors is readable or `wait` passes.
+fn poll_fds<T: Transport>(t: &T, wait: Duration) {
+    let mut fds = [0; 4];
+    let n = t.wait_fds(&mut fds);
+    let mut pfd = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 4];
+    for i in 0..n {
+        pfd[i].fd = fds[i];
+    }
+    let ts = libc::timespec { tv_sec: wait.as_secs() as libc::time_t, tv_nsec: wait.subsec_nanos() as libc::c_long };
+    // SAFETY: `pfd` holds `n` valid entries (a closed or -1 descriptor only reports POLLNVAL or
+    // is ignored); ppoll does not keep the pointers.
+    unsafe { libc::ppoll(pfd.as_mut_ptr(), n as libc::nfds_t, &raw const ts, std::ptr::null()) };
+}
+
+fn reload<T: Transport>(shard: &mut Shard<T>, control: &Control, device: &str, resolver: &impl Resolve<T::Addr>) {
     let p = control.current();
-    let problems = shard.load(&p, &UdpResolver);
+    let problems = shard.load(&p, resolver);
     release_freed_memory();
     for pr in problems {
         tracing::warn!(device, "pinglist generation {}: {pr}", p.generation);

@@ -231,6 +231,11 @@ impl<T: Transport> Shard<T> {
         &self.transport
     }
 
+    /// The transport, mutably (event mode arms it before sleeping).
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
     /// Generation of the pinglist in force.
     pub fn generation(&self) -> u64 {
         self.generation
@@ -336,6 +341,7 @@ impl<T: Transport> Shard<T> {
 
     /// One round of work.
     pub fn step(&mut self) -> Result<(), SegmentError> {
+        self.transport.housekeeping(now_ns());
         self.collect_tx_timestamps(true)?;
         // Drain the socket (bounded): one batch per round would let a busy responder fall behind
         // its peers' send rate until its receive buffer overflows.
@@ -517,7 +523,7 @@ impl<T: Transport> Shard<T> {
                         }
                         continue;
                     };
-                    if self.inflight_addr[slot] != from {
+                    if !self.transport.answers_from(&self.inflight_addr[slot], &from) {
                         // Our sequence number from someone we did not probe: forged or confused.
                         self.stats.unknown += 1;
                         continue;
@@ -662,6 +668,9 @@ impl<T: Transport> Shard<T> {
     fn finalize(&mut self, slot: usize) -> Result<(), SegmentError> {
         let e = self.inflight[slot];
         self.inflight[slot].seq = 0;
+        if e.arrived & Arrived::PROBE_SENT != 0 && !e.refused {
+            self.transport.observe(&self.inflight_addr[slot], e.arrived & Arrived::ACK1 != 0);
+        }
         let complete = e.arrived & (Arrived::ACK1 | Arrived::ACK2) == Arrived::ACK1 | Arrived::ACK2;
         let mut r = ProbeRecord {
             t1_unix_ns: e.t1,

@@ -86,4 +86,31 @@ pub trait Transport {
 
     /// A descriptor that becomes readable when packets arrive (event mode waits on it).
     fn readiness_fd(&self) -> RawFd;
+
+    /// Work that is not a packet: control events, peer resolution, device recovery. Called once
+    /// per shard round; must not block.
+    fn housekeeping(&mut self, _now_ns: u64) {}
+
+    /// What became of a probe to `to`: answered (an ACK came back) or not. Transports that
+    /// resolve peers at run time use it to notice a peer that moved (a restarted agent).
+    fn observe(&mut self, _to: &Self::Addr, _answered: bool) {}
+
+    /// Whether a packet from `from` can be the answer to a probe sent to `probed`. UDP: the same
+    /// socket address. Verbs: the same GID (a target named by GID and service port answers from
+    /// its QP, whose number the pinglist does not carry).
+    fn answers_from(&self, probed: &Self::Addr, from: &Self::Addr) -> bool {
+        probed == from
+    }
+
+    /// Ask for a wake-up on the next arrival before the shard sleeps. False when work may
+    /// already be waiting (the shard must not sleep then).
+    fn arm(&mut self) -> bool {
+        true
+    }
+
+    /// Descriptors event mode waits on (readable = work); returns how many were written.
+    fn wait_fds(&self, out: &mut [RawFd; 4]) -> usize {
+        out[0] = self.readiness_fd();
+        1
+    }
 }

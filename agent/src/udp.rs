@@ -355,7 +355,8 @@ fn icmp_refused(h: &libc::msghdr) -> bool {
     false
 }
 
-fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+/// `addr` as a C sockaddr (also what RDMA CM takes).
+pub(crate) fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
     match addr {

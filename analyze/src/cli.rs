@@ -234,15 +234,31 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
 }
 
 /// Runs `analyze localize`; returns the exit code.
-pub fn localize(inputs: &[PathBuf], format: &str, window_s: u64, close_after_quiet_windows: u64) -> i32 {
+pub fn localize(
+    inputs: &[PathBuf],
+    format: &str,
+    window_s: u64,
+    close_after_quiet_windows: u64,
+    inventory: Option<&std::path::Path>,
+) -> i32 {
     if format != "table" && format != "json" {
         eprintln!("analyze localize: --format {format} is not supported; use table or json");
         return exit::USAGE;
     }
-    let ds = match load("localize", inputs) {
+    let inv = match inventory.map(rocemesh_formats::inventory::Inventory::load).transpose() {
+        Ok(inv) => inv,
+        Err(e) => {
+            eprintln!("analyze localize: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut ds = match load("localize", inputs) {
         Ok(ds) => ds,
         Err(code) => return code,
     };
+    if let Some(inv) = &inv {
+        ds.add_single_paths(inv);
+    }
     let opts = crate::localize::Options { window_s, close_after_quiet_windows, ..crate::localize::Options::default() };
     let result = crate::localize::localize(&ds, &opts);
     if format == "json" {

@@ -147,6 +147,9 @@ pub struct Dataset {
     pub switches: Vec<String>,
     /// Traced paths: (src RNIC, dst RNIC, flow label) -> switch ids in order.
     pub paths: HashMap<(u32, u32, u32), Vec<u32>>,
+    /// Paths the inventory alone determines, for probes without a trace: (src ToR, dst ToR) ->
+    /// switch ids, for ToR pairs that share exactly one spine (see [`Dataset::add_single_paths`]).
+    pub tor_paths: HashMap<(String, String), Vec<u32>>,
     /// One entry per readable file.
     pub agents: Vec<AgentFile>,
     /// Unreadable or damaged files.
@@ -159,6 +162,50 @@ impl Dataset {
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)
+    }
+
+    /// Paths that need no trace: in a two-tier fabric, traffic between two ToRs crosses one
+    /// spine both are linked to, so a ToR pair with exactly one common spine in the inventory
+    /// has one path (`tor_a, spine, tor_b`) whatever the flow label. Agents without path tracing
+    /// (all real ones today) then still vote on links and spines for those pairs. Returns the
+    /// number of ordered ToR pairs added.
+    pub fn add_single_paths(&mut self, inv: &rocemesh_formats::inventory::Inventory) -> usize {
+        let is_spine = |n: &str| inv.spines.iter().any(|s| s.name == n);
+        let mut uplinks: HashMap<&str, Vec<&str>> = HashMap::new();
+        for l in &inv.links {
+            let (tor, spine) = if is_spine(&l.b) { (l.a.as_str(), l.b.as_str()) } else { (l.b.as_str(), l.a.as_str()) };
+            uplinks.entry(tor).or_default().push(spine);
+        }
+        let mut tors: Vec<String> = self.rnics.iter().map(|r| r.tor.clone()).collect();
+        tors.sort();
+        tors.dedup();
+        let mut added = 0;
+        for a in &tors {
+            for b in &tors {
+                if a == b {
+                    continue;
+                }
+                let (Some(ua), Some(ub)) = (uplinks.get(a.as_str()), uplinks.get(b.as_str())) else { continue };
+                let common: Vec<&&str> = ua.iter().filter(|s| ub.contains(s)).collect();
+                if common.len() != 1 {
+                    continue;
+                }
+                let hops = [a.as_str(), common[0], b.as_str()].map(|n| self.switch_id(n));
+                self.tor_paths.insert((a.clone(), b.clone()), hops.to_vec());
+                added += 1;
+            }
+        }
+        added
+    }
+
+    fn switch_id(&mut self, name: &str) -> u32 {
+        match self.switches.iter().position(|s| s == name) {
+            Some(i) => i as u32,
+            None => {
+                self.switches.push(name.to_owned());
+                self.switches.len() as u32 - 1
+            }
+        }
     }
 }
 
@@ -228,6 +275,11 @@ pub fn ingest(files: &[PathBuf], progress: bool) -> Dataset {
                     ds.rnics.push(Rnic { name: e.name.clone(), tor: e.tor.clone(), host });
                     next
                 });
+                // A prober's dictionary may name a target without its ToR (agents know only
+                // their own): the RNIC's own files, or any entry that has one, fill it in.
+                if ds.rnics[id as usize].tor.is_empty() && !e.tor.is_empty() {
+                    ds.rnics[id as usize].tor = e.tor.clone();
+                }
                 rn[e.id as usize] = id;
             }
         }
@@ -371,12 +423,45 @@ fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
     if t1.len() < 3 {
         return (Vec::new(), 0);
     }
+    // Records are in the order the agent finalised them, not of T1: a lost probe is written a
+    // timeout after it was sent, behind probes sent later. Gaps are measured against the latest
+    // T1 seen so far, or every loss would look like a send gap as long as the timeout.
+    let mut steps: Vec<(u64, u64)> = Vec::with_capacity(t1.len());
+    let mut latest = t1[0];
+    for &t in &t1[1..] {
+        if t > latest {
+            steps.push((latest, t - latest));
+            latest = t;
+        }
+    }
+    if steps.is_empty() {
+        return (Vec::new(), 0);
+    }
     // The median of a strided sample is plenty to know the usual spacing.
-    let stride = (t1.len() / 4096).max(1);
-    let mut sample: Vec<u64> = t1.windows(2).step_by(stride).map(|w| w[1].saturating_sub(w[0])).collect();
+    let stride = (steps.len() / 4096).max(1);
+    let mut sample: Vec<u64> = steps.iter().step_by(stride).map(|s| s.1).collect();
     let mid = sample.len() / 2;
     let median = *sample.select_nth_unstable(mid).1;
     let limit = median.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
-    let long = t1.windows(2).filter(|w| w[1] > w[0] && w[1] - w[0] > limit).map(|w| (w[0], w[1] - w[0])).collect();
+    let long = steps.into_iter().filter(|s| s.1 > limit).collect();
     (long, median)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_written_a_timeout_late_is_not_a_send_gap() {
+        // 50 ms spacing; the probe sent at 0 was lost and written after the one sent at 1000 ms.
+        let mut t1: Vec<u64> = (1..=20).map(|i| i * 50_000_000).collect();
+        t1.insert(20, 0);
+        t1.extend((21..=40).map(|i| i * 50_000_000));
+        let (long, median) = gaps(&t1);
+        assert_eq!((long, median), (Vec::new(), 50_000_000));
+        // A real stall still is one.
+        let mut stalled = t1.clone();
+        stalled.extend((0..5).map(|i| 3_000_000_000 + i * 50_000_000));
+        assert_eq!(gaps(&stalled).0, vec![(2_000_000_000, 1_000_000_000)]);
+    }
 }

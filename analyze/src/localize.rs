@@ -47,7 +47,8 @@ pub struct Options {
     pub slow_factor: f64,
     /// See `slow_factor`.
     pub slow_margin_ns: f64,
-    /// A host delay above this is a stalled host, not a network delay (ns).
+    /// A host delay above this is a stalled host, not a network delay (ns); raised to
+    /// [`HOST_NOISE_OVER_FLEET_P99`] times the fleet's p99 host delay where that is higher.
     pub host_delay_noise_ns: i64,
 }
 
@@ -65,6 +66,9 @@ impl Default for Options {
         }
     }
 }
+
+/// A host delay this many times the fleet's p99 is a stall whatever the absolute threshold says.
+pub const HOST_NOISE_OVER_FLEET_P99: i64 = 10;
 
 /// One finding, in the JSON shape of `../shared/scenarios/README.md` plus evidence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -152,6 +156,20 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         f64::from(*sample.select_nth_unstable(mid).1)
     };
     let slow_ns = rtt_p50 * opts.slow_factor + opts.slow_margin_ns;
+    // Host noise is judged against the fleet's own host delays: a fleet whose healthy hosts
+    // take milliseconds to turn a probe around (soft-RoCE, a VM) must not be all "noisy".
+    let mut hd: Vec<i32> = (0..n)
+        .step_by((n / 200_000).max(1))
+        .filter(|&i| p.outcome[i] == Outcome::Ok as u8)
+        .map(|i| p.prober_delay_ns[i].max(p.responder_delay_ns[i]))
+        .collect();
+    let host_delay_p99 = if hd.is_empty() {
+        0
+    } else {
+        let k = (hd.len() * 99 / 100).min(hd.len() - 1);
+        i64::from(*hd.select_nth_unstable(k).1)
+    };
+    let noise_ns = opts.host_delay_noise_ns.max(host_delay_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
 
     // Hosts by index, so that per-key checks do not compare strings.
     let rnics = ds.rnics.len();
@@ -225,10 +243,10 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
             a.ok = 1;
             a.valid = 1;
             a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > slow_ns);
-            if i64::from(p.prober_delay_ns[i]) > opts.host_delay_noise_ns {
+            if i64::from(p.prober_delay_ns[i]) > noise_ns {
                 *pd_noise.entry((pr, w)).or_default() += 1;
             }
-            if i64::from(p.responder_delay_ns[i]) > opts.host_delay_noise_ns {
+            if i64::from(p.responder_delay_ns[i]) > noise_ns {
                 *rd_noise.entry((tg, w)).or_default() += 1;
             }
             if let Some(list) = restarts.get(&tg) {
@@ -252,7 +270,7 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         }
         acc.entry(key).or_default().add(&a);
     }
-    let noise_ms = opts.host_delay_noise_ns as f64 / 1e6;
+    let noise_ms = noise_ns as f64 / 1e6;
     for (&(rnic, w), &count) in pd_noise.iter() {
         if count >= 3 {
             let r = &ds.rnics[rnic as usize];
@@ -317,7 +335,14 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         }
         if inter_keys.contains(&key) {
             let fabric = path_cache.entry((pr, tg, label)).or_insert_with(|| {
-                let (fwd, rev) = (ds.paths.get(&(pr, tg, label))?, ds.paths.get(&(tg, pr, label))?);
+                let traced = ds.paths.get(&(pr, tg, label)).zip(ds.paths.get(&(tg, pr, label)));
+                let (fwd, rev) = match traced {
+                    Some(t) => t,
+                    None => {
+                        let (ta, tb) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
+                        (ds.tor_paths.get(&(ta.clone(), tb.clone()))?, ds.tor_paths.get(&(tb.clone(), ta.clone()))?)
+                    }
+                };
                 let mut v = Vec::new();
                 for hops in [fwd, rev] {
                     for (kind, name) in path_elements(&ds.switches, hops) {

@@ -33,6 +33,10 @@ enum What {
         /// Quiet windows after which a finding closes (hysteresis: a flap stays one finding).
         #[arg(long, default_value_t = 3)]
         close_after_quiet_windows: u64,
+        /// The fabric's inventory (ctl's file). Probes between ToRs that share exactly one spine
+        /// then vote on that path's links and spine even without path traces.
+        #[arg(long)]
+        inventory: Option<PathBuf>,
     },
     /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair): probe counts, loss
     /// ratio and delay quantiles; rows breaking the SLA first.
@@ -73,8 +77,8 @@ fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
     let code = match cli.what {
-        What::Localize { inputs, format, window_s, close_after_quiet_windows } => {
-            rocemesh_analyze::cli::localize(&inputs, &format, window_s, close_after_quiet_windows)
+        What::Localize { inputs, format, window_s, close_after_quiet_windows, inventory } => {
+            rocemesh_analyze::cli::localize(&inputs, &format, window_s, close_after_quiet_windows, inventory.as_deref())
         }
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),

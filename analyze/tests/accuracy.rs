@@ -119,3 +119,64 @@ fn generated_suite_meets_the_bar() {
         "below the bar: precision {precision:.3}, recall {recall:.3}"
     );
 }
+
+/// Real agents do not trace paths. In a fabric where two ToRs share one spine, the inventory
+/// alone gives the path, and a lossy uplink is still found as the link (the soft-RoCE testbed's
+/// case): without the inventory the same data can only blame RNICs and ToRs.
+#[test]
+fn single_spine_uplink_loss_is_found_from_the_inventory_without_traces() {
+    let text = r#"
+version = 1
+name = "uplink loss, one spine, no path traces"
+seed = 11
+duration_s = 180
+window_s = 30
+
+[topology]
+spines = 1
+tors = 3
+hosts_per_tor = 3
+
+[probing]
+tor_mesh_pps = 10
+inter_tor_tors = 2
+inter_tor_pps = 2
+flow_labels = 4
+timeout_ms = 500
+
+[normal]
+network_rtt_us = { p50 = 4.0, p99 = 12.0 }
+prober_delay_us = { p50 = 2.0, p99 = 15.0 }
+responder_delay_us = { p50 = 1.0, p99 = 6.0 }
+loss = 1e-6
+
+[[fault]]
+kind = "link_loss"
+target = "tor1|spine0"
+loss = 0.2
+start_s = 60
+end_s = 120
+"#;
+    let s = Scenario::parse(text, Path::new("inline.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    rocemesh_testbeds::simulate(&s, dir.path(), 0).unwrap();
+    let files = find_segments(&[dir.path().join("segments")]).unwrap();
+    let mut ds = ingest(&files, false);
+    ds.paths.clear();
+    let opts = Options { window_s: s.window_s, ..Options::default() };
+    let findings = |ds: &rocemesh_analyze::ingest::Dataset| -> Vec<Finding> {
+        localize(ds, &opts)
+            .findings
+            .into_iter()
+            .map(|f| Finding { kind: f.kind, entity: f.entity, start_ns: f.start_ns, end_ns: f.end_ns })
+            .collect()
+    };
+    let blind = findings(&ds);
+    assert!(!blind.iter().any(|f| f.kind == "link"), "no path, no link vote: {blind:?}");
+    let inv = rocemesh_formats::inventory::Inventory::load(dir.path().join("inventory.toml")).unwrap();
+    assert_eq!(ds.add_single_paths(&inv), 6, "3 ToRs: 6 ordered pairs, all through spine0");
+    let found = findings(&ds);
+    let sc = score(&s, &found);
+    println!("{}", sc.render());
+    assert_eq!((sc.precision(), sc.recall()), (1.0, 1.0), "{found:?}");
+}

@@ -74,7 +74,8 @@ impl Outcome {
 pub enum TsSource {
     /// NIC completion timestamps converted to wall-clock ns by the device (verbs, hardware).
     Nic = 0,
-    /// Host clock read when the completion was polled (soft-RoCE, or verbs without timestamps).
+    /// Host clock: receive stamps read when the completion was polled, send stamps when the send
+    /// was posted (soft-RoCE, or verbs without NIC timestamps).
     HostPoll = 1,
     /// Kernel socket timestamps (UDP transport, SO_TIMESTAMPING software).
     KernelSoftware = 2,

@@ -1,16 +1,21 @@
-//! `testbeds`: run a fault scenario through the simulator, and score findings against it.
+//! `testbeds`: run a fault scenario through the simulator, and score findings against it; boot
+//! the soft-RoCE VM and build its fabric.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rocemesh_formats::scenario::Scenario;
+use rocemesh_testbeds::rxefabric::{self, Layout, PerftestOptions};
+use rocemesh_testbeds::rxevm::{self, PhaseTimes, VmError, VmOptions};
 
-/// Simulate fault scenarios and score fault localisation.
+/// Simulate fault scenarios and score fault localisation; run real verbs in a soft-RoCE VM.
 ///
-/// Exit codes: 0 done; 1 `score` ran but the findings fall below --min-precision/--min-recall;
-/// 2 could not run (bad scenario, unwritable output).
+/// Exit codes: 0 done; 1 `score` ran but the findings fall below --min-precision/--min-recall,
+/// or an `rxe-fabric smoke` check failed; 2 could not run (bad scenario, unwritable output).
+/// `rxe-vm` exits with the guest command's status, or 124 when its timeout killed the VM, or 125
+/// when the VM could not be prepared, did not boot to the command, or died under it.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -56,6 +61,163 @@ enum What {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run a command as root in a qemu (TCG) VM whose kernel has soft-RoCE (rdma_rxe).
+    ///
+    /// The guest's root is this machine's root, read-only; the lab directory is shared
+    /// read-write at the same path, and gets console.log. The first run installs packages and
+    /// downloads a kernel into the cache (--cache, $ROCEMESH_RXE_VM_CACHE, default
+    /// ~/.cache/rocemesh/rxe-vm). Exits with the command's status; 124 if the timeout killed the
+    /// VM; 125 if the VM could not be prepared, did not boot, or died.
+    #[command(name = "rxe-vm")]
+    RxeVm {
+        /// Directory shared read-write with the guest at the same path [default: <cache>/lab].
+        #[arg(long)]
+        lab: Option<PathBuf>,
+        /// Cache of the kernel and initramfs.
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Kill the VM after this long (boot, command and shutdown).
+        #[arg(long, default_value_t = 900)]
+        timeout_s: u64,
+        /// Guest memory.
+        #[arg(long, default_value_t = 2048)]
+        mem_mb: u32,
+        /// Guest CPUs.
+        #[arg(long, default_value_t = 2)]
+        cpus: u32,
+        /// Resolve and download the newest trixie-backports kernel instead of the cached one.
+        #[arg(long)]
+        update_kernel: bool,
+        /// Extra guest kernel argument, e.g. loglevel=7 to see the boot on the console; repeatable.
+        #[arg(long = "kernel-arg", value_name = "ARG")]
+        kernel_args: Vec<String>,
+        /// Extra environment for the command: KEY=VALUE, or KEY to pass this process's value.
+        /// PATH (with this executable's directory first), HOME, LANG, RUST_LOG, RUST_BACKTRACE and
+        /// CARGO_TARGET_DIR are passed already.
+        #[arg(long = "env", value_name = "KEY[=VALUE]")]
+        env: Vec<String>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Build and fault the soft-RoCE test fabric; run as root inside the `rxe-vm` guest.
+    #[command(name = "rxe-fabric", subcommand)]
+    RxeFabric(Fabric),
+    /// Issue 7's end-to-end run; as root inside the `rxe-vm` guest. `run`: a 3-ToR rxe fabric,
+    /// one verbs agent per host, pinglists from ctl, an RNIC killed, an uplink made lossy, a
+    /// device deleted and re-added, then `analyze localize` must name each fault and nothing
+    /// else (exit 1 if a check fails). `bench`: the agent beside perftest on one rxe path.
+    #[command(name = "rxe-lab")]
+    RxeLab {
+        /// `run` or `bench`.
+        what: String,
+        /// Results, segments, logs (result.json, bench.json).
+        #[arg(long)]
+        lab: PathBuf,
+        /// Directory holding the agent, ctl and analyze binaries.
+        #[arg(long)]
+        bin: PathBuf,
+        /// Analysis window (s); each fault lasts 3 windows.
+        #[arg(long, default_value_t = 10)]
+        window_s: u64,
+        /// bench: seconds per agent run.
+        #[arg(long, default_value_t = 15)]
+        bench_s: u64,
+        /// bench: probes per second offered in the rate run.
+        #[arg(long, default_value_t = 20_000.0)]
+        flood_pps: f64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Fabric {
+    /// Create the ToRs, spine, hosts and their rxe devices (replacing a fabric that is up).
+    Up {
+        #[command(flatten)]
+        layout: LayoutArgs,
+        /// Also write the fabric's inventory.toml here.
+        #[arg(long)]
+        inventory: Option<PathBuf>,
+    },
+    /// Remove the fabric.
+    Down,
+    /// Bring a fabric up, prove UD verbs across and within ToRs, and that every fault helper
+    /// breaks what it should and heals. Exit 1 if a check fails. The fabric is left up.
+    Smoke {
+        #[command(flatten)]
+        layout: LayoutArgs,
+        /// Also write the fabric's inventory.toml here.
+        #[arg(long)]
+        inventory: Option<PathBuf>,
+        /// Only the traffic checks, no faults.
+        #[arg(long)]
+        no_faults: bool,
+    },
+    /// Drop RoCEv2 (UDP 4791) arriving at HOST's eth0: its RNIC is dead, the host alive.
+    RnicKill {
+        host: String,
+        /// Also drop what HOST's RNIC sends (its sends then complete in error).
+        #[arg(long)]
+        egress: bool,
+    },
+    /// Undo rnic-kill.
+    RnicHeal { host: String },
+    /// Random loss on TOR's uplink, both directions (tc netem).
+    UplinkLoss {
+        tor: String,
+        /// Loss in percent, 0-100.
+        percent: f64,
+    },
+    /// Undo uplink-loss.
+    UplinkHeal { tor: String },
+    /// Delete HOST's rxe device (`rdma link delete`).
+    RdmaDelete { host: String },
+    /// Recreate HOST's rxe device.
+    RdmaAdd { host: String },
+    /// Run a command in HOST's network namespace; exits with its status.
+    Exec {
+        host: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// UD ping-pong (ibv_ud_pingpong) from CLIENT to SERVER.
+    Pingpong {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        client: String,
+        #[arg(long, default_value_t = 500)]
+        iters: u32,
+        /// Kill both ends after this long: UD has no retransmission, so one lost packet stalls it.
+        #[arg(long, default_value_t = 60)]
+        timeout_s: u64,
+    },
+    /// UD latency (ib_send_lat -c UD) and message rate (ib_send_bw -c UD) from CLIENT to SERVER.
+    Perftest {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        client: String,
+        /// Iterations of each test (TCG is slow: keep it modest).
+        #[arg(long, default_value_t = 1000)]
+        iters: u32,
+        /// Message size in bytes (at most the rxe MTU, 1024).
+        #[arg(long, default_value_t = 64)]
+        size: u32,
+        /// Also write the result as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct LayoutArgs {
+    /// ToRs.
+    #[arg(long, default_value_t = 2)]
+    tors: u32,
+    /// Hosts per ToR.
+    #[arg(long, default_value_t = 3)]
+    hosts: u32,
 }
 
 fn main() {
@@ -63,7 +225,15 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("testbeds: {e:#}");
-            2
+            match e.downcast_ref::<VmError>() {
+                Some(vm) => {
+                    if let Some(console) = vm.console() {
+                        eprintln!("--- last lines of {} ---\n{}", console.display(), rxevm::boot::tail(console, 40));
+                    }
+                    vm.exit_code()
+                }
+                None => 2,
+            }
         }
     };
     std::process::exit(code);
@@ -108,5 +278,108 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("wrote {count} scenarios to {}", out.display());
             Ok(0)
         }
+        What::RxeVm { lab, cache, timeout_s, mem_mb, cpus, update_kernel, kernel_args, env, command } => {
+            let cache = cache.unwrap_or_else(rxevm::default_cache_dir);
+            let opts = VmOptions {
+                lab: lab.unwrap_or_else(|| cache.join("lab")),
+                cache,
+                timeout: Duration::from_secs(timeout_s),
+                mem_mb,
+                cpus,
+                kernel_args,
+                update_kernel,
+                env: rxevm::guest_env(&env).map_err(VmError::Setup)?,
+                cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+                command,
+            };
+            let mut times = PhaseTimes::default();
+            let result = rxevm::run(&opts, &mut times);
+            eprintln!("rxe-vm: {times}");
+            let status = result?;
+            if status != 0 {
+                eprintln!("rxe-vm: the command exited with {status} (console: {}/console.log)", opts.lab.display());
+            }
+            Ok(status)
+        }
+        What::RxeFabric(f) => fabric(f),
+        What::RxeLab { what, lab, bin, window_s, bench_s, flood_pps } => {
+            let mut opts = rocemesh_testbeds::rxelab::LabOptions::new(lab, bin);
+            opts.window_s = window_s;
+            match what.as_str() {
+                "run" => {
+                    let r = rocemesh_testbeds::rxelab::run(&opts)?;
+                    print!("{}", r.render());
+                    Ok(if r.passed() { 0 } else { 1 })
+                }
+                "bench" => {
+                    let b = rocemesh_testbeds::rxelab::bench(&opts, 20.0, flood_pps, bench_s)?;
+                    println!("{}", serde_json::to_string_pretty(&b)?);
+                    println!(
+                        "agent RTT p50 {:.1} us vs ib_send_lat round trip {:.1} us: ratio {:.2}; \
+                         agent {:.0} probes/s ({:.0} packets/s) vs ib_send_bw {:.0} msg/s: ratio {:.3}",
+                        b.agent_rtt_us_p50,
+                        b.perftest_rtt_us,
+                        b.rtt_ratio,
+                        b.agent_probes_per_s,
+                        b.agent_packets_per_s,
+                        b.perftest_msgs_per_s,
+                        b.rate_ratio
+                    );
+                    Ok(0)
+                }
+                other => anyhow::bail!("rxe-lab {other}: use `run` or `bench`"),
+            }
+        }
     }
+}
+
+fn fabric(f: Fabric) -> anyhow::Result<i32> {
+    match f {
+        Fabric::Up { layout, inventory } => {
+            let started = Instant::now();
+            let inv = rxefabric::up(Layout::new(layout.tors, layout.hosts)?)?;
+            if let Some(path) = inventory {
+                rxefabric::write_inventory(&inv, &path)?;
+            }
+            println!(
+                "rxe-fabric: {} ToRs x {} hosts up in {:.1} s (inventory: {})",
+                layout.tors,
+                layout.hosts,
+                started.elapsed().as_secs_f64(),
+                rxefabric::STATE
+            );
+        }
+        Fabric::Down => rxefabric::down()?,
+        Fabric::Smoke { layout, inventory, no_faults } => {
+            let ok = rxefabric::smoke(Layout::new(layout.tors, layout.hosts)?, !no_faults)?;
+            if let Some(path) = inventory {
+                rxefabric::write_inventory(&rxefabric::current()?, &path)?;
+            }
+            return Ok(if ok { 0 } else { 1 });
+        }
+        Fabric::RnicKill { host, egress } => rxefabric::rnic_kill_with(&host, egress)?,
+        Fabric::RnicHeal { host } => rxefabric::rnic_heal(&host)?,
+        Fabric::UplinkLoss { tor, percent } => rxefabric::uplink_loss(&tor, percent)?,
+        Fabric::UplinkHeal { tor } => rxefabric::uplink_heal(&tor)?,
+        Fabric::RdmaDelete { host } => rxefabric::rdma_delete(&host)?,
+        Fabric::RdmaAdd { host } => rxefabric::rdma_add(&host)?,
+        Fabric::Exec { host, command } => return rxefabric::exec(&host, &command),
+        Fabric::Pingpong { server, client, iters, timeout_s } => {
+            let p = rxefabric::pingpong(&server, &client, iters, Duration::from_secs(timeout_s))?;
+            println!(
+                "{client} -> {server}: {} UD round trips in {:.3} s, {:.1} usec each",
+                p.iterations, p.seconds, p.usec_per_iter
+            );
+        }
+        Fabric::Perftest { server, client, iters, size, json } => {
+            let opts = PerftestOptions { iters, size, ..PerftestOptions::default() };
+            let r = rxefabric::perftest(&server, &client, opts)?;
+            println!("{r}");
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&r)?;
+                std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+    }
+    Ok(0)
 }

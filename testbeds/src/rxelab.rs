@@ -1,0 +1,628 @@
+//! The end-to-end soft-RoCE run of issue 7, executed inside the rxe VM as root: a fabric of rxe
+//! hosts ([`crate::rxefabric`]), pinglists from `ctl`, one real `agent` per host on the verbs
+//! transport, faults injected on a timeline, and the verdict from `analyze localize` and from the
+//! records themselves.
+//!
+//! Timeline (phases aligned to the analysis window, so that a window never mixes two phases):
+//! warm-up, clean, an RNIC killed (ingress drop of RoCEv2 on one host: "RNIC dead, host alive"),
+//! a quiet gap, netem loss on one ToR's uplink, a quiet gap, the rxe device of a third host
+//! deleted under its running agent and added back, and a tail in which probing must resume.
+//!
+//! Why 3 ToRs of 2 hosts and not 2 of 3: with two ToRs, every inter-ToR probe crosses both
+//! uplinks, so no probe can tell which uplink drops; a third ToR is the least that separates
+//! them. The inventory's single spine gives `analyze` the path without traces.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rocemesh_formats::record::Outcome;
+use rocemesh_formats::segment::SegmentReader;
+use serde::Serialize;
+
+use crate::rxefabric::{self, Layout};
+
+/// The agents' UDP/RDMA CM service port (perftest's tools use [`rxefabric::TOOL_PORT`]).
+pub const AGENT_PORT: u16 = 18_600;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Results, configs, segments and logs go here (the VM's read-write share).
+    pub lab: PathBuf,
+    /// Where the `agent`, `ctl` and `analyze` binaries are.
+    pub bin: PathBuf,
+    /// Analysis window, s; every phase is a whole number of windows.
+    pub window_s: u64,
+    /// Windows per fault phase.
+    pub fault_windows: u64,
+    /// ToR-mesh and inter-ToR probe rates.
+    pub tor_mesh_pps: f64,
+    pub inter_tor_pps: f64,
+    /// Netem loss on the faulty uplink, percent.
+    pub uplink_loss_percent: f64,
+}
+
+impl LabOptions {
+    /// Defaults for `lab` and `bin`.
+    pub fn new(lab: PathBuf, bin: PathBuf) -> Self {
+        Self {
+            lab,
+            bin,
+            window_s: 10,
+            fault_windows: 3,
+            tor_mesh_pps: 10.0,
+            inter_tor_pps: 5.0,
+            uplink_loss_percent: 20.0,
+        }
+    }
+}
+
+/// A phase of the timeline, wall-clock ns.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub name: String,
+    /// The entity the fault is on (analyze's naming), empty for clean phases.
+    pub entity: String,
+    /// The finding kind expected for it, empty if none.
+    pub expect: String,
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
+/// One check and how it came out.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// Everything the run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabResult {
+    pub phases: Vec<Phase>,
+    pub checks: Vec<Check>,
+    pub records: u64,
+    pub findings: serde_json::Value,
+}
+
+impl LabResult {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+
+    /// The checks as a table.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for c in &self.checks {
+            s.push_str(&format!("{:4}  {:28} {}\n", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail));
+        }
+        s
+    }
+}
+
+/// Agents write segments to the guest's tmpfs, as they would to a node's local disk: over the
+/// 9p share every page of an mmap'd segment is a round trip to the host, and under TCG that
+/// stalled the agents for a minute and more at start. They are copied to the lab at the end.
+fn local_segments() -> PathBuf {
+    PathBuf::from("/tmp/rocemesh-rxe-lab/segments")
+}
+
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst).with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Sleep until the next multiple of `window_ns` (plus a small margin), return that boundary.
+fn align(window_ns: u64) -> u64 {
+    let now = now_ns();
+    let next = (now / window_ns + 1) * window_ns;
+    std::thread::sleep(Duration::from_nanos(next - now + 50_000_000));
+    next
+}
+
+fn sleep_until(t_ns: u64) {
+    let now = now_ns();
+    if t_ns > now {
+        std::thread::sleep(Duration::from_nanos(t_ns - now));
+    }
+}
+
+struct Agents {
+    children: Vec<(String, Child)>,
+}
+
+impl Agents {
+    fn stop(&mut self) {
+        for (_, c) in &mut self.children {
+            // SAFETY: sending SIGTERM to a child we spawned (its pid is live until we wait).
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for (host, c) in &mut self.children {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(st)) => {
+                        if !st.success() {
+                            eprintln!("rxe-lab: the agent of {host} exited with {st}");
+                        }
+                        break;
+                    }
+                    Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                    _ => {
+                        eprintln!("rxe-lab: the agent of {host} did not stop on SIGTERM; killing it");
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Run the whole lab. Errors are setup failures; a run whose checks fail returns Ok with
+/// `passed() == false`.
+pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
+    let lab = &opts.lab;
+    for sub in ["agents", "segments", "pinglists"] {
+        let p = lab.join(sub);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).with_context(|| format!("clearing {}", p.display()))?;
+        }
+        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+    }
+    let layout = Layout::new(3, 2)?;
+    let inv = rxefabric::up(layout)?;
+    let inventory = lab.join("inventory.toml");
+    rxefabric::write_inventory(&inv, &inventory)?;
+    let bin = |name: &str| opts.bin.join(name);
+    let status = Command::new(bin("ctl"))
+        .args(["gen-pinglists", "--inventory"])
+        .arg(&inventory)
+        .arg("--out")
+        .arg(lab.join("pinglists"))
+        .args(["--seed", "7", "--inter-tor-peers", "2", "--timeout-ms", "1000"])
+        .args(["--probe-port", &AGENT_PORT.to_string()])
+        .args(["--tor-mesh-rate-pps", &opts.tor_mesh_pps.to_string()])
+        .args(["--inter-tor-rate-pps", &opts.inter_tor_pps.to_string()])
+        .status()
+        .context("running ctl gen-pinglists")?;
+    if !status.success() {
+        bail!("ctl gen-pinglists failed ({status})");
+    }
+    // Inject each fault once before the agents start: the guest loads tc's modules (clsact,
+    // flower, netem) on first use, and a module load under TCG freezes the whole VM for about a
+    // second, which analyze rightly reads as every host stalling at once.
+    rxefabric::rnic_kill("tor0-h1")?;
+    rxefabric::rnic_heal("tor0-h1")?;
+    rxefabric::uplink_loss("tor1", 1.0)?;
+    rxefabric::uplink_heal("tor1")?;
+    let mut agents = Agents { children: Vec::new() };
+    for (i, h) in inv.hosts.iter().enumerate() {
+        let r = &h.rnics[0];
+        let cfg = lab.join("agents").join(format!("{}.toml", h.name));
+        let text = format!(
+            "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"event\"\nstats_interval_s = 10\n\
+             flush_interval_ms = 200\nsegment_mib = 4\nsegment_quota_mib = 256\n\n[[shard]]\ndevice = \"{dev}\"\ntransport = \"verbs\"\ntor = \"{tor}\"\n\
+             bind = \"{ip}:{port}\"\ncore = {core}\n",
+            host = h.name,
+            pl = lab.join("pinglists").join(format!("{}.toml", h.name)).display(),
+            seg = local_segments().join(&h.name).display(),
+            dev = r.device,
+            tor = r.tor,
+            ip = r.ip,
+            port = AGENT_PORT,
+            core = i % 2,
+        );
+        std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
+        let log = std::fs::File::create(lab.join("agents").join(format!("{}.log", h.name)))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &h.name])
+            .arg(bin("agent"))
+            .arg("run")
+            .arg("--config")
+            .arg(&cfg)
+            .env("RUST_LOG", "info,rocemesh_agent=debug")
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting the agent of {}", h.name))?;
+        agents.children.push((h.name.clone(), child));
+    }
+
+    let w = opts.window_s * 1_000_000_000;
+    let fw = opts.fault_windows * w;
+    let mut phases = Vec::new();
+    let mut phase = |name: &str, entity: &str, expect: &str, from: u64, to: u64| {
+        phases.push(Phase {
+            name: name.into(),
+            entity: entity.into(),
+            expect: expect.into(),
+            from_ns: from,
+            to_ns: to,
+        });
+    };
+    // Warm-up: agents start, resolve each other's QPNs over RDMA CM.
+    let t0 = align(w);
+    let clean_from = t0 + w;
+    sleep_until(clean_from + fw);
+    phase("clean", "", "", clean_from, clean_from + fw);
+
+    let killed = "tor0-h1";
+    let killed_rnic = format!("{killed}/{}", rxefabric::device_name(killed));
+    let t = now_ns();
+    rxefabric::rnic_kill(killed)?;
+    sleep_until(t + fw);
+    rxefabric::rnic_heal(killed)?;
+    phase("rnic_killed", &killed_rnic, "rnic", t, now_ns());
+    let gap_from = now_ns();
+    sleep_until(gap_from + 2 * w);
+    phase("gap1", "", "", gap_from, now_ns());
+
+    let lossy = "tor1";
+    let t = now_ns();
+    rxefabric::uplink_loss(lossy, opts.uplink_loss_percent)?;
+    sleep_until(t + fw);
+    rxefabric::uplink_heal(lossy)?;
+    phase("uplink_loss", &format!("{lossy}|{}", rxefabric::SPINE), "link", t, now_ns());
+    let gap_from = now_ns();
+    sleep_until(gap_from + 2 * w);
+    phase("gap2", "", "", gap_from, now_ns());
+
+    let removed = "tor2-h0";
+    let removed_rnic = format!("{removed}/{}", rxefabric::device_name(removed));
+    let t = now_ns();
+    rxefabric::rdma_delete(removed)?;
+    sleep_until(t + 2 * w);
+    rxefabric::rdma_add(removed)?;
+    let back = now_ns();
+    phase("rdma_deleted", &removed_rnic, "rnic", t, back);
+    sleep_until(back + fw);
+    phase("recovered", "", "", back, now_ns());
+    agents.stop();
+    copy_tree(&local_segments(), &lab.join("segments"))?;
+
+    // Verdicts.
+    let records = read_records(&lab.join("segments"))?;
+    let out = Command::new(bin("analyze"))
+        .args(["localize", "--format", "json", "--window-s", &opts.window_s.to_string(), "--inventory"])
+        .arg(&inventory)
+        .arg(lab.join("segments"))
+        .output()
+        .context("running analyze localize")?;
+    std::fs::write(lab.join("localize.json"), &out.stdout)?;
+    std::fs::write(lab.join("localize.stderr"), &out.stderr)?;
+    let findings: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))?;
+    let checks = verdicts(&phases, &records, &findings, removed, &removed_rnic, w);
+    let result = LabResult { phases, checks, records: records.len() as u64, findings };
+    std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
+    Ok(result)
+}
+
+/// A probe, with names instead of file-local ids.
+#[derive(Debug, Clone)]
+pub struct Rec {
+    pub prober: String,
+    pub target: String,
+    pub t1_ns: u64,
+    pub outcome: u8,
+    pub rtt_ns: i32,
+}
+
+/// Every probe record under `dir`.
+pub fn read_records(dir: &Path) -> anyhow::Result<Vec<Rec>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let name = p.to_string_lossy();
+            if !(name.ends_with(".rseg") || name.ends_with(".rseg.zst")) {
+                continue;
+            }
+            let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let names: Vec<String> = r.dictionary().iter().map(|e| e.name.clone()).collect();
+            for c in r.probe_chunks() {
+                for i in 0..c.len() {
+                    let row = c.row(i);
+                    out.push(Rec {
+                        prober: names.get(row.prober as usize).cloned().unwrap_or_default(),
+                        target: names.get(row.target as usize).cloned().unwrap_or_default(),
+                        t1_ns: row.t1_unix_ns,
+                        outcome: row.outcome,
+                        rtt_ns: row.network_rtt_ns,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn verdicts(
+    phases: &[Phase],
+    recs: &[Rec],
+    findings: &serde_json::Value,
+    removed_host: &str,
+    removed_rnic: &str,
+    window_ns: u64,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let list: Vec<(String, String, u64, u64)> = findings["findings"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    (
+                        f["kind"].as_str().unwrap_or("").to_owned(),
+                        f["entity"].as_str().unwrap_or("").to_owned(),
+                        f["start_ns"].as_u64().unwrap_or(0),
+                        f["end_ns"].as_u64().unwrap_or(u64::MAX),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let network = |k: &str| matches!(k, "rnic" | "tor" | "link" | "spine" | "ambiguous");
+    let overlaps = |a: u64, b: u64, c: u64, d: u64| a < d && c < b;
+    // Clean phase: no loss at all, no finding.
+    if let Some(p) = phases.iter().find(|p| p.name == "clean") {
+        let in_phase: Vec<&Rec> = recs.iter().filter(|r| r.t1_ns >= p.from_ns && r.t1_ns < p.to_ns).collect();
+        let mut by: BTreeMap<u8, u64> = BTreeMap::new();
+        for r in &in_phase {
+            *by.entry(r.outcome).or_default() += 1;
+        }
+        let lost = by.get(&(Outcome::Lost as u8)).copied().unwrap_or(0);
+        let ok = by.get(&(Outcome::Ok as u8)).copied().unwrap_or(0);
+        let mut rtts: Vec<i32> = in_phase.iter().filter(|r| r.outcome == Outcome::Ok as u8).map(|r| r.rtt_ns).collect();
+        rtts.sort_unstable();
+        let q = |f: f64| rtts.get(((rtts.len() as f64 * f) as usize).min(rtts.len().saturating_sub(1))).copied();
+        checks.push(Check {
+            name: "clean run: zero loss".into(),
+            ok: lost == 0 && ok > 100,
+            detail: format!(
+                "{} probes: ok {ok}, lost {lost}, other {:?}; network RTT p50 {:?} ns, p99 {:?} ns",
+                in_phase.len(),
+                by.iter().filter(|(k, _)| **k > 1).collect::<Vec<_>>(),
+                q(0.5),
+                q(0.99)
+            ),
+        });
+        let noisy: Vec<String> = list
+            .iter()
+            .filter(|f| network(&f.0) && overlaps(f.2, f.3, p.from_ns, p.to_ns))
+            .map(|f| format!("{} {}", f.0, f.1))
+            .collect();
+        checks.push(Check {
+            name: "clean run: no finding".into(),
+            ok: noisy.is_empty(),
+            detail: if noisy.is_empty() { "none".into() } else { noisy.join(", ") },
+        });
+    }
+    // Each fault: found, as the right kind and entity, overlapping its phase.
+    for p in phases.iter().filter(|p| !p.expect.is_empty()) {
+        let hit = list
+            .iter()
+            .find(|f| f.0 == p.expect && f.1 == p.entity && overlaps(f.2, f.3, p.from_ns, p.to_ns + window_ns));
+        checks.push(Check {
+            name: format!("{}: localised", p.name),
+            ok: hit.is_some(),
+            detail: match hit {
+                Some(f) => format!("{} {} from {} to {}", f.0, f.1, f.2, f.3),
+                None => format!("expected {} {}; findings: {:?}", p.expect, p.entity, list),
+            },
+        });
+    }
+    // Nothing else blamed: every network finding matches an injected fault.
+    let stray: Vec<String> = list
+        .iter()
+        .filter(|f| network(&f.0))
+        .filter(|f| {
+            !phases.iter().any(|p| {
+                !p.expect.is_empty()
+                    && f.0 == p.expect
+                    && f.1 == p.entity
+                    && overlaps(f.2, f.3, p.from_ns, p.to_ns + window_ns)
+            })
+        })
+        .map(|f| format!("{} {}", f.0, f.1))
+        .collect();
+    checks.push(Check {
+        name: "no stray findings".into(),
+        ok: stray.is_empty(),
+        detail: if stray.is_empty() { "none".into() } else { stray.join(", ") },
+    });
+    // Recovery: after the device came back, the host probes again and is probed again.
+    if let Some(p) = phases.iter().find(|p| p.name == "recovered") {
+        let after = |r: &&Rec| r.t1_ns >= p.from_ns && r.t1_ns < p.to_ns && r.outcome == Outcome::Ok as u8;
+        let own = recs.iter().filter(after).filter(|r| r.prober.starts_with(&format!("{removed_host}/"))).count();
+        let to_it = recs.iter().filter(after).filter(|r| r.target == removed_rnic).count();
+        let first_ok = recs
+            .iter()
+            .filter(|r| r.t1_ns >= p.from_ns && r.outcome == Outcome::Ok as u8 && r.target == removed_rnic)
+            .map(|r| r.t1_ns)
+            .min()
+            .map(|t| (t - p.from_ns) as f64 / 1e9);
+        checks.push(Check {
+            name: "recovery: probing resumed".into(),
+            ok: own > 0 && to_it > 0,
+            detail: format!(
+                "after the device returned: {own} ok probes from {removed_host}, {to_it} ok probes to it \
+                 (first {first_ok:?} s after re-add)"
+            ),
+        });
+    }
+    checks
+}
+
+/// `bench` in the VM: the agent beside perftest on the same rxe path, as ratios (TCG makes
+/// absolute numbers meaningless).
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub perftest: rxefabric::PerftestResult,
+    /// The agent's network RTT (the six-timestamp RTT, responder time removed), p50, us.
+    pub agent_rtt_us_p50: f64,
+    /// ib_send_lat's typical one-way latency, doubled (a round trip), us.
+    pub perftest_rtt_us: f64,
+    /// agent RTT p50 / perftest round trip.
+    pub rtt_ratio: f64,
+    /// Probes per second the prober completed (ACK1 and ACK2 in), offered far above what it can do.
+    pub agent_probes_per_s: f64,
+    /// Packets per second that is (probe, ACK1, ACK2).
+    pub agent_packets_per_s: f64,
+    /// ib_send_bw -c UD messages per second.
+    pub perftest_msgs_per_s: f64,
+    /// agent packets/s / perftest messages/s.
+    pub rate_ratio: f64,
+    /// Probes offered, completed, lost in the rate run.
+    pub offered: u64,
+    pub completed: u64,
+    pub lost: u64,
+}
+
+/// Perftest first, then one agent pair at `rtt_pps` (RTT) and at `flood_pps` (rate), each for
+/// `seconds`, between two hosts under different ToRs.
+pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> anyhow::Result<BenchResult> {
+    let lab = &opts.lab;
+    let layout = Layout::new(2, 1)?;
+    let inv = rxefabric::up(layout)?;
+    let inventory = lab.join("bench-inventory.toml");
+    rxefabric::write_inventory(&inv, &inventory)?;
+    let (a, b) = (Layout::host_name(0, 0), Layout::host_name(1, 0));
+    let perftest = rxefabric::perftest(&b, &a, rxefabric::PerftestOptions::default())?;
+    let mut runs = Vec::new();
+    for (name, pps) in [("rtt", rtt_pps), ("rate", flood_pps)] {
+        let dir = lab.join(format!("bench-{name}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        // Only `a` probes; `b` answers (its pinglist targets nobody: inter-ToR rate 0 is refused
+        // by ctl, so the pinglists are written here).
+        let mut agents = Agents { children: Vec::new() };
+        for (host, peer) in [(&a, Some(&b)), (&b, None)] {
+            let h = rxefabric::host(&inv, host)?;
+            let mut pl =
+                format!("version = 1\nhost = \"{host}\"\ngeneration = 1\ngenerated_unix_ns = 0\ntimeout_ms = 1000\n");
+            if let Some(peer) = peer {
+                let p = rxefabric::host(&inv, peer)?;
+                // A pinglist caps one target at 1000 probes/s: the flood is several targets
+                // (names suffixed .bK) on the same responder.
+                let n = (pps / rocemesh_formats::pinglist::MAX_RATE_PPS_PER_TARGET).ceil().max(1.0) as usize;
+                for k in 0..n {
+                    let to = if k == 0 { format!("{peer}/{}", p.device) } else { format!("{peer}/{}.b{k}", p.device) };
+                    pl.push_str(&format!(
+                        "\n[[target]]\nfrom = \"{}\"\nto = \"{to}\"\nkind = \"inter_tor\"\naddr = \"{}\"\n\
+                         port = {AGENT_PORT}\nrate_pps = {}\nflow_labels = [1, 2, 3, 4]\n",
+                        h.device,
+                        p.ip,
+                        pps / n as f64
+                    ));
+                }
+            }
+            let plp = dir.join(format!("{host}.pinglist.toml"));
+            std::fs::write(&plp, pl)?;
+            let cfg = dir.join(format!("{host}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "host = \"{host}\"\npinglist = \"{}\"\nsegment_dir = \"{}\"\nmode = \"{mode}\"\nstats_interval_s = 5\n\
+                     segment_mib = 4\nsegment_quota_mib = 256\n\n\
+                     [[shard]]\ndevice = \"{}\"\ntransport = \"verbs\"\ntor = \"{}\"\nbind = \"{}:{AGENT_PORT}\"\ncore = {}\n",
+                    plp.display(),
+                    local_segments().join(format!("bench-{name}")).join(host).display(),
+                    h.device,
+                    h.tor,
+                    h.ip,
+                    usize::from(peer.is_none()),
+                    // The RTT run in event mode (what the testbed runs); the rate run busy-polls
+                    // on the prober, the mode for the highest rate.
+                    mode = if name == "rate" && peer.is_some() { "busy_poll" } else { "event" },
+                ),
+            )?;
+            let log = std::fs::File::create(dir.join(format!("{host}.log")))?;
+            let child = Command::new("ip")
+                .args(["netns", "exec", host])
+                .arg(opts.bin.join("agent"))
+                .args(["run", "--duration-s", &(seconds + 4).to_string(), "--config"])
+                .arg(&cfg)
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log))
+                .spawn()?;
+            agents.children.push((host.clone(), child));
+        }
+        std::thread::sleep(Duration::from_secs(seconds + 6));
+        agents.stop();
+        copy_tree(&local_segments().join(format!("bench-{name}")), &dir.join("segments"))?;
+        let recs = read_records(&dir.join("segments"))?;
+        let mine: Vec<&Rec> = recs.iter().filter(|r| r.prober.starts_with(&format!("{a}/"))).collect();
+        // Skip the first 2 s (QPN resolution) and the drain at the end.
+        let t_min = mine.iter().map(|r| r.t1_ns).min().unwrap_or(0) + 2_000_000_000;
+        let t_max = t_min + (seconds - 2) * 1_000_000_000;
+        let steady: Vec<&&Rec> = mine.iter().filter(|r| r.t1_ns >= t_min && r.t1_ns < t_max).collect();
+        let ok: Vec<i32> = {
+            let mut v: Vec<i32> = steady.iter().filter(|r| r.outcome == Outcome::Ok as u8).map(|r| r.rtt_ns).collect();
+            v.sort_unstable();
+            v
+        };
+        let lost = steady.iter().filter(|r| r.outcome == Outcome::Lost as u8).count() as u64;
+        runs.push((steady.len() as u64, ok, lost, (seconds - 2) as f64));
+    }
+    let (_, rtt_ok, _, _) = &runs[0];
+    if rtt_ok.is_empty() {
+        bail!("the RTT run completed no probe; see {}/bench-rtt/*.log", lab.display());
+    }
+    let agent_rtt_us_p50 = f64::from(rtt_ok[rtt_ok.len() / 2]) / 1e3;
+    let perftest_rtt_us = 2.0 * perftest.latency.typical_us;
+    let (offered, rate_ok, lost, secs) = &runs[1];
+    let agent_probes_per_s = rate_ok.len() as f64 / secs;
+    let perftest_msgs_per_s = perftest.bandwidth.msgs_per_s();
+    let result = BenchResult {
+        agent_rtt_us_p50,
+        perftest_rtt_us,
+        rtt_ratio: agent_rtt_us_p50 / perftest_rtt_us,
+        agent_probes_per_s,
+        agent_packets_per_s: 3.0 * agent_probes_per_s,
+        perftest_msgs_per_s,
+        rate_ratio: 3.0 * agent_probes_per_s / perftest_msgs_per_s,
+        offered: *offered,
+        completed: rate_ok.len() as u64,
+        lost: *lost,
+        perftest,
+    };
+    std::fs::write(lab.join("bench.json"), serde_json::to_vec_pretty(&result)?)?;
+    Ok(result)
+}
