@@ -315,11 +315,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     let b = rocemesh_testbeds::rxelab::bench(&opts, 20.0, flood_pps, bench_s)?;
                     println!("{}", serde_json::to_string_pretty(&b)?);
                     println!(
-                        "agent RTT p50 {:.1} us vs ib_send_lat round trip {:.1} us: ratio {:.2}; \
+                        "agent RTT p50 {:.1} us (event mode; busy-poll {:.1} us) vs ib_send_lat round trip {:.1} us: \
+                         ratio {:.2} (busy-poll {:.2}); \
                          agent {:.0} probes/s ({:.0} packets/s) vs ib_send_bw {:.0} msg/s: ratio {:.3}",
                         b.agent_rtt_us_p50,
+                        b.agent_busy_rtt_us_p50,
                         b.perftest_rtt_us,
                         b.rtt_ratio,
+                        b.busy_rtt_ratio,
                         b.agent_probes_per_s,
                         b.agent_packets_per_s,
                         b.perftest_msgs_per_s,

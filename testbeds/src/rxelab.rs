@@ -499,6 +499,10 @@ pub struct BenchResult {
     pub perftest_rtt_us: f64,
     /// agent RTT p50 / perftest round trip.
     pub rtt_ratio: f64,
+    /// The same with both agents busy-polling, as perftest does.
+    pub agent_busy_rtt_us_p50: f64,
+    /// agent busy-poll RTT p50 / perftest round trip.
+    pub busy_rtt_ratio: f64,
     /// Probes per second the prober completed (ACK1 and ACK2 in), offered far above what it can do.
     pub agent_probes_per_s: f64,
     /// Packets per second that is (probe, ACK1, ACK2).
@@ -524,7 +528,7 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
     let (a, b) = (Layout::host_name(0, 0), Layout::host_name(1, 0));
     let perftest = rxefabric::perftest(&b, &a, rxefabric::PerftestOptions::default())?;
     let mut runs = Vec::new();
-    for (name, pps) in [("rtt", rtt_pps), ("rate", flood_pps)] {
+    for (name, pps) in [("rtt", rtt_pps), ("rtt-busy", rtt_pps), ("rate", flood_pps)] {
         let dir = lab.join(format!("bench-{name}"));
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
@@ -568,9 +572,12 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
                     h.tor,
                     h.ip,
                     usize::from(peer.is_none()),
-                    // The RTT run in event mode (what the testbed runs); the rate run busy-polls
-                    // on the prober, the mode for the highest rate.
-                    mode = if name == "rate" && peer.is_some() { "busy_poll" } else { "event" },
+                    // RTT in event mode (what the testbed runs) and with both ends busy-polling
+                    // (as perftest does); the rate run busy-polls on the prober.
+                    mode = match (name, peer.is_some()) {
+                        ("rtt-busy", _) | ("rate", true) => "busy_poll",
+                        _ => "event",
+                    },
                 ),
             )?;
             let log = std::fs::File::create(dir.join(format!("{host}.log")))?;
@@ -606,14 +613,18 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
         bail!("the RTT run completed no probe; see {}/bench-rtt/*.log", lab.display());
     }
     let agent_rtt_us_p50 = f64::from(rtt_ok[rtt_ok.len() / 2]) / 1e3;
+    let (_, busy_ok, _, _) = &runs[1];
+    let agent_busy_rtt_us_p50 = busy_ok.get(busy_ok.len() / 2).map_or(f64::NAN, |&v| f64::from(v) / 1e3);
     let perftest_rtt_us = 2.0 * perftest.latency.typical_us;
-    let (offered, rate_ok, lost, secs) = &runs[1];
+    let (offered, rate_ok, lost, secs) = &runs[2];
     let agent_probes_per_s = rate_ok.len() as f64 / secs;
     let perftest_msgs_per_s = perftest.bandwidth.msgs_per_s();
     let result = BenchResult {
         agent_rtt_us_p50,
         perftest_rtt_us,
         rtt_ratio: agent_rtt_us_p50 / perftest_rtt_us,
+        agent_busy_rtt_us_p50,
+        busy_rtt_ratio: agent_busy_rtt_us_p50 / perftest_rtt_us,
         agent_probes_per_s,
         agent_packets_per_s: 3.0 * agent_probes_per_s,
         perftest_msgs_per_s,
