@@ -444,6 +444,17 @@ impl VerbsTransport {
         }
     }
 
+    /// Destroy the CM ids of resolutions in flight (before their channel goes).
+    fn cancel_resolutions(&mut self) {
+        for d in self.dests.values_mut() {
+            if !d.resolving.is_null() {
+                // SAFETY: the id is ours and not yet destroyed; no event of it is held.
+                unsafe { ffi::rdma_destroy_id(d.resolving) };
+                d.resolving = null_mut();
+            }
+        }
+    }
+
     /// Tear everything down after the device went away; probing continues, lost.
     fn lose_device(&mut self, why: &str) {
         if self.res.is_none() {
@@ -452,13 +463,7 @@ impl VerbsTransport {
         tracing::warn!(device = %self.cfg.device, "RDMA device lost ({why}); probes are lost until it returns");
         self.stats.device_lost += 1;
         // Resolutions in flight belong to the CM channel, which is rebuilt too.
-        for d in self.dests.values_mut() {
-            if !d.resolving.is_null() {
-                // SAFETY: the id is ours and not yet destroyed; no event of it is held.
-                unsafe { ffi::rdma_destroy_id(d.resolving) };
-                d.resolving = null_mut();
-            }
-        }
+        self.cancel_resolutions();
         self.cm = None;
         self.res = None;
         self.stash_recv_n = 0;
@@ -605,7 +610,8 @@ impl VerbsTransport {
                 lost = true;
                 continue;
             }
-            // Our resolutions: the id's context is the destination key's index in `dests`.
+            // Our resolutions: find the destination whose id this is (a scan: CM events are rare,
+            // a handful per target per backoff period).
             let key = self.dests.iter().find(|(_, d)| d.resolving == id).map(|(k, _)| *k);
             let Some(key) = key else {
                 // SAFETY: acking an event of an id we no longer track.
@@ -762,6 +768,28 @@ impl VerbsTransport {
             Route::Drop
         }
     }
+}
+
+/// Up to [`BATCH`] completions of a live `cq` into `out`.
+fn poll_cq(cq: *mut ffi::ibv_cq, out: &mut [ffi::ibv_wc; BATCH]) -> io::Result<usize> {
+    // SAFETY: the caller's CQ is live; `out` has room for BATCH completions.
+    let k = unsafe { ffi::ibv_poll_cq(cq, BATCH as i32, out.as_mut_ptr()) };
+    if k < 0 { Err(io::Error::other("ibv_poll_cq failed")) } else { Ok(k as usize) }
+}
+
+/// The completions `arm` already took from `cq` (its stash) if any, else a fresh poll, in `wcs`.
+fn take_completions(
+    cq: *mut ffi::ibv_cq,
+    stash: &mut [ffi::ibv_wc; BATCH],
+    stash_n: &mut usize,
+    wcs: &mut [ffi::ibv_wc; BATCH],
+) -> io::Result<usize> {
+    if *stash_n == 0 {
+        return poll_cq(cq, wcs);
+    }
+    let k = std::mem::take(stash_n);
+    wcs[..k].swap_with_slice(&mut stash[..k]);
+    Ok(k)
 }
 
 enum Route {
@@ -1073,13 +1101,8 @@ impl Drop for Resources {
 
 impl Drop for VerbsTransport {
     fn drop(&mut self) {
-        for d in self.dests.values_mut() {
-            if !d.resolving.is_null() {
-                // SAFETY: ours, not yet destroyed.
-                unsafe { ffi::rdma_destroy_id(d.resolving) };
-                d.resolving = null_mut();
-            }
-        }
+        tracing::info!(device = %self.cfg.device, stats = ?self.stats, "verbs transport closed");
+        self.cancel_resolutions();
         self.cm = None;
         self.res = None;
     }
@@ -1192,19 +1215,7 @@ impl Transport for VerbsTransport {
 
     fn recv(&mut self, out: &mut RxBatch<VerbsAddr>) -> io::Result<usize> {
         let Some(r) = self.res.as_mut() else { return Ok(0) };
-        let got = if self.stash_recv_n > 0 {
-            let k = self.stash_recv_n;
-            self.wcs[..k].swap_with_slice(&mut self.stash_recv[..k]);
-            self.stash_recv_n = 0;
-            k
-        } else {
-            // SAFETY: live CQ; `wcs` has room for BATCH completions.
-            let k = unsafe { ffi::ibv_poll_cq(r.recv_cq, BATCH as i32, self.wcs.as_mut_ptr()) };
-            if k < 0 {
-                return Err(io::Error::other("ibv_poll_cq(recv) failed"));
-            }
-            k as usize
-        };
+        let got = take_completions(r.recv_cq, &mut self.stash_recv, &mut self.stash_recv_n, &mut self.wcs)?;
         let t = now_ns();
         let mut n = 0;
         let lkey = {
@@ -1280,19 +1291,7 @@ impl Transport for VerbsTransport {
         // Send completions only return their slots (and count errors: a probe whose send failed
         // completes no exchange and its deadline records it as lost).
         let Some(r) = self.res.as_mut() else { return Ok(n) };
-        let got = if self.stash_send_n > 0 {
-            let k = self.stash_send_n;
-            self.wcs[..k].swap_with_slice(&mut self.stash_send[..k]);
-            self.stash_send_n = 0;
-            k
-        } else {
-            // SAFETY: live CQ; `wcs` has room for BATCH completions.
-            let k = unsafe { ffi::ibv_poll_cq(r.send_cq, BATCH as i32, self.wcs.as_mut_ptr()) };
-            if k < 0 {
-                return Err(io::Error::other("ibv_poll_cq(send) failed"));
-            }
-            k as usize
-        };
+        let got = take_completions(r.send_cq, &mut self.stash_send, &mut self.stash_send_n, &mut self.wcs)?;
         for wc in &self.wcs[..got] {
             r.send_free.push((wc.wr_id as usize % SEND_DEPTH) as u16);
             if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
@@ -1380,14 +1379,10 @@ impl Transport for VerbsTransport {
         // Completions that arrived before the notification was armed raise no event: poll once
         // more, and keep what is found for the next recv / tx_timestamps.
         if self.stash_recv_n == 0 {
-            // SAFETY: live CQ; the stash has room for BATCH.
-            let k = unsafe { ffi::ibv_poll_cq(r.recv_cq, BATCH as i32, self.stash_recv.as_mut_ptr()) };
-            self.stash_recv_n = k.max(0) as usize;
+            self.stash_recv_n = poll_cq(r.recv_cq, &mut self.stash_recv).unwrap_or(0);
         }
         if self.stash_send_n == 0 {
-            // SAFETY: as above.
-            let k = unsafe { ffi::ibv_poll_cq(r.send_cq, BATCH as i32, self.stash_send.as_mut_ptr()) };
-            self.stash_send_n = k.max(0) as usize;
+            self.stash_send_n = poll_cq(r.send_cq, &mut self.stash_send).unwrap_or(0);
         }
         self.stash_recv_n == 0 && self.stash_send_n == 0 && self.refusals_n == 0 && self.stamps_len == 0
     }

@@ -143,12 +143,14 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
     let n = p.len();
     let win = |t: u64| (t / window_ns) as u32;
 
-    // The fleet's usual RTT, from a strided sample of ok probes.
-    let mut sample: Vec<i32> = (0..n)
+    // The fleet's usual RTT and host delays, from one strided sample of ok probes. Host noise
+    // is judged against the fleet's own host delays: a fleet whose healthy hosts take
+    // milliseconds to turn a probe around (soft-RoCE, a VM) must not be all "noisy".
+    let (mut sample, mut hd): (Vec<i32>, Vec<i32>) = (0..n)
         .step_by((n / 200_000).max(1))
         .filter(|&i| p.outcome[i] == Outcome::Ok as u8)
-        .map(|i| p.network_rtt_ns[i])
-        .collect();
+        .map(|i| (p.network_rtt_ns[i], p.prober_delay_ns[i].max(p.responder_delay_ns[i])))
+        .unzip();
     let rtt_p50 = if sample.is_empty() {
         0.0
     } else {
@@ -156,13 +158,6 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         f64::from(*sample.select_nth_unstable(mid).1)
     };
     let slow_ns = rtt_p50 * opts.slow_factor + opts.slow_margin_ns;
-    // Host noise is judged against the fleet's own host delays: a fleet whose healthy hosts
-    // take milliseconds to turn a probe around (soft-RoCE, a VM) must not be all "noisy".
-    let mut hd: Vec<i32> = (0..n)
-        .step_by((n / 200_000).max(1))
-        .filter(|&i| p.outcome[i] == Outcome::Ok as u8)
-        .map(|i| p.prober_delay_ns[i].max(p.responder_delay_ns[i]))
-        .collect();
     let host_delay_p99 = if hd.is_empty() {
         0
     } else {

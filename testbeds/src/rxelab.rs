@@ -145,6 +145,57 @@ fn sleep_until(t_ns: u64) {
     }
 }
 
+/// One verbs agent of the lab: its configuration, written as `<dir>/<host>.toml`.
+struct AgentSpec<'a> {
+    host: &'a str,
+    device: &'a str,
+    tor: &'a str,
+    ip: std::net::IpAddr,
+    pinglist: &'a Path,
+    segments: &'a Path,
+    mode: &'a str,
+    core: usize,
+    stats_interval_s: u64,
+    flush_interval_ms: u64,
+    rust_log: &'a str,
+    duration_s: Option<u64>,
+}
+
+/// Write the agent's configuration and start it in its host's namespace, logging to
+/// `<dir>/<host>.log`.
+fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
+    let cfg = dir.join(format!("{}.toml", s.host));
+    let text = format!(
+        "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"{mode}\"\n\
+         stats_interval_s = {stats}\nflush_interval_ms = {flush}\nsegment_mib = 4\nsegment_quota_mib = 256\n\n\
+         [[shard]]\ndevice = \"{dev}\"\ntransport = \"verbs\"\ntor = \"{tor}\"\nbind = \"{ip}:{AGENT_PORT}\"\ncore = {core}\n",
+        host = s.host,
+        pl = s.pinglist.display(),
+        seg = s.segments.display(),
+        mode = s.mode,
+        stats = s.stats_interval_s,
+        flush = s.flush_interval_ms,
+        dev = s.device,
+        tor = s.tor,
+        ip = s.ip,
+        core = s.core,
+    );
+    std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
+    let log = std::fs::File::create(dir.join(format!("{}.log", s.host)))?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", s.host]).arg(agent).arg("run");
+    if let Some(d) = s.duration_s {
+        cmd.args(["--duration-s", &d.to_string()]);
+    }
+    cmd.arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", s.rust_log)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("starting the agent of {}", s.host))
+}
+
 struct Agents {
     children: Vec<(String, Child)>,
 }
@@ -228,33 +279,21 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let mut agents = Agents { children: Vec::new() };
     for (i, h) in inv.hosts.iter().enumerate() {
         let r = &h.rnics[0];
-        let cfg = lab.join("agents").join(format!("{}.toml", h.name));
-        let text = format!(
-            "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"event\"\nstats_interval_s = 10\n\
-             flush_interval_ms = 200\nsegment_mib = 4\nsegment_quota_mib = 256\n\n[[shard]]\ndevice = \"{dev}\"\ntransport = \"verbs\"\ntor = \"{tor}\"\n\
-             bind = \"{ip}:{port}\"\ncore = {core}\n",
-            host = h.name,
-            pl = lab.join("pinglists").join(format!("{}.toml", h.name)).display(),
-            seg = local_segments().join(&h.name).display(),
-            dev = r.device,
-            tor = r.tor,
-            ip = r.ip,
-            port = AGENT_PORT,
-            core = i % 2,
-        );
-        std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
-        let log = std::fs::File::create(lab.join("agents").join(format!("{}.log", h.name)))?;
-        let child = Command::new("ip")
-            .args(["netns", "exec", &h.name])
-            .arg(bin("agent"))
-            .arg("run")
-            .arg("--config")
-            .arg(&cfg)
-            .env("RUST_LOG", "info,rocemesh_agent=debug")
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .with_context(|| format!("starting the agent of {}", h.name))?;
+        let spec = AgentSpec {
+            host: &h.name,
+            device: &r.device,
+            tor: &r.tor,
+            ip: r.ip,
+            pinglist: &lab.join("pinglists").join(format!("{}.toml", h.name)),
+            segments: &local_segments().join(&h.name),
+            mode: "event",
+            core: i % 2,
+            stats_interval_s: 10,
+            flush_interval_ms: 200,
+            rust_log: "info,rocemesh_agent=debug",
+            duration_s: None,
+        };
+        let child = start_agent(&bin("agent"), &spec, &lab.join("agents"))?;
         agents.children.push((h.name.clone(), child));
     }
 
@@ -398,6 +437,11 @@ fn verdicts(
         .unwrap_or_default();
     let network = |k: &str| matches!(k, "rnic" | "tor" | "link" | "spine" | "ambiguous");
     let overlaps = |a: u64, b: u64, c: u64, d: u64| a < d && c < b;
+    // A finding names an injected fault: same kind and entity, overlapping its phase (plus one
+    // window, as findings start and end on window boundaries).
+    let names = |f: &(String, String, u64, u64), p: &Phase| {
+        !p.expect.is_empty() && f.0 == p.expect && f.1 == p.entity && overlaps(f.2, f.3, p.from_ns, p.to_ns + window_ns)
+    };
     // Clean phase: no loss at all, no finding.
     if let Some(p) = phases.iter().find(|p| p.name == "clean") {
         let in_phase: Vec<&Rec> = recs.iter().filter(|r| r.t1_ns >= p.from_ns && r.t1_ns < p.to_ns).collect();
@@ -434,9 +478,7 @@ fn verdicts(
     }
     // Each fault: found, as the right kind and entity, overlapping its phase.
     for p in phases.iter().filter(|p| !p.expect.is_empty()) {
-        let hit = list
-            .iter()
-            .find(|f| f.0 == p.expect && f.1 == p.entity && overlaps(f.2, f.3, p.from_ns, p.to_ns + window_ns));
+        let hit = list.iter().find(|f| names(f, p));
         checks.push(Check {
             name: format!("{}: localised", p.name),
             ok: hit.is_some(),
@@ -450,14 +492,7 @@ fn verdicts(
     let stray: Vec<String> = list
         .iter()
         .filter(|f| network(&f.0))
-        .filter(|f| {
-            !phases.iter().any(|p| {
-                !p.expect.is_empty()
-                    && f.0 == p.expect
-                    && f.1 == p.entity
-                    && overlaps(f.2, f.3, p.from_ns, p.to_ns + window_ns)
-            })
-        })
+        .filter(|f| !phases.iter().any(|p| names(f, p)))
         .map(|f| format!("{} {}", f.0, f.1))
         .collect();
     checks.push(Check {
@@ -559,36 +594,26 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
             }
             let plp = dir.join(format!("{host}.pinglist.toml"));
             std::fs::write(&plp, pl)?;
-            let cfg = dir.join(format!("{host}.toml"));
-            std::fs::write(
-                &cfg,
-                format!(
-                    "host = \"{host}\"\npinglist = \"{}\"\nsegment_dir = \"{}\"\nmode = \"{mode}\"\nstats_interval_s = 5\n\
-                     segment_mib = 4\nsegment_quota_mib = 256\n\n\
-                     [[shard]]\ndevice = \"{}\"\ntransport = \"verbs\"\ntor = \"{}\"\nbind = \"{}:{AGENT_PORT}\"\ncore = {}\n",
-                    plp.display(),
-                    local_segments().join(format!("bench-{name}")).join(host).display(),
-                    h.device,
-                    h.tor,
-                    h.ip,
-                    usize::from(peer.is_none()),
-                    // RTT in event mode (what the testbed runs) and with both ends busy-polling
-                    // (as perftest does); the rate run busy-polls on the prober.
-                    mode = match (name, peer.is_some()) {
-                        ("rtt-busy", _) | ("rate", true) => "busy_poll",
-                        _ => "event",
-                    },
-                ),
-            )?;
-            let log = std::fs::File::create(dir.join(format!("{host}.log")))?;
-            let child = Command::new("ip")
-                .args(["netns", "exec", host])
-                .arg(opts.bin.join("agent"))
-                .args(["run", "--duration-s", &(seconds + 4).to_string(), "--config"])
-                .arg(&cfg)
-                .stdout(Stdio::from(log.try_clone()?))
-                .stderr(Stdio::from(log))
-                .spawn()?;
+            let spec = AgentSpec {
+                host,
+                device: &h.device,
+                tor: &h.tor,
+                ip: h.ip,
+                pinglist: &plp,
+                segments: &local_segments().join(format!("bench-{name}")).join(host),
+                // RTT in event mode (what the testbed runs) and with both ends busy-polling
+                // (as perftest does); the rate run busy-polls on the prober.
+                mode: match (name, peer.is_some()) {
+                    ("rtt-busy", _) | ("rate", true) => "busy_poll",
+                    _ => "event",
+                },
+                core: usize::from(peer.is_none()),
+                stats_interval_s: 5,
+                flush_interval_ms: 1_000,
+                rust_log: "info",
+                duration_s: Some(seconds + 4),
+            };
+            let child = start_agent(&opts.bin.join("agent"), &spec, &dir)?;
             agents.children.push((host.clone(), child));
         }
         std::thread::sleep(Duration::from_secs(seconds + 6));
