@@ -3,6 +3,11 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// ctl's and analyze's allocator, so that what the bench times in-process (inventory load,
+/// pinglist generation) is what those binaries do.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// rocemesh benchmarks (run with --release; debug numbers are meaningless).
 #[derive(Parser, Debug)]
 #[command(version, about)]

@@ -1,10 +1,14 @@
 //! `bench gen-pinglists`: `ctl gen-pinglists` on a 100,000-RNIC fabric, in memory and to files
 //! (in /dev/shm and in the chosen or temporary directory), beside the cost of merely cloning
-//! and serialising the inventory it starts from.
+//! and serialising the inventory it starts from and of writing as many files of the same
+//! sizes without generating anything; then the `ctl` binary itself, end to end, when it
+//! has been built beside the bench.
 
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -115,7 +119,17 @@ pub fn run(opt: &Options) -> Result<Report> {
     let text = text.context("serialising the inventory")?;
     report.push("baseline: serialise the inventory to TOML", ser_s, format!("{:.1} MiB", mib(text.len())));
 
+    // First, while the page cache and tmpfs hold nothing of this run's.
+    ctl_binary(&text, opt, &mut report)?;
+
     let opts = GenOptions { seed: 1, inter_tor_peers: opt.inter_tor_peers, ..GenOptions::default() };
+    let (loaded, load_s) = timed(|| Inventory::parse(&text, Path::new("inventory.toml")));
+    anyhow::ensure!(loaded? == inventory, "the inventory read back differs from the one written");
+    report.push(
+        "gen: load the inventory (Inventory::parse, all cores)",
+        load_s,
+        format!("{:.2}x serialising it", load_s / ser_s),
+    );
     let (generator, index_s) = timed(|| Generator::new(&inventory, &opts));
     let generator = generator?;
     report.push("gen: index the inventory (Generator::new)", index_s, format!("{:.2}x the clone", index_s / clone_s));
@@ -137,19 +151,37 @@ pub fn run(opt: &Options) -> Result<Report> {
     // kernel busy for a while after, which slowed the next measurement by 15-30%. Their
     // pages are not written back meanwhile (dirty pages wait ~30 s), and are then discarded.
     let mut outputs = Vec::new();
-    for dir in output_dirs(opt.dir.as_deref()) {
+    for (d, dir) in output_dirs(opt.dir.as_deref()).into_iter().enumerate() {
         let tmp = tempfile::tempdir_in(&dir).with_context(|| format!("temporary directory in {}", dir.display()))?;
-        let (w, write_s) = timed(|| {
+        let write = || {
             write_generated(
                 tmp.path(),
                 generator.hosts(),
                 |i, p| generator.pinglist_into(i, 1, manifest.generated_unix_ns, p),
                 &manifest,
             )
-        });
+        };
+        let (w, first_s) = timed(write);
         let w = w?;
+        // What an operator's every refresh does: the same files again, over the last ones.
+        let (again, again_s) = timed(write);
+        again?;
+        let sizes: Vec<usize> = (0..generator.hosts())
+            .map(|i| {
+                std::fs::metadata(tmp.path().join(format!(
+                    "t{}-h{}.toml",
+                    i / opt.hosts_per_tor,
+                    i % opt.hosts_per_tor
+                )))
+            })
+            .map(|m| m.map(|m| m.len() as usize))
+            .collect::<Result<_, _>>()
+            .context("sizing the written pinglists")?;
+        // On the first directory only (tmpfs when there is /dev/shm): on a disk the rename
+        // floors took minutes here.
+        let floors = if d == 0 { Some(file_floors(&dir, &sizes)?) } else { None };
         outputs.push(tmp);
-        written.push((format!("{} ({})", dir.display(), fs_type(&dir)), w, write_s));
+        written.push((format!("{} ({})", dir.display(), fs_type(&dir)), w, first_s, again_s, floors));
     }
 
     let (pinglists, gen_s) = timed(|| generator.generate(1, manifest.generated_unix_ns));
@@ -175,25 +207,127 @@ pub fn run(opt: &Options) -> Result<Report> {
     );
     drop(pinglists);
 
-    for (dir, w, write_s) in written {
+    for (dir, w, first_s, again_s, floors) in written {
+        let files = w.written;
+        let (vs_create, vs_rewrite) = match floors {
+            Some([create, rewrite, fresh_rename, over_rename]) => {
+                report.push(
+                    "baseline: create and write as many files, all cores",
+                    create,
+                    format!("same sizes, {:.1} MiB in all, in {dir}; no generation", mib(w.bytes as usize)),
+                );
+                report.push("baseline: rewrite them in place", rewrite, String::new());
+                report.push("baseline: replace by temporary file + rename, new names", fresh_rename, String::new());
+                report.push(
+                    "baseline: replace by temporary file + rename, over the files",
+                    over_rename,
+                    format!("{:.2}x rewriting in place", over_rename / rewrite),
+                );
+                (
+                    format!("; {:.2}x the create baseline", first_s / create),
+                    format!("{:.2}x the rewrite baseline, ", again_s / rewrite),
+                )
+            }
+            None => (String::new(), String::new()),
+        };
         report.push(
-            "gen: generate and write all files (as ctl does), all cores",
-            write_s,
-            format!(
-                "{} files, {:.1} MiB in {dir}; {:.2}x the in-memory generation",
-                w.written,
-                mib(w.bytes as usize),
-                write_s / gen_s
-            ),
+            "gen: generate and write all files (as ctl does), first time",
+            first_s,
+            format!("{files} files in {dir}{vs_create}"),
         );
         report.push(
-            "gen-pinglists end to end (index + generate + write)",
-            index_s + write_s,
+            "gen: generate and write all files, over the last ones",
+            again_s,
+            format!("{vs_rewrite}{:.2}x the in-memory generation", again_s / gen_s),
+        );
+        report.push(
+            "gen-pinglists end to end (load + index + write over)",
+            load_s + index_s + again_s,
             format!("in {dir}; every ToR pair in {} generation(s)", cov.generations_to_cover),
         );
     }
     drop(outputs);
     Ok(report)
+}
+
+/// The files' floor on `dir`'s filesystem, 2 threads as ctl on this machine, in seconds:
+/// create and write; rewrite in place; temporary file + rename to new names; the same over
+/// existing files (what ctl did before it wrote in place).
+fn file_floors(dir: &Path, sizes: &[usize]) -> Result<[f64; 4]> {
+    let tmp = tempfile::tempdir_in(dir).with_context(|| format!("temporary directory in {}", dir.display()))?;
+    let bytes = vec![b'#'; sizes.iter().copied().max().unwrap_or(0)];
+    let pass = |rename: bool| -> Result<f64> {
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|k| {
+                    let (tmp, bytes) = (tmp.path(), &bytes);
+                    s.spawn(move || -> std::io::Result<()> {
+                        for (i, &n) in sizes.iter().enumerate().skip(k).step_by(threads) {
+                            let path = tmp.join(format!("h{i}.toml"));
+                            if rename {
+                                let t = tmp.join(format!(".h{i}.toml.tmp"));
+                                std::fs::File::create(&t)?.write_all(&bytes[..n])?;
+                                std::fs::rename(&t, &path)?;
+                            } else {
+                                std::fs::File::create(&path)?.write_all(&bytes[..n])?;
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        })?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let create = pass(false)?;
+    let rewrite = pass(false)?;
+    for entry in std::fs::read_dir(tmp.path())? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    let fresh_rename = pass(true)?;
+    let over_rename = pass(true)?;
+    Ok([create, rewrite, fresh_rename, over_rename])
+}
+
+/// `ctl gen-pinglists` as an operator runs it, when `ctl` was built beside this bench
+/// (`cargo build --release -p rocemesh-ctl`): the inventory file in /dev/shm (or the temporary
+/// directory), twice into one directory, so the second run writes over the first.
+fn ctl_binary(inventory_toml: &str, opt: &Options, report: &mut Report) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the bench binary")?;
+    let ctl = exe.with_file_name("ctl");
+    if !ctl.is_file() {
+        report.push(
+            "ctl binary: not measured",
+            0.0,
+            format!("{} is missing; build it with: cargo build --release -p rocemesh-ctl", ctl.display()),
+        );
+        return Ok(());
+    }
+    let dir = output_dirs(opt.dir.as_deref()).remove(0);
+    let tmp = tempfile::tempdir_in(&dir).with_context(|| format!("temporary directory in {}", dir.display()))?;
+    let inventory = tmp.path().join("inventory.toml");
+    std::fs::write(&inventory, inventory_toml).with_context(|| format!("writing {}", inventory.display()))?;
+    let out = tmp.path().join("pinglists");
+    for what in ["ctl gen-pinglists binary, first time", "ctl gen-pinglists binary, over the last"] {
+        let start = Instant::now();
+        let run = Command::new(&ctl)
+            .args(["gen-pinglists", "--seed", "1", "--inventory"])
+            .arg(&inventory)
+            .arg("--out")
+            .arg(&out)
+            .args(["--inter-tor-peers", &opt.inter_tor_peers.to_string()])
+            .output()
+            .with_context(|| format!("running {}", ctl.display()))?;
+        let seconds = start.elapsed().as_secs_f64();
+        anyhow::ensure!(run.status.success(), "ctl failed: {}", String::from_utf8_lossy(&run.stderr));
+        let said = String::from_utf8_lossy(&run.stdout);
+        let phases = said.lines().next().and_then(|l| l.rsplit_once(" in ").map(|(_, rest)| rest.to_owned()));
+        report.push(what, seconds, format!("{} (ctl's own account: {})", fs_type(&dir), phases.unwrap_or_default()));
+    }
+    Ok(())
 }
 
 /// `dir` (default: the system's temporary directory), and /dev/shm when it is another

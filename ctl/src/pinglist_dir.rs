@@ -2,10 +2,25 @@
 //!
 //! `gen-pinglists` writes it; `push-pinglist`, `diff` and `status` read it. Only `*.toml` files
 //! are pinglists, so push results and the manifest can live beside them.
+//!
+//! **A generation is replaced as a whole, under a lock.** The writer holds an exclusive
+//! `flock` on `DIR/.gen-pinglists.lock` and readers a shared one for as long as they use the
+//! directory, so a push never sends some hosts the old generation and others the new, and
+//! the writer may rewrite files in place: on this project's 2-core machine, replacing 100,000
+//! files each by a temporary file and a rename cost the kernel 2.0 s, rewriting them in place
+//! 0.8 s (the `gen-pinglists` bench measures both as baselines). A marker,
+//! `DIR/.gen-pinglists.incomplete`, exists from the first file written until the manifest is,
+//! so the files of an interrupted run (a mix of generations) are refused by every reader.
+//! Agents must not read this directory while it is regenerated: push replaces their copy by
+//! rename.
 
 use std::collections::HashSet;
+use std::ffi::CStr;
+use std::fs::File;
 use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rocemesh_formats::inventory::FileError;
 use rocemesh_formats::pinglist::Pinglist;
@@ -16,6 +31,52 @@ use crate::import::natural_cmp;
 
 /// The manifest's file name (not `.toml`: it is not a pinglist).
 pub const MANIFEST: &str = "generation.ctl";
+/// Locked exclusively by `gen-pinglists`, shared by every reader (see the module docs).
+pub const LOCK: &str = ".gen-pinglists.lock";
+/// Present while `gen-pinglists` writes, and after a run that did not finish.
+pub const INCOMPLETE: &str = ".gen-pinglists.incomplete";
+
+/// Takes `dir`'s generation lock: shared (waiting for a running `gen-pinglists`, which takes
+/// seconds), or exclusive (failing at once if any reader holds it: a push can take minutes).
+/// `None` for a reader that cannot create the lock file in a directory without one (a
+/// read-only copy, where no `gen-pinglists` can write either).
+fn lock(dir: &Path, exclusive: bool) -> Result<Option<Arc<File>>, Error> {
+    let path = dir.join(LOCK);
+    let file = match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path) {
+        Ok(f) => f,
+        Err(e)
+            if !exclusive
+                && matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+        {
+            match File::open(&path) {
+                Ok(f) => f,
+                Err(_) => return Ok(None),
+            }
+        }
+        Err(e) => return Err(Error::io(&path, "open the generation lock", e)),
+    };
+    let op = if exclusive { libc::LOCK_EX | libc::LOCK_NB } else { libc::LOCK_SH };
+    loop {
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(Some(Arc::new(file)));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => {
+                return Err(Error::invalid(
+                    format!("another ctl (push-pinglist, diff, status or gen-pinglists) is using {}", dir.display()),
+                    "run gen-pinglists again when it has finished, or generate into another directory",
+                ));
+            }
+            _ => return Err(Error::io(&path, "lock", e)),
+        }
+    }
+}
 
 /// What the last `gen-pinglists` into a directory wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,16 +128,28 @@ pub fn next_generation(dir: &Path) -> Result<u64, Error> {
     Ok(newest.saturating_add(1))
 }
 
-/// The pinglists in a directory.
+/// The pinglists in a directory, locked against `gen-pinglists` while this lives.
 #[derive(Debug, Clone)]
 pub struct PinglistDir {
     dir: PathBuf,
     hosts: Vec<String>,
+    _lock: Option<Arc<File>>,
 }
 
 impl PinglistDir {
-    /// Lists `dir/*.toml`; refuses a directory without pinglists.
+    /// Lists `dir/*.toml`; refuses a directory without pinglists, or with the files of a
+    /// `gen-pinglists` that did not finish. Waits for a running `gen-pinglists`.
     pub fn open(dir: &Path) -> Result<PinglistDir, Error> {
+        let lock = if dir.is_dir() { lock(dir, false)? } else { None };
+        if dir.join(INCOMPLETE).exists() {
+            return Err(Error::invalid(
+                format!(
+                    "the last gen-pinglists into {} did not finish: its pinglists are a mix of two generations",
+                    dir.display()
+                ),
+                "run ctl gen-pinglists into it again",
+            ));
+        }
         let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list the pinglist directory", e))?;
         let mut hosts = Vec::new();
         for entry in entries {
@@ -97,7 +170,7 @@ impl PinglistDir {
             ));
         }
         hosts.sort_by(|a, b| natural_cmp(a, b));
-        Ok(PinglistDir { dir: dir.to_path_buf(), hosts })
+        Ok(PinglistDir { dir: dir.to_path_buf(), hosts, _lock: lock })
     }
 
     pub fn dir(&self) -> &Path {
@@ -164,25 +237,22 @@ pub struct WriteReport {
     pub pruned: Vec<String>,
 }
 
-/// Writes every pinglist to `dir/<host>.toml` (each by rename, on all cores), removes the
+/// Writes every pinglist to `dir/<host>.toml` (in place, on all cores), removes the
 /// pinglists of hosts not in `pinglists`, and records `manifest`.
 ///
-/// Crash safety. Each pinglist is written to a temporary file and renamed over its name, so
-/// a push running meanwhile reads a whole old file or a whole new one (a file cut at a
-/// `[[target]]` boundary would still parse, so validation alone could not tell). The manifest
-/// is written last and durably (fsynced, renamed, then the directory fsynced, which also
-/// makes every earlier rename durable), so a process that dies mid-run never leaves a
-/// manifest naming a generation whose files were not all renamed into place; the run is then
-/// repeated, and writes the same bytes (the output is deterministic).
+/// Crash safety (see the module docs for the lock). The incomplete marker is made durable
+/// before the first file is touched and removed only after the manifest is written durably
+/// (fsynced, renamed, the directory fsynced), so a process that dies mid-run leaves a
+/// directory every reader refuses until the run is repeated; it then writes the same bytes
+/// (the output is deterministic).
 ///
 /// The pinglists themselves are not fsynced, neither one by one (100,000 device flushes on a
 /// large fabric) nor once with syncfs before the manifest (that waits for the whole
 /// generation, ~530 MiB for 100,000 hosts, to reach the disk: seconds per run). So after a
-/// power loss the manifest can be on disk while some pinglists renamed just before it are
-/// not: depending on the filesystem such a file comes back empty or zero-filled, which
-/// `Pinglist::parse` refuses (push and diff report the host instead of installing it), or as
-/// the previous generation's whole file, which is still a valid pinglist. Either way, rerun
-/// gen-pinglists after a power loss.
+/// power loss the manifest can be on disk while some pinglists written just before it are
+/// not: depending on the filesystem such a file comes back empty, cut short or zero-filled,
+/// which `Pinglist::parse` refuses (push and diff report the host instead of installing it)
+/// unless the cut falls between two targets. Rerun gen-pinglists after a power loss.
 pub fn write_pinglists(dir: &Path, pinglists: &[Pinglist], manifest: &Manifest) -> Result<WriteReport, Error> {
     write_all(dir, pinglists.len(), Source::Made(pinglists), manifest)
 }
@@ -208,6 +278,12 @@ enum Source<'a> {
 
 fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> Result<WriteReport, Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create the output directory", e))?;
+    let _lock = lock(dir, true)?;
+    let marker = dir.join(INCOMPLETE);
+    atomic_write(&marker, b"gen-pinglists is writing, or did not finish\n", true)
+        .map_err(|e| Error::io(&marker, "write the incomplete marker", e))?;
+    let dir_fd = File::open(dir).map_err(|e| Error::io(dir, "open the output directory", e))?;
+    let dir_fd = &dir_fd;
     // Listed before writing: what this run creates is fresh by definition, and a new
     // directory then costs nothing to prune instead of a listing of 100,000 new files.
     let mut stale: HashSet<String> = pinglist_names(dir).into_iter().collect();
@@ -215,8 +291,6 @@ fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> R
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.max(1));
     let chunk = n.div_ceil(threads).max(1);
     let source = &source;
-    // One getpid for the whole run rather than one per file (it is a system call).
-    let pid = std::process::id();
     let results: Vec<Result<(u64, Vec<String>), Error>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .step_by(chunk)
@@ -224,6 +298,8 @@ fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> R
                 s.spawn(move || {
                     let mut bytes = 0u64;
                     let mut hosts = Vec::new();
+                    let mut text = String::new();
+                    let mut name = Vec::new();
                     let mut scratch = Pinglist {
                         version: rocemesh_formats::pinglist::VERSION,
                         host: String::new(),
@@ -240,10 +316,10 @@ fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> R
                                 &scratch
                             }
                         };
-                        let text = serialise(p)?;
-                        let path = dir.join(format!("{}.toml", p.host));
-                        let tmp = dir.join(format!(".{}.toml.tmp.{pid}", p.host));
-                        replace(&path, &tmp, text.as_bytes(), false).map_err(|e| Error::io(&path, "write", e))?;
+                        text.clear();
+                        serialise_into(p, &mut text)?;
+                        rewrite_at(dir_fd, &p.host, &mut name, text.as_bytes())
+                            .map_err(|e| Error::io(&dir.join(format!("{}.toml", p.host)), "write", e))?;
                         bytes += text.len() as u64;
                         if track_hosts {
                             hosts.push(p.host.clone());
@@ -279,7 +355,35 @@ fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> R
     let path = dir.join(MANIFEST);
     atomic_write(&path, format!("# written by ctl gen-pinglists\n{text}").as_bytes(), true)
         .map_err(|e| Error::io(&path, "write the manifest", e))?;
+    std::fs::remove_file(&marker)
+        .and_then(|()| dir_fd.sync_all())
+        .map_err(|e| Error::io(&marker, "remove the incomplete marker", e))?;
     Ok(report)
+}
+
+/// Writes `bytes` over `<host>.toml` in the directory `dir`, relative to its descriptor: the
+/// path is not walked again for each of 100,000 files. `name` is scratch for the C string.
+fn rewrite_at(dir: &File, host: &str, name: &mut Vec<u8>, bytes: &[u8]) -> std::io::Result<()> {
+    name.clear();
+    name.extend_from_slice(host.as_bytes());
+    name.extend_from_slice(b".toml\0");
+    let name = CStr::from_bytes_with_nul(name)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the host name contains a NUL byte"))?;
+    // SAFETY: a valid directory descriptor and a NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(bytes)
 }
 
 /// The hosts of `dir/*.toml`, unsorted; none when `dir` cannot be listed.
@@ -296,7 +400,14 @@ fn pinglist_names(dir: &Path) -> Vec<String> {
 
 /// The pinglist as the TOML every ctl command writes.
 pub fn serialise(p: &Pinglist) -> Result<String, Error> {
-    p.to_toml_string().map_err(|e| {
+    let mut text = String::new();
+    serialise_into(p, &mut text)?;
+    Ok(text)
+}
+
+/// [`serialise`], appended to `text` (a writer reuses one buffer for all its files).
+pub fn serialise_into(p: &Pinglist, text: &mut String) -> Result<(), Error> {
+    p.write_toml(text).map_err(|e| {
         Error::invalid(format!("cannot write the pinglist of {:?} as TOML: {e}", p.host), "report this as a ctl bug")
     })
 }
@@ -392,6 +503,44 @@ mod tests {
         assert!(e.problem.contains("is for host \"h2\""), "{e}");
         // No temporary files are left behind.
         assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp.")));
+    }
+
+    #[test]
+    fn readers_and_the_writer_exclude_each_other() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        write_pinglists(dir, &[pl("h1", 1), pl("h2", 1)], &manifest(1, 2)).unwrap();
+        // Two readers at once are fine; a writer is refused while either holds the directory.
+        let a = PinglistDir::open(dir).unwrap();
+        let b = a.clone();
+        let c = PinglistDir::open(dir).unwrap();
+        drop(a);
+        let e = write_pinglists(dir, &[pl("h1", 2)], &manifest(2, 1)).unwrap_err().to_string();
+        assert!(e.contains("another ctl") && e.contains(&dir.display().to_string()), "{e}");
+        drop((b, c));
+        // Refused means untouched: still generation 1, both hosts, no marker.
+        assert_eq!(read_manifest(dir).unwrap().unwrap().generation, 1);
+        assert_eq!(PinglistDir::open(dir).unwrap().read("h2").unwrap().1, pl("h2", 1));
+        write_pinglists(dir, &[pl("h1", 2)], &manifest(2, 1)).unwrap();
+        assert_eq!(PinglistDir::open(dir).unwrap().hosts(), ["h1"]);
+    }
+
+    #[test]
+    fn an_interrupted_generation_is_refused_until_rerun() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        write_pinglists(dir, &[pl("h1", 1), pl("h2", 1)], &manifest(1, 2)).unwrap();
+        assert!(!dir.join(INCOMPLETE).exists());
+        // What a run killed after rewriting h1 leaves: the marker, h1 of generation 2, h2 of 1.
+        std::fs::write(dir.join(INCOMPLETE), "").unwrap();
+        std::fs::write(dir.join("h1.toml"), pl("h1", 2).to_toml_string().unwrap()).unwrap();
+        let e = PinglistDir::open(dir).unwrap_err().to_string();
+        assert!(e.contains("did not finish") && e.contains("gen-pinglists"), "{e}");
+        // The previous manifest still decides the next generation; the rerun clears the marker.
+        assert_eq!(next_generation(dir).unwrap(), 2);
+        write_pinglists(dir, &[pl("h1", 2), pl("h2", 2)], &manifest(2, 2)).unwrap();
+        let listing = PinglistDir::open(dir).unwrap();
+        assert_eq!(listing.read("h2").unwrap().1, pl("h2", 2));
     }
 
     #[test]

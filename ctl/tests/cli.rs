@@ -126,7 +126,9 @@ fn import_a_rail_optimised_cluster_then_check_and_generate() {
     assert_eq!(run(gen_args("b", "42")).status.code(), Some(0));
     assert_eq!(run(gen_args("c", "43")).status.code(), Some(0));
     let (a, b, c) = (read_dir(&tmp.path().join("a")), read_dir(&tmp.path().join("b")), read_dir(&tmp.path().join("c")));
-    assert_eq!(a.len(), 7, "{:?}", a.keys());
+    // Six pinglists, the manifest and the (empty) generation lock; no incomplete marker.
+    assert_eq!(a.len(), 8, "{:?}", a.keys());
+    assert!(a.contains_key(".gen-pinglists.lock") && !a.contains_key(".gen-pinglists.incomplete"), "{:?}", a.keys());
     assert_eq!(a, b, "same seed, same inventory: byte-identical output");
     assert_ne!(a, c);
     for name in a.keys().filter(|n| n.ends_with(".toml")) {

@@ -172,9 +172,21 @@ impl Inventory {
     }
 
     /// Parses and validates `text`; `path` is only used in errors.
+    ///
+    /// A large inventory is parsed in parts, on all cores (see [`in_parts`]); any failure
+    /// there falls back to parsing the whole text at once, which is what names the problem.
     pub fn parse(text: &str, path: &Path) -> Result<Inventory, FileError> {
-        let doc = Document::parse(path, text, &GATE)?;
-        let inventory: Inventory = doc.deserialize()?;
+        Self::parse_with(text, path, PARALLEL_FROM_BYTES, default_threads())
+    }
+
+    fn parse_with(text: &str, path: &Path, parallel_from_bytes: usize, threads: usize) -> Result<Inventory, FileError> {
+        let (inventory, doc) = match in_parts(text, parallel_from_bytes, threads) {
+            Some(inventory) => (inventory, Document::unparsed(path, text)),
+            None => {
+                let mut doc = Document::parse(path, text, &GATE)?;
+                (doc.deserialize()?, doc)
+            }
+        };
         inventory.validate(&doc)?;
         Ok(inventory)
     }
@@ -368,6 +380,98 @@ impl Inventory {
         }
         Ok(())
     }
+}
+
+/// Below this size an inventory is parsed in one piece (10,000 hosts are about 1 MB).
+const PARALLEL_FROM_BYTES: usize = 1 << 20;
+/// Parts per thread: small parts keep toml's token and event buffers small and reused,
+/// instead of one peak of ~50 bytes per byte of text that the kernel zeroes page by page.
+const PARTS_PER_THREAD: usize = 8;
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
+/// A part of a split inventory: the array-of-tables entries it holds, in file order.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Part {
+    #[serde(default)]
+    tor: Vec<Tor>,
+    #[serde(default)]
+    spine: Vec<Spine>,
+    #[serde(default)]
+    link: Vec<Link>,
+    #[serde(default)]
+    host: Vec<Host>,
+}
+
+/// The inventory from `text` cut into parts at `[[host]]` lines, each part parsed on its own,
+/// or `None` when the text is small, has no place to cut, or any part fails.
+///
+/// Parsing a 100,000-host inventory in one piece took ~1 s, half of it the kernel zeroing the
+/// half-gigabyte peak of toml's token and event buffers; parts keep the peak small and share
+/// the work among the cores. A part that starts at a `[[host]]` line holds only whole
+/// array-of-tables entries, so appending the parts' arrays in order gives what one parse
+/// gives. A cut inside a multi-line string or array leaves the part before it unterminated,
+/// and a later part whose headers refer back to an earlier part's entries (`[tor.x]`) makes
+/// tables where arrays belong: both fail, and so fall back to the whole parse.
+fn in_parts(text: &str, parallel_from_bytes: usize, threads: usize) -> Option<Inventory> {
+    if text.len() < parallel_from_bytes || threads == 0 {
+        return None;
+    }
+    let parts = threads * PARTS_PER_THREAD;
+    let mut cuts = vec![0];
+    // The first `[[host]]` line at or after each k/parts of the text (only at the start of a
+    // line, and alone on it but for trailing blanks).
+    const HEADER: &str = "\n[[host]]";
+    let mut from = 0;
+    while cuts.len() < parts {
+        from = from.max(cuts.len() * text.len() / parts);
+        let Some(at) = text.get(from..).and_then(|t| t.find(HEADER)).map(|i| from + i + 1) else { break };
+        from = at + HEADER.len() - 1;
+        let rest = &text[from..];
+        if rest[..rest.find('\n').unwrap_or(rest.len())].trim().is_empty() {
+            cuts.push(at);
+        }
+    }
+    if cuts.len() < 2 {
+        return None;
+    }
+    cuts.push(text.len());
+    let chunks: Vec<(usize, &str)> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).enumerate().collect();
+    let parse = |&(i, chunk): &(usize, &str)| -> Option<(Option<u32>, Part)> {
+        if i > 0 {
+            return Some((None, Document::quietly::<Part>(chunk)?));
+        }
+        let head = Document::quietly::<Inventory>(chunk)?;
+        Some((Some(head.version), Part { tor: head.tors, spine: head.spines, link: head.links, host: head.hosts }))
+    };
+    let parsed: Vec<(Option<u32>, Part)> = std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .chunks(chunks.len().div_ceil(threads))
+            .map(|mine| s.spawn(move || mine.iter().map(parse).collect::<Option<Vec<_>>>()))
+            .collect();
+        let mut all = Vec::with_capacity(chunks.len());
+        for handle in handles {
+            all.extend(handle.join().ok()??);
+        }
+        Some(all)
+    })?;
+    let mut parts = parsed.into_iter();
+    let (version, first) = parts.next()?;
+    let mut inventory =
+        Inventory { version: version?, tors: first.tor, spines: first.spine, links: first.link, hosts: first.host };
+    if i64::from(inventory.version) != GATE.supported {
+        return None;
+    }
+    for (_, part) in parts {
+        inventory.tors.extend(part.tor);
+        inventory.spines.extend(part.spine);
+        inventory.links.extend(part.link);
+        inventory.hosts.extend(part.host);
+    }
+    Some(inventory)
 }
 
 fn at_line(line: Option<usize>) -> String {
@@ -1041,7 +1145,61 @@ mod tests {
         }
     }
 
+    fn whole(text: &str) -> Result<Inventory, FileError> {
+        Inventory::parse_with(text, Path::new("inv.toml"), usize::MAX, 1)
+    }
+
+    fn in_three_threads(text: &str) -> Result<Inventory, FileError> {
+        Inventory::parse_with(text, Path::new("inv.toml"), 0, 3)
+    }
+
+    fn hosts(n: usize, bad: Option<usize>) -> String {
+        (0..n)
+            .map(|h| {
+                let ip = if bad == Some(h) { "10.0.0.999".to_owned() } else { format!("10.0.0.{}", h + 1) };
+                format!(
+                    "[[host]]\nname = \"h{h}\"\n[[host.rnic]]\ndevice = \"mlx5_0\"\ntor = \"tor0\"\nip = \"{ip}\"\n"
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_large_inventory_is_parsed_in_parts_like_the_whole() {
+        let text = format!("{}\n{}[[tor]]\nname = \"tor1\"\n{}", doc(HEAD), hosts(40, None), hosts(0, None));
+        assert!(in_parts(&text, 0, 3).is_some(), "the parts path was not taken");
+        let inv = in_three_threads(&text).unwrap();
+        assert_eq!(Ok(&inv), whole(&text).as_ref());
+        assert_eq!((inv.hosts.len(), inv.tors.len()), (40, 2));
+        assert_eq!(inv.hosts[39].name, "h39");
+    }
+
+    #[test]
+    fn what_the_parts_cannot_mean_alike_falls_back_to_the_whole_parse() {
+        let head = doc(HEAD);
+        // A `[[host]]` line inside a multi-line string: the part before the cut is unterminated.
+        let in_string =
+            format!("{head}{}[[host]]\nname = \"\"\"\n[[host]]\nx\"\"\"\n{}", hosts(5, None), hosts(5, None));
+        // A later part's header that refers back to an earlier part's array entry.
+        let back = format!("{head}{}[tor.extra]\nx = 1\n", hosts(10, None));
+        // A bad value in a late part, and a duplicate across parts (a validation error).
+        let late_bad = format!("{head}{}", hosts(10, Some(8)));
+        let duplicate = format!("{head}{}{}", hosts(6, None), hosts(1, None));
+        for (text, cut) in [(in_string, false), (back, false), (late_bad, false), (duplicate, true)] {
+            assert_eq!(in_parts(&text, 0, 3).is_some(), cut, "{text}");
+            let e = whole(&text).unwrap_err();
+            assert!(e.line.is_some(), "{e}");
+            assert_eq!(in_three_threads(&text).unwrap_err(), e);
+        }
+    }
+
     proptest! {
+        #[test]
+        fn parts_parse_like_the_whole(inv in arb_inventory()) {
+            let text = inv.to_toml_string().unwrap();
+            prop_assert_eq!(in_three_threads(&text), Ok(inv));
+        }
+
         #[test]
         fn valid_inventories_round_trip(inv in arb_inventory()) {
             let text = inv.to_toml_string().unwrap();

@@ -390,7 +390,7 @@ impl Scenario {
 
     /// Parses and validates `text`; `path` is only used in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Scenario, FileError> {
-        let doc = Document::parse(path, text, &GATE)?;
+        let mut doc = Document::parse(path, text, &GATE)?;
         let scenario: Scenario = doc.deserialize()?;
         scenario.validate(&doc)?;
         Ok(scenario)

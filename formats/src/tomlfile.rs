@@ -2,12 +2,15 @@
 //! reading a file, the `version` gate, deserialization, and turning every failure into a
 //! [`FileError`] that names the file, the line and the field.
 //!
-//! A document is parsed once into toml's spanned tree ([`DeTable`]); the typed value is
+//! A document is parsed into toml's spanned tree ([`DeTable`]); the typed value is
 //! deserialized from that tree, and the same tree maps a field path to a line (for
 //! semantic errors found after deserialization) and a byte span back to a field path (for
 //! errors serde reports). Because the reported line is looked up from the reported path,
-//! the two cannot disagree.
+//! the two cannot disagree. Deserialization consumes the tree (copying it cost a 100,000-host
+//! inventory a sixth of its load time); an error found afterwards parses the text again,
+//! which gives the same tree.
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -129,7 +132,8 @@ impl fmt::Display for FieldPath {
 pub(crate) struct Document<'i> {
     file: &'i Path,
     text: &'i str,
-    root: Spanned<DeTable<'i>>,
+    /// Empty once [`Document::deserialize`] has consumed it; [`Document::root`] refills it.
+    root: OnceCell<Spanned<DeTable<'i>>>,
 }
 
 /// What a format tells [`Document::parse`] about its `version` field.
@@ -153,14 +157,38 @@ impl<'i> Document<'i> {
             problem: format!("invalid TOML: {}", e.message()),
             fix: "correct the TOML syntax at this line".to_owned(),
         })?;
-        let doc = Document { file, text, root };
+        let doc = Document { file, text, root: OnceCell::from(root) };
         doc.check_version(gate)?;
         Ok(doc)
     }
 
+    /// A document for `text` whose tree is parsed only if an error needs a line: for a
+    /// caller that deserialized `text` some other way (in parts, in parallel) and has checked
+    /// that it parses.
+    pub(crate) fn unparsed(file: &'i Path, text: &'i str) -> Self {
+        Document { file, text, root: OnceCell::new() }
+    }
+
+    /// Parses `text` and deserializes it into `T` without the version gate or any error
+    /// detail: `None` for any failure (the caller then parses the whole file the usual way,
+    /// which names the problem).
+    pub(crate) fn quietly<T: DeserializeOwned>(text: &'i str) -> Option<T> {
+        T::deserialize(DeTable::parse(text).ok()?.into_deserializer()).ok()
+    }
+
+    /// The tree, parsed again if deserialization consumed it. `None` only if the text no
+    /// longer parses, which cannot happen to text that parsed once; errors then lack a line.
+    fn root(&self) -> Option<&Spanned<DeTable<'i>>> {
+        if self.root.get().is_none() {
+            let root = DeTable::parse(self.text).ok()?;
+            let _ = self.root.set(root);
+        }
+        self.root.get()
+    }
+
     fn check_version(&self, gate: &VersionGate<'_>) -> Result<(), FileError> {
         let path = FieldPath::root().key("version");
-        let Some(value) = self.root.get_ref().get("version") else {
+        let Some(value) = self.root().and_then(|r| r.get_ref().get("version")) else {
             return Err(self.error(
                 &path,
                 format!("the {} has no `version`", gate.format),
@@ -191,8 +219,15 @@ impl<'i> Document<'i> {
 
     /// Deserializes the whole document into `T`; serde's errors (unknown field, wrong
     /// type, bad address, ...) come back with the line and field path they are about.
-    pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, FileError> {
-        T::deserialize(self.root.clone().into_deserializer()).map_err(|e| {
+    pub(crate) fn deserialize<T: DeserializeOwned>(&mut self) -> Result<T, FileError> {
+        let Some(root) = self.root.take().or_else(|| DeTable::parse(self.text).ok()) else {
+            return Err(FileError::whole_file(
+                self.file,
+                "the TOML no longer parses".to_owned(),
+                "report this as a bug",
+            ));
+        };
+        T::deserialize(root.into_deserializer()).map_err(|e| {
             let message = e.message();
             let fix = if message.starts_with("unknown field") {
                 "remove the field or correct its spelling (the accepted fields are listed)"
@@ -231,7 +266,7 @@ impl<'i> Document<'i> {
     /// an empty array) the line of its deepest present ancestor, which is where the
     /// operator has to add it.
     pub(crate) fn line_of_path(&self, path: &FieldPath) -> Option<usize> {
-        let mut table: Option<&DeTable<'i>> = Some(self.root.get_ref());
+        let mut table: Option<&DeTable<'i>> = self.root().map(Spanned::get_ref);
         let mut items: Option<&[Spanned<DeValue<'i>>]> = None;
         let mut best: Option<Range<usize>> = None;
         for segment in &path.0 {
@@ -253,7 +288,9 @@ impl<'i> Document<'i> {
     /// The deepest field whose key or value covers `span`.
     fn path_at(&self, span: &Range<usize>) -> FieldPath {
         let mut path = FieldPath::root();
-        descend_table(self.root.get_ref(), span, &mut path);
+        if let Some(root) = self.root() {
+            descend_table(root.get_ref(), span, &mut path);
+        }
         path
     }
 }
@@ -425,7 +462,7 @@ mod tests {
             #[allow(dead_code)]
             needed: u8,
         }
-        let doc = Document::parse(Path::new("t.toml"), "# comment\nversion = 1\n", &GATE).unwrap();
+        let mut doc = Document::parse(Path::new("t.toml"), "# comment\nversion = 1\n", &GATE).unwrap();
         let e = doc.deserialize::<Needs>().unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (None, ""));
         assert!(e.problem.contains("missing field `needed`"), "{e}");
