@@ -5,6 +5,7 @@
 //! pinglist = "pinglist.toml"       # relative paths are relative to this file's directory
 //! segment_dir = "segments"
 //! mode = "event"                   # "event" (wait for packets/deadlines) or "busy_poll" (spin)
+//! event_coalesce_us = 0            # event mode: wake at most once per this many us (0 = at once)
 //!
 //! [[shard]]
 //! device = "mlx5_0"                # the pinglist's `from`; also names the segment files
@@ -68,6 +69,13 @@ pub struct AgentConfig {
     /// Event-driven or busy-poll shards.
     #[serde(default)]
     pub mode: Mode,
+    /// Event mode: a shard wakes for packets at most once per this many microseconds and then
+    /// handles all that arrived, as a NIC's interrupt moderation does (`rx-usecs`). Network
+    /// RTTs do not change (their timestamps are the kernel's or the NIC's, taken on arrival);
+    /// the prober and responder delays grow by up to this much. Probes still go out on time.
+    /// 0 wakes at once.
+    #[serde(default)]
+    pub event_coalesce_us: u64,
     /// How often buffered records are written to the segment (ms): the most a crash can lose.
     #[serde(default = "default_flush_interval_ms")]
     pub flush_interval_ms: u64,
@@ -130,6 +138,9 @@ fn default_ib_port() -> u8 {
 fn default_traffic_class() -> u8 {
     106
 }
+
+/// Highest `event_coalesce_us`: analyze treats host delays above 1 ms (at least) as noise.
+pub const MAX_EVENT_COALESCE_US: u64 = 1_000;
 
 fn default_flush_interval_ms() -> u64 {
     1_000
@@ -220,6 +231,12 @@ impl AgentConfig {
                 return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
             }
         }
+        if self.event_coalesce_us > MAX_EVENT_COALESCE_US {
+            return Err(format!(
+                "event_coalesce_us = {}: use 0 to {MAX_EVENT_COALESCE_US} (it adds up to that much to host delays)",
+                self.event_coalesce_us
+            ));
+        }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
             return Err(format!("flush_interval_ms = {}: use 10 to 60000", self.flush_interval_ms));
         }
@@ -281,6 +298,10 @@ core = 0
         )
         .expect_err("mode");
         assert!(e.to_string().contains("spin"), "{e}");
+        let coalesce = |us: u64| GOOD.replace("host = \"h0\"", &format!("host = \"h0\"\nevent_coalesce_us = {us}"));
+        assert_eq!(AgentConfig::parse(&coalesce(1000), p).expect("1 ms").event_coalesce_us, 1000);
+        let e = AgentConfig::parse(&coalesce(1001), p).expect_err("coalesce");
+        assert!(e.to_string().contains("event_coalesce_us = 1001: use 0 to 1000"), "{e}");
     }
 
     #[test]

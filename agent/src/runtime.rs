@@ -297,6 +297,8 @@ async fn run_shard<T: Transport>(
     let mut next_stats = now_ns() + stats_every_ns;
     let mut peek = [0u8; 1];
     let mut drain_until = u64::MAX;
+    let coalesce_ns = cfg.event_coalesce_us * 1_000;
+    let mut woke_ns = 0u64;
     loop {
         let now = now_ns();
         if drain_until == u64::MAX && control.stopping() {
@@ -329,6 +331,17 @@ async fn run_shard<T: Transport>(
                 if wait_ns == 0 {
                     continue;
                 }
+                // Interrupt moderation: sleep out the rest of the quiet time first (deadlines
+                // still win), so that the wait below finds a batch instead of one packet.
+                let quiet_ns = (woke_ns + coalesce_ns).saturating_sub(now_ns()).min(wait_ns);
+                if quiet_ns > 0 {
+                    glommio::timer::sleep(Duration::from_nanos(quiet_ns)).await;
+                }
+                let wait_ns = shard.next_deadline_ns().saturating_sub(now_ns());
+                if wait_ns == 0 {
+                    woke_ns = now_ns();
+                    continue;
+                }
                 let wait = Duration::from_nanos(wait_ns).min(MAX_WAIT);
                 match &waiter {
                     Waiter::Socket(sock) => {
@@ -348,6 +361,7 @@ async fn run_shard<T: Transport>(
                         glommio::yield_if_needed().await;
                     }
                 }
+                woke_ns = now_ns();
             }
         }
     }

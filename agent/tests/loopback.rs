@@ -7,9 +7,16 @@ use std::time::Duration;
 use common::*;
 use rocemesh_formats::record::{Arrived, Outcome};
 
-fn clean_run(net: u8, mode: &str, agents: usize) {
+fn clean_run(net: u8, mode: &str, agents: usize, event_coalesce_us: u64) {
     let root = tempfile::tempdir().expect("tempdir");
     let configs: Vec<_> = (0..agents).map(|i| setup(root.path(), net, i, agents, 20.0, mode, "")).collect();
+    for c in &configs {
+        let text = std::fs::read_to_string(c).expect("config");
+        let line = format!("mode = \"{mode}\"\n");
+        assert!(text.contains(&line), "{text}");
+        let text = text.replace(&line, &format!("{line}event_coalesce_us = {event_coalesce_us}\n"));
+        std::fs::write(c, text).expect("config");
+    }
     let children: Vec<_> = configs.iter().map(|c| spawn(c, 4)).collect();
     for (i, c) in children.into_iter().enumerate() {
         let (code, err) = finish(c);
@@ -35,12 +42,17 @@ fn clean_run(net: u8, mode: &str, agents: usize) {
 
 #[test]
 fn three_agents_event_mode_clean_run_loses_nothing() {
-    clean_run(31, "event", 3);
+    clean_run(31, "event", 3, 0);
+}
+
+#[test]
+fn three_agents_event_mode_with_interrupt_moderation_lose_nothing() {
+    clean_run(40, "event", 3, 1000);
 }
 
 #[test]
 fn two_agents_busy_poll_clean_run_loses_nothing() {
-    clean_run(32, "busy_poll", 2);
+    clean_run(32, "busy_poll", 2, 0);
 }
 
 /// A responder that ignores 20% of probes: the probers' loss toward it is 20% within
