@@ -187,6 +187,9 @@ pub struct Generator {
     planes: Vec<Plane>,
     /// Host names in output order, each with its RNICs in device order.
     hosts: Vec<(String, Vec<usize>)>,
+    /// Every host, device and RNIC name can be written unescaped (see
+    /// [`Generator::render_toml`]); inventory names always can.
+    plain_names: bool,
     coverage: Coverage,
 }
 
@@ -194,6 +197,11 @@ impl std::fmt::Debug for Generator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Generator").field("hosts", &self.hosts.len()).field("coverage", &self.coverage).finish()
     }
+}
+
+thread_local! {
+    /// One target's flow labels while [`Generator::render_toml`] writes them.
+    static LABELS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 const TAG_TOR_RING: u64 = 1;
@@ -352,7 +360,19 @@ impl Generator {
             max_rnic_rate_pps,
         };
         let label_seeds = std::array::from_fn(|kind| Derivation::new(&[opts.seed, TAG_LABELS, kind as u64]));
-        Ok(Generator { opts: opts.clone(), label_seeds, inter_tor_labels, rnics, tors, planes, hosts, coverage })
+        let plain_names = hosts.iter().all(|(h, _)| pinglist::is_plain(h))
+            && rnics.iter().all(|r| pinglist::is_plain(&r.device) && pinglist::is_plain(&r.name));
+        Ok(Generator {
+            opts: opts.clone(),
+            label_seeds,
+            inter_tor_labels,
+            rnics,
+            tors,
+            planes,
+            hosts,
+            plain_names,
+            coverage,
+        })
     }
 
     /// What every generation covers.
@@ -407,29 +427,85 @@ impl Generator {
         })
     }
 
+    /// The `i`-th host's pinglist as TOML, appended to `text` and its host name to `host`:
+    /// the bytes of [`Generator::pinglist`] written by `Pinglist::write_toml`, without building
+    /// the pinglist (copying two names into each of 3.6 M targets and then out again was a
+    /// third of writing a 100,000-host generation).
+    pub fn render_toml(
+        &self,
+        i: usize,
+        generation: u64,
+        generated_unix_ns: u64,
+        text: &mut String,
+        host: &mut String,
+    ) -> Result<(), Error> {
+        let (name, own) = &self.hosts[i];
+        host.push_str(name);
+        if !self.plain_names {
+            let p = self.pinglist(i, generation, generated_unix_ns);
+            return crate::pinglist_dir::serialise_into(&p, text);
+        }
+        pinglist::write_toml_header(text, pinglist::VERSION, name, generation, generated_unix_ns, self.opts.timeout_ms);
+        LABELS.with_borrow_mut(|labels| {
+            self.each_target(own, generation, |me, peer, kind| {
+                let to = &self.rnics[peer];
+                let rate_pps = self.target_labels(me, to, kind, labels);
+                let qpn = self.opts.probe_port.map(|_| 0);
+                pinglist::write_toml_target(
+                    text,
+                    &me.device,
+                    &to.name,
+                    kind,
+                    to.addr,
+                    self.opts.probe_port,
+                    qpn,
+                    rate_pps,
+                    labels,
+                );
+            });
+        });
+        Ok(())
+    }
+
+    /// Targets in one generation, over all hosts.
+    pub fn targets(&self) -> usize {
+        self.hosts.iter().map(|(_, own)| self.target_count(own)).sum()
+    }
+
+    fn target_count(&self, own: &[usize]) -> usize {
+        own.iter()
+            .map(|&r| {
+                let tor = &self.tors[self.rnics[r].tor];
+                let inter = tor.ring.map_or(0, |(p, _)| self.planes[p].blocks.first().map_or(0, Vec::len));
+                tor.rnics.len() - 1 + inter
+            })
+            .sum()
+    }
+
     fn build_into(&self, host: &str, own: &[usize], generation: u64, generated_unix_ns: u64, out: &mut Pinglist) {
         out.version = pinglist::VERSION;
         host.clone_into(&mut out.host);
         out.generation = generation;
         out.generated_unix_ns = generated_unix_ns;
         out.timeout_ms = self.opts.timeout_ms;
-        let count: usize = own
-            .iter()
-            .map(|&r| {
-                let tor = &self.tors[self.rnics[r].tor];
-                let inter = tor.ring.map_or(0, |(p, _)| self.planes[p].blocks.first().map_or(0, Vec::len));
-                tor.rnics.len() - 1 + inter
-            })
-            .sum();
+        let count = self.target_count(own);
         out.targets.reserve(count.saturating_sub(out.targets.len()));
         let mut n = 0;
+        self.each_target(own, generation, |me, peer, kind| {
+            self.set_target(&mut out.targets, n, me, peer, kind);
+            n += 1;
+        });
+        out.targets.truncate(n);
+    }
+
+    /// Calls `f(me, peer, kind)` for each target of a host with the RNICs `own`, in file order.
+    fn each_target(&self, own: &[usize], generation: u64, mut f: impl FnMut(&RnicInfo, usize, ProbeKind)) {
         for &r in own {
             let me = &self.rnics[r];
             let tor = &self.tors[me.tor];
             for &peer in &tor.rnics {
                 if peer != r {
-                    self.set_target(&mut out.targets, n, me, peer, ProbeKind::TorMesh);
-                    n += 1;
+                    f(me, peer, ProbeKind::TorMesh);
                 }
             }
             let Some((p, ring_pos)) = tor.ring else { continue };
@@ -444,23 +520,27 @@ impl Generator {
                 let far = &self.tors[plane.ring[(ring_pos + distance) % plane.ring.len()]];
                 let rotation = rng::derive(&[self.opts.seed, TAG_ROTATION, generation, tor.name_hash, far.name_hash]);
                 let pick = (me.pos as u64).wrapping_add(rotation) % far.rnics.len() as u64;
-                self.set_target(&mut out.targets, n, me, far.rnics[pick as usize], ProbeKind::InterTor);
-                n += 1;
+                f(me, far.rnics[pick as usize], ProbeKind::InterTor);
             }
         }
-        out.targets.truncate(n);
     }
 
-    /// Makes `targets[n]` the target `me` → `peer`, overwriting the slot when there is one.
-    fn set_target(&self, targets: &mut Vec<Target>, n: usize, me: &RnicInfo, peer: usize, kind: ProbeKind) {
-        let to = &self.rnics[peer];
-        let (labels, rate_pps) = match kind {
+    /// The flow labels of `me` → `to` into `labels`; returns the target's rate.
+    fn target_labels(&self, me: &RnicInfo, to: &RnicInfo, kind: ProbeKind, labels: &mut Vec<u32>) -> f64 {
+        let (n, rate_pps) = match kind {
             ProbeKind::InterTor => (self.inter_tor_labels, self.opts.inter_tor_rate_pps),
             _ => (self.opts.tor_mesh_flow_labels, self.opts.tor_mesh_rate_pps),
         };
         // derive(&[seed, TAG_LABELS, kind, name_hash(me), name_hash(to)]), without refolding
         // the prefix and remixing the names for each of millions of targets.
         let seed = self.label_seeds[usize::from(kind.as_u8())].then_mixed(me.name_mix).then_mixed(to.name_mix).value();
+        flow_labels_into(seed, n, labels);
+        rate_pps
+    }
+
+    /// Makes `targets[n]` the target `me` → `peer`, overwriting the slot when there is one.
+    fn set_target(&self, targets: &mut Vec<Target>, n: usize, me: &RnicInfo, peer: usize, kind: ProbeKind) {
+        let to = &self.rnics[peer];
         if n == targets.len() {
             targets.push(Target {
                 from: String::new(),
@@ -469,8 +549,8 @@ impl Generator {
                 addr: to.addr,
                 port: None,
                 qpn: None,
-                rate_pps,
-                flow_labels: Vec::with_capacity(labels),
+                rate_pps: 0.0,
+                flow_labels: Vec::new(),
             });
         }
         let t = &mut targets[n];
@@ -482,8 +562,7 @@ impl Generator {
         // 0: the agent resolves the responder's UD QPN at run time (RDMA CM service ID
         // resolution on `port`), so an agent restart does not wait for a new pinglist.
         t.qpn = self.opts.probe_port.map(|_| 0);
-        t.rate_pps = rate_pps;
-        flow_labels_into(seed, labels, &mut t.flow_labels);
+        t.rate_pps = self.target_labels(me, to, kind, &mut t.flow_labels);
     }
 }
 

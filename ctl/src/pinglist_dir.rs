@@ -257,23 +257,25 @@ pub fn write_pinglists(dir: &Path, pinglists: &[Pinglist], manifest: &Manifest) 
     write_all(dir, pinglists.len(), Source::Made(pinglists), manifest)
 }
 
-/// [`write_pinglists`] for pinglists made on the fly, `fill(i, p)` making the `i`-th (`i` in
-/// `0..n`) in `p` (`Generator::pinglist_into`), so that a large fabric's lists never all sit
-/// in memory at once. `p` holds whatever the worker wrote before; `fill` must overwrite all
-/// of it. Each worker takes a contiguous share of `0..n`; files are named after their hosts,
-/// so which worker writes which file does not change the output.
+/// [`write_pinglists`] for pinglists rendered on the fly, so that a large fabric's lists never
+/// all sit in memory at once: `render(i, text, host)` (`i` in `0..n`) appends the `i`-th
+/// pinglist's TOML to `text` and its host's name to `host` (`Generator::render_toml`); both
+/// come empty. Each worker takes a contiguous share of `0..n`; files are named after their
+/// hosts, so which worker writes which file does not change the output.
 pub fn write_generated(
     dir: &Path,
     n: usize,
-    fill: impl Fn(usize, &mut Pinglist) + Sync,
+    render: impl Fn(usize, &mut String, &mut String) -> Result<(), Error> + Sync,
     manifest: &Manifest,
 ) -> Result<WriteReport, Error> {
-    write_all(dir, n, Source::Filled(&fill), manifest)
+    write_all(dir, n, Source::Rendered(&render), manifest)
 }
+
+type Render<'a> = &'a (dyn Fn(usize, &mut String, &mut String) -> Result<(), Error> + Sync);
 
 enum Source<'a> {
     Made(&'a [Pinglist]),
-    Filled(&'a (dyn Fn(usize, &mut Pinglist) + Sync)),
+    Rendered(Render<'a>),
 }
 
 fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> Result<WriteReport, Error> {
@@ -300,29 +302,22 @@ fn write_all(dir: &Path, n: usize, source: Source<'_>, manifest: &Manifest) -> R
                     let mut hosts = Vec::new();
                     let mut text = String::new();
                     let mut name = Vec::new();
-                    let mut scratch = Pinglist {
-                        version: rocemesh_formats::pinglist::VERSION,
-                        host: String::new(),
-                        generation: 0,
-                        generated_unix_ns: 0,
-                        timeout_ms: rocemesh_formats::pinglist::DEFAULT_TIMEOUT_MS,
-                        targets: Vec::new(),
-                    };
+                    let mut host = String::new();
                     for i in start..(start + chunk).min(n) {
-                        let p = match source {
-                            Source::Made(lists) => &lists[i],
-                            Source::Filled(fill) => {
-                                fill(i, &mut scratch);
-                                &scratch
-                            }
-                        };
                         text.clear();
-                        serialise_into(p, &mut text)?;
-                        rewrite_at(dir_fd, &p.host, &mut name, text.as_bytes())
-                            .map_err(|e| Error::io(&dir.join(format!("{}.toml", p.host)), "write", e))?;
+                        host.clear();
+                        match source {
+                            Source::Made(lists) => {
+                                serialise_into(&lists[i], &mut text)?;
+                                host.push_str(&lists[i].host);
+                            }
+                            Source::Rendered(render) => render(i, &mut text, &mut host)?,
+                        }
+                        rewrite_at(dir_fd, &host, &mut name, text.as_bytes())
+                            .map_err(|e| Error::io(&dir.join(format!("{host}.toml")), "write", e))?;
                         bytes += text.len() as u64;
                         if track_hosts {
-                            hosts.push(p.host.clone());
+                            hosts.push(host.clone());
                         }
                     }
                     Ok((bytes, hosts))

@@ -183,53 +183,13 @@ impl Pinglist {
     /// the whole list go through the toml crate instead, so the output never depends on
     /// which path wrote it.
     pub fn write_toml(&self, out: &mut String) -> Result<(), toml::ser::Error> {
-        let plain = |s: &str| s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\');
-        if !plain(&self.host) || self.targets.iter().any(|t| !plain(&t.from) || !plain(&t.to)) {
+        if !is_plain(&self.host) || self.targets.iter().any(|t| !is_plain(&t.from) || !is_plain(&t.to)) {
             out.push_str(&toml::to_string(self)?);
             return Ok(());
         }
-        let mut int = itoa::Buffer::new();
-        let line = |out: &mut String, key: &str, value: &str| {
-            out.push_str(key);
-            out.push_str(" = ");
-            out.push_str(value);
-            out.push('\n');
-        };
-        let quoted = |out: &mut String, key: &str, value: &str| {
-            out.push_str(key);
-            out.push_str(" = \"");
-            out.push_str(value);
-            out.push_str("\"\n");
-        };
-        line(out, "version", int.format(self.version));
-        quoted(out, "host", &self.host);
-        line(out, "generation", int.format(self.generation));
-        line(out, "generated_unix_ns", int.format(self.generated_unix_ns));
-        line(out, "timeout_ms", int.format(self.timeout_ms));
+        write_toml_header(out, self.version, &self.host, self.generation, self.generated_unix_ns, self.timeout_ms);
         for t in &self.targets {
-            out.push_str("\n[[target]]\n");
-            quoted(out, "from", &t.from);
-            quoted(out, "to", &t.to);
-            quoted(out, "kind", t.kind.as_str());
-            out.push_str("addr = \"");
-            push_addr(out, t.addr);
-            out.push_str("\"\n");
-            if let Some(port) = t.port {
-                line(out, "port", int.format(port));
-            }
-            if let Some(qpn) = t.qpn {
-                line(out, "qpn", int.format(qpn));
-            }
-            out.push_str("rate_pps = ");
-            push_float(out, t.rate_pps);
-            out.push_str("\nflow_labels = [");
-            for (i, label) in t.flow_labels.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(int.format(*label));
-            }
-            out.push_str("]\n");
+            write_toml_target(out, &t.from, &t.to, t.kind, t.addr, t.port, t.qpn, t.rate_pps, &t.flow_labels);
         }
         Ok(())
     }
@@ -370,6 +330,85 @@ impl Pinglist {
         }
         Ok(())
     }
+}
+
+/// Whether `s` is written as `"s"` with nothing escaped (names always are): printable ASCII
+/// without quotes or backslashes. Only such strings may go to [`write_toml_header`] and
+/// [`write_toml_target`]; [`Pinglist::write_toml`] sends anything else through the toml crate.
+pub fn is_plain(s: &str) -> bool {
+    s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+}
+
+/// The top of a pinglist's TOML, as [`Pinglist::write_toml`] writes it; `host` must be
+/// [plain](is_plain). For writers that stream targets without building a [`Pinglist`].
+pub fn write_toml_header(
+    out: &mut String,
+    version: u32,
+    host: &str,
+    generation: u64,
+    generated_unix_ns: u64,
+    timeout_ms: u32,
+) {
+    let mut int = itoa::Buffer::new();
+    line(out, "version", int.format(version));
+    quoted(out, "host", host);
+    line(out, "generation", int.format(generation));
+    line(out, "generated_unix_ns", int.format(generated_unix_ns));
+    line(out, "timeout_ms", int.format(timeout_ms));
+}
+
+/// One `[[target]]` table, as [`Pinglist::write_toml`] writes it; `from` and `to` must be
+/// [plain](is_plain).
+#[allow(clippy::too_many_arguments)]
+pub fn write_toml_target(
+    out: &mut String,
+    from: &str,
+    to: &str,
+    kind: ProbeKind,
+    addr: IpAddr,
+    port: Option<u16>,
+    qpn: Option<u32>,
+    rate_pps: f64,
+    flow_labels: &[u32],
+) {
+    let mut int = itoa::Buffer::new();
+    out.push_str("\n[[target]]\n");
+    quoted(out, "from", from);
+    quoted(out, "to", to);
+    quoted(out, "kind", kind.as_str());
+    out.push_str("addr = \"");
+    push_addr(out, addr);
+    out.push_str("\"\n");
+    if let Some(port) = port {
+        line(out, "port", int.format(port));
+    }
+    if let Some(qpn) = qpn {
+        line(out, "qpn", int.format(qpn));
+    }
+    out.push_str("rate_pps = ");
+    push_float(out, rate_pps);
+    out.push_str("\nflow_labels = [");
+    for (i, label) in flow_labels.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(int.format(*label));
+    }
+    out.push_str("]\n");
+}
+
+fn line(out: &mut String, key: &str, value: &str) {
+    out.push_str(key);
+    out.push_str(" = ");
+    out.push_str(value);
+    out.push('\n');
+}
+
+fn quoted(out: &mut String, key: &str, value: &str) {
+    out.push_str(key);
+    out.push_str(" = \"");
+    out.push_str(value);
+    out.push_str("\"\n");
 }
 
 /// `addr` as its `Display` text, IPv4 without the formatting machinery (most targets).

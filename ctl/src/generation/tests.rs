@@ -279,23 +279,26 @@ fn arb_case() -> impl Strategy<Value = Case> {
         proptest::option::of(1u32..20),
         prop_oneof![Just(0.9), Just(0.99), 0.5f64..0.999],
         (0.1f64..=1000.0, 0.01f64..=1000.0, 1usize..4, any::<bool>(), 0u64..1 << 40),
+        proptest::option::of(1u16..),
     )
-        .prop_map(|(inv, seed, k, ecmp_paths, p, (mesh_rate, inter_rate, mesh_labels, cross_rail, start))| Case {
-            inv,
-            opts: GenOptions {
-                seed,
-                inter_tor_peers: k,
-                ecmp_paths,
-                coverage_probability: p,
-                tor_mesh_rate_pps: mesh_rate,
-                inter_tor_rate_pps: inter_rate,
-                tor_mesh_flow_labels: mesh_labels,
-                probe_port: None,
-                timeout_ms: 500,
-                cross_rail,
+        .prop_map(
+            |(inv, seed, k, ecmp_paths, p, (mesh_rate, inter_rate, mesh_labels, cross_rail, start), port)| Case {
+                inv,
+                opts: GenOptions {
+                    seed,
+                    inter_tor_peers: k,
+                    ecmp_paths,
+                    coverage_probability: p,
+                    tor_mesh_rate_pps: mesh_rate,
+                    inter_tor_rate_pps: inter_rate,
+                    tor_mesh_flow_labels: mesh_labels,
+                    probe_port: port,
+                    timeout_ms: 500,
+                    cross_rail,
+                },
+                start,
             },
-            start,
-        })
+        )
 }
 
 proptest! {
@@ -419,8 +422,10 @@ proptest! {
             generations_to_cover: g.coverage().generations_to_cover,
         };
         let tmp = tempfile::tempdir().unwrap();
-        // Each worker refills one pinglist, host after host, through write_generated.
-        let report = write_generated(tmp.path(), g.hosts(), |i, p| g.pinglist_into(i, start, 42, p), &manifest).unwrap();
+        // Each worker renders host after host into one buffer, without building pinglists.
+        let report =
+            write_generated(tmp.path(), g.hosts(), |i, text, host| g.render_toml(i, start, 42, text, host), &manifest)
+                .unwrap();
         prop_assert_eq!(report.written, expected.len());
         prop_assert_eq!(report.bytes, expected.values().map(|t| t.len() as u64).sum::<u64>());
         let mut files = BTreeMap::new();
