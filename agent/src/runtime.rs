@@ -49,21 +49,48 @@ pub struct Control {
     ready: std::sync::atomic::AtomicUsize,
     failed: AtomicBool,
     generation: AtomicU64,
-    pinglist: Mutex<Arc<Pinglist>>,
+    pinglist: Mutex<Published>,
+    shards: usize,
+}
+
+/// The pinglist in force until every shard has built its tables from it; then it is dropped.
+/// Parsing 10k targets leaves their strings scattered over ~40 MB of freed parser memory
+/// that no trim can return while they live: 14 MB of an agent's 27 MB RSS.
+#[derive(Debug)]
+struct Published {
+    pinglist: Option<Arc<Pinglist>>,
+    /// Shards that have not loaded it yet.
+    unloaded: usize,
 }
 
 impl Control {
-    fn current(&self) -> Arc<Pinglist> {
-        self.pinglist.lock().map(|p| p.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    fn slot(&self) -> std::sync::MutexGuard<'_, Published> {
+        self.pinglist.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The pinglist to load; `None` once every shard has loaded it.
+    fn current(&self) -> Option<Arc<Pinglist>> {
+        self.slot().pinglist.clone()
     }
 
     fn publish(&self, p: Pinglist) {
         let generation = p.generation;
-        match self.pinglist.lock() {
-            Ok(mut slot) => *slot = Arc::new(p),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(p),
-        }
+        *self.slot() = Published { pinglist: Some(Arc::new(p)), unloaded: self.shards };
         self.generation.store(generation.wrapping_add(1), Ordering::Release);
+    }
+
+    /// A shard has built its tables from `p`; the last one to do so drops it.
+    fn loaded(&self, p: Arc<Pinglist>) {
+        let mut slot = self.slot();
+        if slot.pinglist.as_ref().is_some_and(|q| Arc::ptr_eq(q, &p)) {
+            slot.unloaded = slot.unloaded.saturating_sub(1);
+            if slot.unloaded == 0 {
+                slot.pinglist = None;
+                drop(slot);
+                drop(p);
+                release_freed_memory();
+            }
+        }
     }
 
     /// Ask every shard to finish.
@@ -119,7 +146,8 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         ready: std::sync::atomic::AtomicUsize::new(0),
         failed: AtomicBool::new(false),
         generation: AtomicU64::new(pinglist.generation.wrapping_add(1)),
-        pinglist: Mutex::new(Arc::new(pinglist)),
+        pinglist: Mutex::new(Published { pinglist: Some(Arc::new(pinglist)), unloaded: cfg.shards.len() }),
+        shards: cfg.shards.len(),
     });
     let epoch = random_u32();
     tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
@@ -388,13 +416,15 @@ fn poll_fds<T: Transport>(t: &T, wait: Duration) {
 }
 
 fn reload<T: Transport>(shard: &mut Shard<T>, control: &Control, device: &str, resolver: &impl Resolve<T::Addr>) {
-    let p = control.current();
+    // None: a newer one was published and every shard has loaded it already (this shard too,
+    // at an earlier step), so there is nothing newer to load.
+    let Some(p) = control.current() else { return };
     let problems = shard.load(&p, resolver);
-    release_freed_memory();
     for pr in problems {
         tracing::warn!(device, "pinglist generation {}: {pr}", p.generation);
     }
     tracing::info!(device, generation = p.generation, targets = shard.target_count(), "pinglist in force");
+    control.loaded(p);
 }
 
 fn log_stats(device: &str, s: &ShardStats, last: bool) {
@@ -539,5 +569,51 @@ fn random_u32() -> u32 {
     } else {
         // No entropy source: time and pid still make a restart's epoch differ.
         ((now_ns() as u32) ^ std::process::id().rotate_left(16)).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pinglist(generation: u64) -> Pinglist {
+        Pinglist {
+            version: rocemesh_formats::pinglist::VERSION,
+            host: "h0".into(),
+            generation,
+            generated_unix_ns: 0,
+            timeout_ms: 500,
+            targets: Vec::new(),
+        }
+    }
+
+    fn control(shards: usize) -> Control {
+        Control {
+            stop: AtomicBool::new(false),
+            ready: std::sync::atomic::AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            pinglist: Mutex::new(Published { pinglist: None, unloaded: 0 }),
+            shards,
+        }
+    }
+
+    #[test]
+    fn the_pinglist_is_dropped_once_every_shard_loaded_it_and_not_before() {
+        let c = control(2);
+        c.publish(pinglist(1));
+        let first = c.current().expect("published");
+        c.publish(pinglist(2));
+        // A shard that loaded generation 1 does not count toward generation 2.
+        c.loaded(first);
+        let a = c.current().expect("still needed");
+        assert_eq!(a.generation, 2);
+        c.loaded(a);
+        let b = c.current().expect("one shard has not loaded it");
+        c.loaded(b);
+        assert!(c.current().is_none(), "every shard loaded generation 2");
+        c.publish(pinglist(3));
+        assert_eq!(c.current().map(|p| p.generation), Some(3));
+        assert_eq!(c.generation.load(Ordering::Acquire), 4);
     }
 }
