@@ -11,6 +11,7 @@
 //! device = "mlx5_0"                # the pinglist's `from`; also names the segment files
 //! tor = "tor0"
 //! bind = "10.0.0.1:18515"          # UDP transport: the address this shard probes from and answers on
+//! source_ports = 32                # UDP: probes leave from 32 ports, chosen by flow label (ECMP)
 //! core = 2                         # CPU core the shard is pinned to
 //!
 //! [[shard]]
@@ -116,6 +117,12 @@ pub struct ShardConfig {
     pub bind: SocketAddr,
     /// CPU core to pin the shard to.
     pub core: usize,
+    /// UDP: probes leave from this many extra sockets on `bind`'s address, the one of index
+    /// `flow label mod source_ports`, so that a target's labels take different ECMP paths (a
+    /// switch hashes the UDP ports; IPv4 has no flow label). 21 labels take ~15 distinct ports
+    /// of 32, ~18 of 64. 0: everything leaves from `bind`. At most 255; each is a descriptor.
+    #[serde(default = "default_source_ports")]
+    pub source_ports: usize,
     /// Testing only: ignore this fraction of received probes, as a lossy peer would.
     #[serde(default)]
     pub ignore_probe_fraction: f64,
@@ -141,6 +148,10 @@ fn default_traffic_class() -> u8 {
 
 /// Highest `event_coalesce_us`: analyze treats host delays above 1 ms (at least) as noise.
 pub const MAX_EVENT_COALESCE_US: u64 = 1_000;
+
+fn default_source_ports() -> usize {
+    32
+}
 
 fn default_flush_interval_ms() -> u64 {
     1_000
@@ -225,6 +236,13 @@ impl AgentConfig {
                 return Err(format!(
                     "shard[{i}].bind {}: a verbs shard needs a fixed port (peers resolve its QPN there)",
                     s.bind
+                ));
+            }
+            if s.source_ports > crate::udp::MAX_SOURCE_PORTS {
+                return Err(format!(
+                    "shard[{i}].source_ports = {}: use 0 to {}",
+                    s.source_ports,
+                    crate::udp::MAX_SOURCE_PORTS
                 ));
             }
             if !(0.0..1.0).contains(&s.ignore_probe_fraction) {

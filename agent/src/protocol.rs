@@ -26,6 +26,11 @@ pub enum Kind {
     Ack2 = 3,
 }
 
+/// Whether `packet`, one this agent encoded, is a probe (rather than an ACK).
+pub fn is_probe(packet: &[u8; PACKET_BYTES]) -> bool {
+    packet[5] == Kind::Probe as u8
+}
+
 /// A decoded packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Packet {

@@ -238,15 +238,20 @@ async fn shard_main(
 ) -> Result<ShardReport> {
     match sc.transport {
         TransportKind::Udp => {
-            let transport = UdpTransport::bind(sc.bind)?;
-            // A second handle on the same socket, only for glommio's reactor to wait on.
-            // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
-            let dup = unsafe { libc::dup(transport.readiness_fd()) };
-            if dup < 0 {
-                bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
-            }
-            // SAFETY: `dup` is a fresh, valid UDP socket descriptor owned by the new object.
-            let waiter = Waiter::Socket(unsafe { glommio::net::UdpSocket::from_raw_fd(dup) });
+            let transport = UdpTransport::bind_with_source_ports(sc.bind, sc.source_ports)?;
+            let waiter = if transport.waits_on_epoll() {
+                // glommio can only wait on a socket; several are watched by one epoll set.
+                Waiter::Poll
+            } else {
+                // A second handle on the same socket, only for glommio's reactor to wait on.
+                // SAFETY: dup returns a new descriptor we own; on failure (-1) we do not wrap it.
+                let dup = unsafe { libc::dup(transport.readiness_fd()) };
+                if dup < 0 {
+                    bail!("dup of the shard socket failed: {}", std::io::Error::last_os_error());
+                }
+                // SAFETY: `dup` is a fresh, valid UDP socket descriptor owned by the new object.
+                Waiter::Socket(unsafe { glommio::net::UdpSocket::from_raw_fd(dup) })
+            };
             let null = unspecified_like(sc.bind.ip());
             run_shard(cfg, sc, params, control, seal_tx, shards, transport, &UdpResolver, null, waiter).await
         }

@@ -7,6 +7,15 @@
 //! the kernel echoes (not by `SOF_TIMESTAMPING_OPT_ID` counters, which drift if one send fails
 //! half-way), so a stamp can never be attributed to the wrong probe.
 //!
+//! **Source ports per flow label.** Switches hash a UDP packet's 5-tuple onto an ECMP path, so
+//! the flow labels a pinglist gives a target are played, on UDP, by source ports: probes leave
+//! from one of K extra sockets bound to the same address on ports the kernel picks, the one of
+//! index `label mod K`, and the responder answers to that port, so both directions take the
+//! path of that label. A label keeps its port for the life of the transport. Answers to other
+//! agents' probes leave from the bound socket, whose address is what the peers probe. With K
+//! sockets, one epoll set tells which have packets or stamps waiting, and event mode waits on
+//! it. K = 0 sends everything from the bound socket.
+//!
 //! All buffers are allocated once, when the transport is created.
 
 use std::io;
@@ -16,7 +25,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use rocemesh_formats::record::TsSource;
 
-use crate::protocol::PACKET_BYTES;
+use crate::protocol::{PACKET_BYTES, is_probe};
 use crate::transport::{BATCH, RxBatch, SEND_BATCH, Transport, TxBatch};
 
 // asm-generic/socket.h; with a 64-bit time_t the "old" option already carries 64-bit seconds.
@@ -26,12 +35,19 @@ const CMSG_BYTES: usize = 128;
 /// Error-queue messages echo the packet with its headers (link, IP, UDP): room for all of them.
 const ERRQ_BYTES: usize = 256;
 const RCVBUF_BYTES: libc::c_int = 4 << 20;
+/// Most source-port sockets per shard (socket indices fit a byte).
+pub const MAX_SOURCE_PORTS: usize = 255;
 
-/// A UDP socket with kernel timestamps.
+/// UDP sockets with kernel timestamps: the bound one, and the source-port sockets.
 #[derive(Debug)]
 pub struct UdpTransport {
     fd: OwnedFd,
     local: SocketAddr,
+    /// Probes leave from `paths[label % K]` (see the module docs); empty: from `fd`.
+    paths: Vec<OwnedFd>,
+    /// Readiness of `fd` and `paths`, when there are paths; event data = socket index.
+    epoll: Option<OwnedFd>,
+    events: Vec<libc::epoll_event>,
     rx: Box<RecvState>,
     tx: Box<SendState>,
 }
@@ -58,6 +74,10 @@ struct SendState {
     packets: [[u8; PACKET_BYTES]; SEND_BATCH],
     want_tx: [bool; SEND_BATCH],
     cmsg: [[u64; 4]; SEND_BATCH],
+    /// Socket index of each queued packet: 0 the bound socket, 1 + k `paths[k]`.
+    sock: [u8; SEND_BATCH],
+    /// Queue positions in socket order, for one sendmmsg per socket.
+    order: [u16; SEND_BATCH],
     queued: usize,
 }
 
@@ -84,70 +104,146 @@ pub struct UdpError {
 }
 
 impl UdpTransport {
-    /// Bind `addr` and enable kernel software timestamps.
+    /// Bind `addr` and enable kernel software timestamps; everything is sent from `addr`.
     pub fn bind(addr: SocketAddr) -> Result<Self, UdpError> {
-        let err = |op, source: io::Error| {
-            let hint = match source.raw_os_error() {
-                Some(libc::EADDRINUSE) => "; another process (an agent already running?) holds this address",
-                Some(libc::EADDRNOTAVAIL) => "; the address is not configured on this host: check `bind` in the config",
-                Some(libc::EACCES) => "; ports below 1024 need CAP_NET_BIND_SERVICE",
-                _ => "",
-            };
-            UdpError { addr, op, source, hint }
-        };
-        let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-        // SAFETY: plain syscall; the result is checked before use.
-        let raw = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(err("socket", io::Error::last_os_error()));
+        Self::bind_with_source_ports(addr, 0)
+    }
+
+    /// [`UdpTransport::bind`], plus `source_ports` sockets on the same address that probes
+    /// leave from, one per flow label class (see the module docs); at most [`MAX_SOURCE_PORTS`].
+    pub fn bind_with_source_ports(addr: SocketAddr, source_ports: usize) -> Result<Self, UdpError> {
+        let err = |op, source: io::Error| UdpError { addr, op, source, hint: "" };
+        if source_ports > MAX_SOURCE_PORTS {
+            return Err(err("source_ports", io::Error::new(io::ErrorKind::InvalidInput, "more than 255 source ports")));
         }
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let flags: libc::c_uint =
-            libc::SOF_TIMESTAMPING_SOFTWARE | libc::SOF_TIMESTAMPING_RX_SOFTWARE | libc::SOF_TIMESTAMPING_TX_SOFTWARE;
-        setsockopt(&fd, libc::SOL_SOCKET, SO_TIMESTAMPING, &flags).map_err(|e| err("enable SO_TIMESTAMPING", e))?;
-        // SO_RCVBUF is silently capped by net.core.rmem_max (~208 KiB by default, a few hundred
-        // probes); with CAP_NET_ADMIN the FORCE variant gets the size asked for.
-        if setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF_BYTES).is_err() {
-            setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF_BYTES).map_err(|e| err("set SO_RCVBUF", e))?;
-        }
-        // ICMP errors (port unreachable: the peer's agent is down) onto the error queue, with
-        // the offending payload, so the probe they answer can be recorded as refused.
-        let one: libc::c_int = 1;
-        let (level, name) = if addr.is_ipv4() {
-            (libc::IPPROTO_IP, libc::IP_RECVERR)
-        } else {
-            (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
-        };
-        setsockopt(&fd, level, name, &one).map_err(|e| err("enable IP_RECVERR", e))?;
-        let (sa, len) = to_sockaddr(addr);
-        // SAFETY: `sa` is a valid sockaddr of `len` bytes.
-        if unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) } != 0 {
-            return Err(err("bind", io::Error::last_os_error()));
-        }
+        let fd = open_socket(addr)?;
         let local = local_addr(&fd).map_err(|e| err("getsockname", e))?;
+        let any_port = SocketAddr::new(addr.ip(), 0);
+        let paths = (0..source_ports).map(|_| open_socket(any_port)).collect::<Result<Vec<_>, _>>()?;
+        let epoll = if paths.is_empty() {
+            None
+        } else {
+            // SAFETY: plain syscall; the result is checked before use.
+            let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if raw < 0 {
+                return Err(err("epoll_create1", io::Error::last_os_error()));
+            }
+            // SAFETY: `raw` is a fresh descriptor we own.
+            let ep = unsafe { OwnedFd::from_raw_fd(raw) };
+            for (i, sock) in std::iter::once(&fd).chain(&paths).enumerate() {
+                // EPOLLERR (error queue not empty: send stamps, ICMP) is always reported.
+                let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: i as u64 };
+                // SAFETY: valid descriptors and event.
+                if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, sock.as_raw_fd(), &raw mut ev) } != 0 {
+                    return Err(err("epoll_ctl", io::Error::last_os_error()));
+                }
+            }
+            Some(ep)
+        };
+        let events = vec![libc::epoll_event { events: 0, u64: 0 }; paths.len() + 1];
         // SAFETY: all-zero is a valid value for these plain C structs and arrays.
         let rx: Box<RecvState> = Box::new(unsafe { zeroed() });
         // SAFETY: as above.
         let tx: Box<SendState> = Box::new(unsafe { zeroed() });
-        Ok(Self { fd, local, rx, tx })
+        Ok(Self { fd, local, paths, epoll, events, rx, tx })
     }
 
     /// The bound address (with the port the kernel chose, if 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
+
+    /// The source-port sockets' addresses, in label-class order.
+    pub fn source_addrs(&self) -> io::Result<Vec<SocketAddr>> {
+        self.paths.iter().map(local_addr).collect()
+    }
+
+    /// Whether event mode must wait on [`Transport::readiness_fd`] with poll (an epoll set)
+    /// rather than on a UDP socket.
+    pub fn waits_on_epoll(&self) -> bool {
+        self.epoll.is_some()
+    }
+
+    fn socket(&self, index: usize) -> RawFd {
+        if index == 0 { self.fd.as_raw_fd() } else { self.paths[index - 1].as_raw_fd() }
+    }
+
+    /// Ready sockets (those with `mask` events) into `self.events[..n]`; with no paths, the
+    /// bound socket, unasked.
+    fn ready(&mut self, mask: u32) -> usize {
+        let Some(ep) = &self.epoll else {
+            self.events[0] = libc::epoll_event { events: mask, u64: 0 };
+            return 1;
+        };
+        // SAFETY: `events` has room for `len` entries; timeout 0 never blocks.
+        let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), self.events.as_mut_ptr(), self.events.len() as i32, 0) };
+        let mut kept = 0;
+        for i in 0..n.max(0) as usize {
+            if self.events[i].events & mask != 0 {
+                self.events[kept] = self.events[i];
+                kept += 1;
+            }
+        }
+        kept
+    }
+}
+
+/// A non-blocking UDP socket bound to `addr`, with kernel software timestamps and ICMP errors
+/// on its error queue.
+fn open_socket(addr: SocketAddr) -> Result<OwnedFd, UdpError> {
+    let err = |op, source: io::Error| {
+        let hint = match source.raw_os_error() {
+            Some(libc::EADDRINUSE) => "; another process (an agent already running?) holds this address",
+            Some(libc::EADDRNOTAVAIL) => "; the address is not configured on this host: check `bind` in the config",
+            Some(libc::EACCES) => "; ports below 1024 need CAP_NET_BIND_SERVICE",
+            _ => "",
+        };
+        UdpError { addr, op, source, hint }
+    };
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain syscall; the result is checked before use.
+    let raw = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(err("socket", io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let flags: libc::c_uint =
+        libc::SOF_TIMESTAMPING_SOFTWARE | libc::SOF_TIMESTAMPING_RX_SOFTWARE | libc::SOF_TIMESTAMPING_TX_SOFTWARE;
+    setsockopt(&fd, libc::SOL_SOCKET, SO_TIMESTAMPING, &flags).map_err(|e| err("enable SO_TIMESTAMPING", e))?;
+    // SO_RCVBUF is silently capped by net.core.rmem_max (~208 KiB by default, a few hundred
+    // probes); with CAP_NET_ADMIN the FORCE variant gets the size asked for.
+    if setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF_BYTES).is_err() {
+        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF_BYTES).map_err(|e| err("set SO_RCVBUF", e))?;
+    }
+    // ICMP errors (port unreachable: the peer's agent is down) onto the error queue, with
+    // the offending payload, so the probe they answer can be recorded as refused.
+    let one: libc::c_int = 1;
+    let (level, name) =
+        if addr.is_ipv4() { (libc::IPPROTO_IP, libc::IP_RECVERR) } else { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) };
+    setsockopt(&fd, level, name, &one).map_err(|e| err("enable IP_RECVERR", e))?;
+    let (sa, len) = to_sockaddr(addr);
+    // SAFETY: `sa` is a valid sockaddr of `len` bytes.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const sa).cast(), len) } != 0 {
+        return Err(err("bind", io::Error::last_os_error()));
+    }
+    Ok(fd)
 }
 
 impl Transport for UdpTransport {
     type Addr = SocketAddr;
 
-    fn queue(&mut self, to: &SocketAddr, _flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool {
+    fn queue(&mut self, to: &SocketAddr, flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool {
         let st = &mut *self.tx;
         if st.queued == SEND_BATCH {
             return false;
         }
         let i = st.queued;
+        st.sock[i] = if self.paths.is_empty() || !is_probe(packet) {
+            0
+        } else {
+            1 + (flow_label % self.paths.len() as u32) as u8
+        };
         let (sa, len) = to_sockaddr(*to);
         st.names[i] = sa;
         st.name_len[i] = len;
@@ -161,12 +257,27 @@ impl Transport for UdpTransport {
         let st = &mut *self.tx;
         let n = st.queued;
         st.queued = 0;
+        // Queue positions grouped by socket (a stable counting sort), one sendmmsg per group.
+        let mut starts = [0u16; MAX_SOURCE_PORTS + 2];
         for i in 0..n {
-            st.iov[i] = libc::iovec { iov_base: st.packets[i].as_mut_ptr().cast(), iov_len: PACKET_BYTES };
-            let h = &mut st.hdrs[i].msg_hdr;
+            starts[usize::from(st.sock[i]) + 1] += 1;
+        }
+        for k in 1..starts.len() {
+            starts[k] += starts[k - 1];
+        }
+        let mut next = starts;
+        for i in 0..n {
+            let k = usize::from(st.sock[i]);
+            st.order[usize::from(next[k])] = i as u16;
+            next[k] += 1;
+        }
+        for (j, &i) in st.order[..n].iter().enumerate() {
+            let i = usize::from(i);
+            st.iov[j] = libc::iovec { iov_base: st.packets[i].as_mut_ptr().cast(), iov_len: PACKET_BYTES };
+            let h = &mut st.hdrs[j].msg_hdr;
             h.msg_name = (&raw mut st.names[i]).cast();
             h.msg_namelen = st.name_len[i];
-            h.msg_iov = &raw mut st.iov[i];
+            h.msg_iov = &raw mut st.iov[j];
             h.msg_iovlen = 1;
             if st.want_tx[i] {
                 // SAFETY: the control buffer is 32 bytes, room for one cmsg carrying a u32.
@@ -184,120 +295,67 @@ impl Transport for UdpTransport {
                 h.msg_controllen = 0;
             }
         }
-        let mut start = 0;
-        let mut retried = false;
-        while start < n {
-            // SAFETY: headers [start, n) point at buffers owned by `st`, valid for the call.
-            let k =
-                unsafe { libc::sendmmsg(self.fd.as_raw_fd(), st.hdrs[start..].as_mut_ptr(), (n - start) as u32, 0) };
-            if k > 0 {
-                sent[start..start + k as usize].fill(true);
-                start += k as usize;
+        for k in 0..=self.paths.len() {
+            let fd = if k == 0 { self.fd.as_raw_fd() } else { self.paths[k - 1].as_raw_fd() };
+            let (mut start, end) = (usize::from(starts[k]), usize::from(starts[k + 1]));
+            let mut retried = false;
+            while start < end {
+                // SAFETY: headers [start, end) point at buffers owned by `st`, valid for the call.
+                let sent_now = unsafe { libc::sendmmsg(fd, st.hdrs[start..].as_mut_ptr(), (end - start) as u32, 0) };
+                if sent_now > 0 {
+                    for &i in &st.order[start..start + sent_now as usize] {
+                        sent[usize::from(i)] = true;
+                    }
+                    start += sent_now as usize;
+                    retried = false;
+                    continue;
+                }
+                // With IP_RECVERR an ICMP error for an earlier datagram is also reported once as
+                // the socket's pending error, failing this call: it belongs to that earlier
+                // datagram (the error queue has it), so retry once before blaming this packet.
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ECONNREFUSED) && !retried {
+                    retried = true;
+                    continue;
+                }
+                sent[usize::from(st.order[start])] = false;
+                start += 1;
                 retried = false;
-                continue;
             }
-            // With IP_RECVERR an ICMP error for an earlier datagram is also reported once as the
-            // socket's pending error, failing this call: it belongs to that earlier datagram
-            // (the error queue has it), so retry once before blaming this packet.
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ECONNREFUSED) && !retried {
-                retried = true;
-                continue;
-            }
-            sent[start] = false;
-            start += 1;
-            retried = false;
         }
         n
     }
 
     fn recv(&mut self, out: &mut RxBatch<SocketAddr>) -> io::Result<usize> {
-        let st = &mut *self.rx;
-        for i in 0..BATCH {
-            st.iov[i] = libc::iovec { iov_base: out.buf[i].as_mut_ptr().cast(), iov_len: PACKET_BYTES + 1 };
-            let h = &mut st.hdrs[i].msg_hdr;
-            h.msg_name = (&raw mut st.names[i]).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-            h.msg_iov = &raw mut st.iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = st.cmsg[i].as_mut_ptr().cast();
-            h.msg_controllen = CMSG_BYTES;
-            h.msg_flags = 0;
-        }
-        let mut n = -1;
-        for _ in 0..2 {
-            // SAFETY: the headers point at buffers owned by `st` and `out`, valid for the call.
-            n = unsafe {
-                libc::recvmmsg(
-                    self.fd.as_raw_fd(),
-                    st.hdrs.as_mut_ptr(),
-                    BATCH as u32,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            // A pending ICMP error (see `send`) fails one call; the data is still there.
-            if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ECONNREFUSED) {
+        let mut n = 0;
+        for e in 0..self.ready(libc::EPOLLIN as u32) {
+            let fd = self.socket(self.events[e].u64 as usize);
+            n += recv_into(fd, &mut self.rx, out, n)?;
+            if n == BATCH {
                 break;
             }
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ECONNREFUSED) {
-                Ok(0)
-            } else {
-                Err(e)
-            };
-        }
-        let n = n as usize;
-        for i in 0..n {
-            let truncated = st.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            out.len[i] = if truncated { PACKET_BYTES + 1 } else { st.hdrs[i].msg_len as usize };
-            out.rx_ns[i] = timestamp_ns(&st.hdrs[i].msg_hdr);
-            out.from[i] = from_sockaddr(&st.names[i]).unwrap_or(out.from[i]);
         }
         Ok(n)
     }
 
     fn tx_timestamps(&mut self, out: &mut TxBatch) -> io::Result<usize> {
-        let st = &mut *self.rx;
-        for i in 0..BATCH {
-            st.errq_iov[i] = libc::iovec { iov_base: st.errq_buf[i].as_mut_ptr().cast(), iov_len: ERRQ_BYTES };
-            let h = &mut st.errq_hdrs[i].msg_hdr;
-            h.msg_name = std::ptr::null_mut();
-            h.msg_namelen = 0;
-            h.msg_iov = &raw mut st.errq_iov[i];
-            h.msg_iovlen = 1;
-            h.msg_control = st.errq_cmsg[i].as_mut_ptr().cast();
-            h.msg_controllen = CMSG_BYTES;
-            h.msg_flags = 0;
-        }
-        // SAFETY: the headers point at buffers owned by `st`, valid for the call.
-        let got = unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                st.errq_hdrs.as_mut_ptr(),
-                BATCH as u32,
-                libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        if got < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
-        }
         let mut n = 0;
-        for i in 0..got as usize {
-            let h = &st.errq_hdrs[i].msg_hdr;
-            let len = st.errq_hdrs[i].msg_len as usize;
-            let ts = timestamp_ns(h);
-            let refused = icmp_refused(h);
-            // The echoed packet ends with our payload, whatever headers precede it.
-            if (ts != 0 || refused) && len >= PACKET_BYTES && h.msg_flags & libc::MSG_TRUNC == 0 {
-                out.payload[n].copy_from_slice(&st.errq_buf[i][len - PACKET_BYTES..len]);
-                out.tx_ns[n] = if refused { 0 } else { ts };
-                out.refused[n] = refused;
-                n += 1;
+        for e in 0..self.ready(libc::EPOLLERR as u32) {
+            let fd = self.socket(self.events[e].u64 as usize);
+            let got = errqueue_into(fd, &mut self.rx, out, n)?;
+            if got == 0 && self.epoll.is_some() {
+                // EPOLLERR with an empty error queue: a pending ICMP error (see `flush`) that
+                // nothing has consumed; reading it clears it, or epoll would report it forever.
+                let mut pending: libc::c_int = 0;
+                let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: valid descriptor and out-pointers of the sizes passed.
+                unsafe {
+                    libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&raw mut pending).cast(), &raw mut len)
+                };
+            }
+            n += got;
+            if n == BATCH {
+                break;
             }
         }
         Ok(n)
@@ -308,8 +366,94 @@ impl Transport for UdpTransport {
     }
 
     fn readiness_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.epoll.as_ref().unwrap_or(&self.fd).as_raw_fd()
     }
+}
+
+/// Datagrams waiting on `fd` into `out[start..]`; how many.
+fn recv_into(fd: RawFd, st: &mut RecvState, out: &mut RxBatch<SocketAddr>, start: usize) -> io::Result<usize> {
+    let room = BATCH - start;
+    for i in 0..room {
+        st.iov[i] = libc::iovec { iov_base: out.buf[start + i].as_mut_ptr().cast(), iov_len: PACKET_BYTES + 1 };
+        let h = &mut st.hdrs[i].msg_hdr;
+        h.msg_name = (&raw mut st.names[i]).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+        h.msg_iov = &raw mut st.iov[i];
+        h.msg_iovlen = 1;
+        h.msg_control = st.cmsg[i].as_mut_ptr().cast();
+        h.msg_controllen = CMSG_BYTES;
+        h.msg_flags = 0;
+    }
+    let mut n = -1;
+    for _ in 0..2 {
+        // SAFETY: the first `room` headers point at buffers owned by `st` and `out`.
+        n = unsafe { libc::recvmmsg(fd, st.hdrs.as_mut_ptr(), room as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
+        // A pending ICMP error (see `flush`) fails one call; the data is still there.
+        if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ECONNREFUSED) {
+            break;
+        }
+    }
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ECONNREFUSED) {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    let n = n as usize;
+    for i in 0..n {
+        let truncated = st.hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        out.len[start + i] = if truncated { PACKET_BYTES + 1 } else { st.hdrs[i].msg_len as usize };
+        out.rx_ns[start + i] = timestamp_ns(&st.hdrs[i].msg_hdr);
+        out.from[start + i] = from_sockaddr(&st.names[i]).unwrap_or(out.from[start + i]);
+    }
+    Ok(n)
+}
+
+/// Send stamps and ICMP errors waiting on `fd`'s error queue into `out[start..]`; how many.
+fn errqueue_into(fd: RawFd, st: &mut RecvState, out: &mut TxBatch, start: usize) -> io::Result<usize> {
+    let room = BATCH - start;
+    for i in 0..room {
+        st.errq_iov[i] = libc::iovec { iov_base: st.errq_buf[i].as_mut_ptr().cast(), iov_len: ERRQ_BYTES };
+        let h = &mut st.errq_hdrs[i].msg_hdr;
+        h.msg_name = std::ptr::null_mut();
+        h.msg_namelen = 0;
+        h.msg_iov = &raw mut st.errq_iov[i];
+        h.msg_iovlen = 1;
+        h.msg_control = st.errq_cmsg[i].as_mut_ptr().cast();
+        h.msg_controllen = CMSG_BYTES;
+        h.msg_flags = 0;
+    }
+    // SAFETY: the first `room` headers point at buffers owned by `st`, valid for the call.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd,
+            st.errq_hdrs.as_mut_ptr(),
+            room as u32,
+            libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock { Ok(0) } else { Err(e) };
+    }
+    let mut n = 0;
+    for i in 0..got as usize {
+        let h = &st.errq_hdrs[i].msg_hdr;
+        let len = st.errq_hdrs[i].msg_len as usize;
+        let ts = timestamp_ns(h);
+        let refused = icmp_refused(h);
+        // The echoed packet ends with our payload, whatever headers precede it.
+        if (ts != 0 || refused) && len >= PACKET_BYTES && h.msg_flags & libc::MSG_TRUNC == 0 {
+            out.payload[start + n].copy_from_slice(&st.errq_buf[i][len - PACKET_BYTES..len]);
+            out.tx_ns[start + n] = if refused { 0 } else { ts };
+            out.refused[start + n] = refused;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
@@ -479,6 +623,76 @@ mod tests {
         assert!(!tx.refused[0]);
         assert_eq!(tx.payload[0], bytes, "matched by the echoed payload");
         assert!(tx.tx_ns[0] >= before && tx.tx_ns[0] <= rx.rx_ns[0], "tx {} rx {}", tx.tx_ns[0], rx.rx_ns[0]);
+    }
+
+    /// Polls `f` until it yields something or a second passes.
+    fn within_a_second(mut f: impl FnMut() -> usize) -> usize {
+        for _ in 0..1000 {
+            let n = f();
+            if n > 0 {
+                return n;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        0
+    }
+
+    #[test]
+    fn probes_leave_from_the_source_port_of_their_label_and_answers_from_the_bound_one() {
+        let mut a = UdpTransport::bind_with_source_ports("127.0.0.1:0".parse().expect("addr"), 4).expect("bind a");
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").expect("peer");
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(1))).expect("timeout");
+        let ports = a.source_addrs().expect("source addrs");
+        assert_eq!(ports.len(), 4);
+        assert!(ports.iter().all(|p| *p != a.local_addr() && p.ip() == a.local_addr().ip()), "{ports:?}");
+        let packet = |kind, label| {
+            let mut b = [0u8; PACKET_BYTES];
+            Packet { kind, seq: u64::from(label), flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }
+                .encode(&mut b);
+            b
+        };
+        // Labels 1..=8 over 4 sockets, and two ACKs, in one flush: grouped per socket, all sent.
+        let to = peer.local_addr().expect("peer addr");
+        for label in 1..=8u32 {
+            assert!(a.queue(&to, label, &packet(Kind::Probe, label), true));
+        }
+        assert!(a.queue(&to, 3, &packet(Kind::Ack1, 100), true));
+        assert!(a.queue(&to, 5, &packet(Kind::Ack2, 101), false));
+        let mut sent = [false; SEND_BATCH];
+        assert_eq!(a.flush(&mut sent), 10);
+        assert!(sent[..10].iter().all(|&s| s), "{sent:?}");
+        let mut buf = [0u8; 128];
+        let mut from_of = std::collections::HashMap::new();
+        for _ in 0..10 {
+            let (len, from) = peer.recv_from(&mut buf).expect("a packet");
+            let p = Packet::decode(&buf[..len]).expect("ours");
+            from_of.insert(p.seq, from);
+        }
+        for label in 1..=8u32 {
+            assert_eq!(from_of[&u64::from(label)], ports[(label % 4) as usize], "label {label}");
+        }
+        assert_eq!((from_of[&100], from_of[&101]), (a.local_addr(), a.local_addr()), "ACKs from the bound socket");
+
+        // Answers to two source ports come back through recv, and every probe's send stamp
+        // through tx_timestamps (error queues of four sockets).
+        let mut stamps = TxBatch::default();
+        let mut stamped = 0;
+        while stamped < 9 {
+            let n = within_a_second(|| a.tx_timestamps(&mut stamps).expect("errqueue"));
+            assert!(n > 0, "{stamped} of 9 stamps (8 probes, 1 ACK1)");
+            stamped += n;
+        }
+        for (label, port) in [(1u32, ports[1]), (2, ports[2])] {
+            peer.send_to(&packet(Kind::Ack1, label), port).expect("answer");
+        }
+        let mut rx = RxBatch::new(unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let mut got = 0;
+        while got < 2 {
+            let n = within_a_second(|| a.recv(&mut rx).expect("recv"));
+            assert!(n > 0, "{got} of 2 answers");
+            assert!(rx.from[..n].iter().all(|f| *f == to));
+            got += n;
+        }
     }
 
     #[test]

@@ -36,7 +36,8 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn shard(dir: &std::path::Path, device: &str, epoch: u32) -> Shard<UdpTransport> {
-    let t = UdpTransport::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    // With source ports: epoll and the per-socket grouping must not allocate either.
+    let t = UdpTransport::bind_with_source_ports("127.0.0.1:0".parse().expect("addr"), 8).expect("bind");
     let w = SegmentWriter::new(WriterConfig::new(dir.join(device)), WriterIdentity::default()).expect("writer");
     let params = ShardParams {
         host: "h".into(),

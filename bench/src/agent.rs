@@ -48,15 +48,19 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     let root = tempfile::tempdir()?;
     // Event mode, 10k probes/s: 100 targets at 100/s, all answered by one responder; waking
     // at once, then with interrupt moderation (event_coalesce_us).
+    // The default (32 source ports) first, then one bound socket for everything.
     let mut at_once_us = None;
-    for coalesce_us in [0, 250, 1000] {
+    for (coalesce_us, source_ports) in [(0, 32), (0, 0), (250, 32), (1000, 32)] {
+        let setup = Setup { coalesce_us, source_ports, ..Setup::EVENT };
         let m =
-            pair(agent, &root.path().join(format!("event{coalesce_us}")), "event", coalesce_us, 100, 100.0, seconds)?;
+            pair(agent, &root.path().join(format!("event{coalesce_us}-{source_ports}")), setup, 100, 100.0, seconds)?;
         let vs_at_once =
-            at_once_us.map_or_else(String::new, |a: f64| format!("{:.2}x waking at once; ", m.cpu_us_per_probe / a));
+            at_once_us.map_or_else(String::new, |a: f64| format!("{:.2}x the first row; ", m.cpu_us_per_probe / a));
         at_once_us.get_or_insert(m.cpu_us_per_probe);
         out.push(Figure {
-            what: format!("event mode at 10k probes/s, event_coalesce_us = {coalesce_us}: CPU per completed probe"),
+            what: format!(
+                "event mode at 10k probes/s, event_coalesce_us = {coalesce_us}, source_ports = {source_ports}: CPU per completed probe"
+            ),
             value: m.cpu_us_per_probe,
             unit: "us",
             note: format!(
@@ -77,7 +81,7 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     let mut best: Option<(f64, f64)> = None;
     let mut sweep = Vec::new();
     for offered_k in [25usize, 50, 100, 125, 150, 200] {
-        let m = pair(agent, &root.path().join(format!("busy{offered_k}")), "busy_poll", 0, offered_k, 1000.0, seconds)?;
+        let m = pair(agent, &root.path().join(format!("busy{offered_k}")), Setup::BUSY, offered_k, 1000.0, seconds)?;
         let loss = m.lost as f64 / (m.lost as f64 + m.probes_per_s * m.window_s).max(1.0);
         sweep.push(format!("{offered_k}k offered: {:.0}/s, {:.2}% lost", m.probes_per_s, loss * 100.0));
         if loss < 0.01 && best.is_none_or(|(r, _)| m.probes_per_s > r) {
@@ -91,7 +95,7 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
         note: sweep.join("; "),
     });
     // RSS with 10k targets at 1/s.
-    let m = pair(agent, &root.path().join("rss"), "event", 0, 10_000, 1.0, seconds)?;
+    let m = pair(agent, &root.path().join("rss"), Setup::EVENT, 10_000, 1.0, seconds)?;
     out.push(Figure {
         what: "RSS of an agent probing 10k targets".into(),
         value: m.prober_rss_kib as f64 / 1024.0,
@@ -103,6 +107,19 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
         ),
     });
     Ok(out)
+}
+
+/// How both agents of a pair run.
+#[derive(Clone, Copy)]
+struct Setup {
+    mode: &'static str,
+    coalesce_us: u64,
+    source_ports: usize,
+}
+
+impl Setup {
+    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32 };
+    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32 };
 }
 
 struct Measured {
@@ -119,19 +136,12 @@ struct Measured {
 
 /// A prober agent (core 0) with `targets` targets at `rate_pps`, all answered by a responder
 /// agent (core 1); measured over the middle of a `seconds`-long run.
-fn pair(
-    agent: &Path,
-    dir: &Path,
-    mode: &str,
-    coalesce_us: u64,
-    targets: usize,
-    rate_pps: f64,
-    seconds: u64,
-) -> Result<Measured> {
+fn pair(agent: &Path, dir: &Path, setup: Setup, targets: usize, rate_pps: f64, seconds: u64) -> Result<Measured> {
+    let mode = setup.mode;
     let prober_ip = "127.0.50.1";
     let responder_ip = "127.0.50.2";
-    let prober_cfg = write_agent(dir, "prober", prober_ip, 0, mode, coalesce_us, targets, responder_ip, rate_pps)?;
-    let responder_cfg = write_agent(dir, "responder", responder_ip, 1, mode, coalesce_us, 0, prober_ip, rate_pps)?;
+    let prober_cfg = write_agent(dir, "prober", prober_ip, 0, setup, targets, responder_ip, rate_pps)?;
+    let responder_cfg = write_agent(dir, "responder", responder_ip, 1, setup, 0, prober_ip, rate_pps)?;
     let mut responder = spawn(agent, &responder_cfg, seconds + 2)?;
     std::thread::sleep(Duration::from_millis(300));
     let mut prober = spawn(agent, &prober_cfg, seconds)?;
@@ -176,8 +186,7 @@ fn write_agent(
     name: &str,
     ip: &str,
     core: usize,
-    mode: &str,
-    coalesce_us: u64,
+    setup: Setup,
     targets: usize,
     target_ip: &str,
     rate_pps: f64,
@@ -186,9 +195,12 @@ fn write_agent(
     std::fs::create_dir_all(&d)?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let cfg = format!(
-        "host = \"{name}\"\npinglist = \"pinglist.toml\"\nsegment_dir = \"segments\"\nmode = \"{mode}\"\n\
-         event_coalesce_us = {coalesce_us}\nflush_interval_ms = 1000\nstats_interval_s = 0\n[[shard]]\ndevice = \"lo\"\nbind = \"{ip}:{PORT}\"\ncore = {}\n",
-        core % cores
+        "host = \"{name}\"\npinglist = \"pinglist.toml\"\nsegment_dir = \"segments\"\nmode = \"{}\"\n\
+         event_coalesce_us = {}\nflush_interval_ms = 1000\nstats_interval_s = 0\n[[shard]]\ndevice = \"lo\"\nbind = \"{ip}:{PORT}\"\ncore = {}\nsource_ports = {}\n",
+        setup.mode,
+        setup.coalesce_us,
+        core % cores,
+        setup.source_ports
     );
     let pl = Pinglist {
         version: 1,
