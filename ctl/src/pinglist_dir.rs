@@ -6,9 +6,9 @@
 //! **A generation is replaced as a whole, under a lock.** The writer holds an exclusive
 //! `flock` on `DIR/.gen-pinglists.lock` and readers a shared one for as long as they use the
 //! directory, so a push never sends some hosts the old generation and others the new, and
-//! the writer may rewrite files in place: on this project's 2-core machine, replacing 100,000
-//! files each by a temporary file and a rename cost the kernel 2.0 s, rewriting them in place
-//! 0.8 s (the `gen-pinglists` bench measures both as baselines). A marker,
+//! the writer may rewrite files in place: on this project's 2-core machine (tmpfs), replacing
+//! 100,000 files each by a temporary file and a rename cost 1.8-2.5 s, rewriting them in place
+//! 0.7-1.0 s (the `gen-pinglists` bench measures both as baselines). A marker,
 //! `DIR/.gen-pinglists.incomplete`, exists from the first file written until the manifest is,
 //! so the files of an interrupted run (a mix of generations) are refused by every reader.
 //! Agents must not read this directory while it is regenerated: push replaces their copy by
