@@ -11,7 +11,7 @@
 //! device = "mlx5_0"                # the pinglist's `from`; also names the segment files
 //! tor = "tor0"
 //! bind = "10.0.0.1:18515"          # UDP transport: the address this shard probes from and answers on
-//! source_ports = 32                # UDP: probes leave from 32 ports, chosen by flow label (ECMP)
+//! source_ports = 32                # UDP: a target's flow labels leave from up to 32 ports (ECMP)
 //! core = 2                         # CPU core the shard is pinned to
 //!
 //! [[shard]]
@@ -117,10 +117,11 @@ pub struct ShardConfig {
     pub bind: SocketAddr,
     /// CPU core to pin the shard to.
     pub core: usize,
-    /// UDP: probes leave from this many extra sockets on `bind`'s address, the one of index
-    /// `flow label mod source_ports`, so that a target's labels take different ECMP paths (a
-    /// switch hashes the UDP ports; IPv4 has no flow label). 21 labels take ~15 distinct ports
-    /// of 32, ~18 of 64. 0: everything leaves from `bind`. At most 255; each is a descriptor.
+    /// UDP: probes leave from this many extra sockets on `bind`'s address, one per flow label
+    /// of a target, so that its labels take different ECMP paths (a switch hashes the UDP
+    /// ports; IPv4 has no flow label). A target with more labels than this reuses ports, and
+    /// covers fewer paths than `ctl` planned. 0: everything leaves from `bind`. At most 255;
+    /// each is a file descriptor.
     #[serde(default = "default_source_ports")]
     pub source_ports: usize,
     /// Testing only: ignore this fraction of received probes, as a lossy peer would.

@@ -290,6 +290,7 @@ impl<T: Transport> Shard<T> {
             });
             self.target_addr.push(addr);
         }
+        self.transport.plan_labels(self.targets.iter().map(|t| &t.labels[..]));
         self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
         self.generation = pinglist.generation;
         // Spread first probes evenly over each target's interval (not all at t = 0).

@@ -91,6 +91,11 @@ pub trait Transport {
     /// per shard round; must not block.
     fn housekeeping(&mut self, _now_ns: u64) {}
 
+    /// The flow labels of every target, in pinglist order, each time a pinglist is loaded.
+    /// Transports that carry a label some other way (UDP: as a source port) use it to give a
+    /// target's labels distinct paths.
+    fn plan_labels<'a>(&mut self, _targets: impl Iterator<Item = &'a [u32]>) {}
+
     /// What became of a probe to `to`: answered (an ACK came back) or not. Transports that
     /// resolve peers at run time use it to notice a peer that moved (a restarted agent).
     fn observe(&mut self, _to: &Self::Addr, _answered: bool) {}

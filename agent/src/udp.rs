@@ -9,9 +9,11 @@
 //!
 //! **Source ports per flow label.** Switches hash a UDP packet's 5-tuple onto an ECMP path, so
 //! the flow labels a pinglist gives a target are played, on UDP, by source ports: probes leave
-//! from one of K extra sockets bound to the same address on ports the kernel picks, the one of
-//! index `label mod K`, and the responder answers to that port, so both directions take the
-//! path of that label. A label keeps its port for the life of the transport. Answers to other
+//! from one of K extra sockets bound to the same address on ports the kernel picks, and the
+//! responder answers to that port, so both directions take the path of that label. A target's
+//! labels take consecutive sockets (from one its first label picks), so up to K labels of one
+//! target leave from K distinct ports and the coverage `ctl` computed for them holds; a label
+//! not in the pinglist takes socket `label mod K`. Answers to other
 //! agents' probes leave from the bound socket, whose address is what the peers probe. With K
 //! sockets, one epoll set tells which have packets or stamps waiting, and event mode waits on
 //! it. K = 0 sends everything from the bound socket.
@@ -43,8 +45,10 @@ pub const MAX_SOURCE_PORTS: usize = 255;
 pub struct UdpTransport {
     fd: OwnedFd,
     local: SocketAddr,
-    /// Probes leave from `paths[label % K]` (see the module docs); empty: from `fd`.
+    /// Probes leave from `paths[..]` (see the module docs); empty: from `fd`.
     paths: Vec<OwnedFd>,
+    /// Path socket index of each flow label of the pinglist in force.
+    label_path: std::collections::HashMap<u32, u8>,
     /// Readiness of `fd` and `paths`, when there are paths; event data = socket index.
     epoll: Option<OwnedFd>,
     events: Vec<libc::epoll_event>,
@@ -145,7 +149,7 @@ impl UdpTransport {
         let rx: Box<RecvState> = Box::new(unsafe { zeroed() });
         // SAFETY: as above.
         let tx: Box<SendState> = Box::new(unsafe { zeroed() });
-        Ok(Self { fd, local, paths, epoll, events, rx, tx })
+        Ok(Self { fd, local, paths, label_path: std::collections::HashMap::new(), epoll, events, rx, tx })
     }
 
     /// The bound address (with the port the kernel chose, if 0 was asked for).
@@ -242,7 +246,7 @@ impl Transport for UdpTransport {
         st.sock[i] = if self.paths.is_empty() || !is_probe(packet) {
             0
         } else {
-            1 + (flow_label % self.paths.len() as u32) as u8
+            1 + self.label_path.get(&flow_label).copied().unwrap_or((flow_label % self.paths.len() as u32) as u8)
         };
         let (sa, len) = to_sockaddr(*to);
         st.names[i] = sa;
@@ -251,6 +255,21 @@ impl Transport for UdpTransport {
         st.want_tx[i] = want_tx_ns;
         st.queued += 1;
         true
+    }
+
+    fn plan_labels<'a>(&mut self, targets: impl Iterator<Item = &'a [u32]>) {
+        let k = self.paths.len();
+        if k == 0 {
+            return;
+        }
+        self.label_path.clear();
+        for labels in targets {
+            let base = labels.first().map_or(0, |&l| l as usize % k);
+            for (i, &label) in labels.iter().enumerate() {
+                // A label shared by two targets keeps its first socket.
+                self.label_path.entry(label).or_insert(((base + i) % k) as u8);
+            }
+        }
     }
 
     fn flush(&mut self, sent: &mut [bool; SEND_BATCH]) -> usize {
@@ -651,9 +670,13 @@ mod tests {
                 .encode(&mut b);
             b
         };
-        // Labels 1..=8 over 4 sockets, and two ACKs, in one flush: grouped per socket, all sent.
+        // One target probed with labels 11..=14 takes 4 consecutive sockets from 11 mod 4 = 3;
+        // labels 1..=4 are in no target and take `label mod 4`.
+        a.plan_labels([&[11u32, 12, 13, 14][..]].into_iter());
+        let socket_of = |label: u32| if label > 10 { (3 + label as usize - 11) % 4 } else { label as usize % 4 };
+        // 8 probes and two ACKs in one flush: grouped per socket, all sent.
         let to = peer.local_addr().expect("peer addr");
-        for label in 1..=8u32 {
+        for label in [1, 2, 3, 4, 11, 12, 13, 14u32] {
             assert!(a.queue(&to, label, &packet(Kind::Probe, label), true));
         }
         assert!(a.queue(&to, 3, &packet(Kind::Ack1, 100), true));
@@ -668,9 +691,11 @@ mod tests {
             let p = Packet::decode(&buf[..len]).expect("ours");
             from_of.insert(p.seq, from);
         }
-        for label in 1..=8u32 {
-            assert_eq!(from_of[&u64::from(label)], ports[(label % 4) as usize], "label {label}");
+        for label in [1, 2, 3, 4, 11, 12, 13, 14u32] {
+            assert_eq!(from_of[&u64::from(label)], ports[socket_of(label)], "label {label}");
         }
+        let target_ports: std::collections::HashSet<_> = (11..=14u64).map(|l| from_of[&l]).collect();
+        assert_eq!(target_ports.len(), 4, "a target's 4 labels leave from 4 distinct ports");
         assert_eq!((from_of[&100], from_of[&101]), (a.local_addr(), a.local_addr()), "ACKs from the bound socket");
 
         // Answers to two source ports come back through recv, and every probe's send stamp
