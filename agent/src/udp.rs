@@ -162,12 +162,6 @@ impl UdpTransport {
         self.paths.iter().map(local_addr).collect()
     }
 
-    /// Whether event mode must wait on [`Transport::readiness_fd`] with poll (an epoll set)
-    /// rather than on a UDP socket.
-    pub fn waits_on_epoll(&self) -> bool {
-        self.epoll.is_some()
-    }
-
     fn socket(&self, index: usize) -> RawFd {
         if index == 0 { self.fd.as_raw_fd() } else { self.paths[index - 1].as_raw_fd() }
     }
