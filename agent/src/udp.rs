@@ -157,11 +157,6 @@ impl UdpTransport {
         self.local
     }
 
-    /// The source-port sockets' addresses, in label-class order.
-    pub fn source_addrs(&self) -> io::Result<Vec<SocketAddr>> {
-        self.paths.iter().map(local_addr).collect()
-    }
-
     fn socket(&self, index: usize) -> RawFd {
         if index == 0 { self.fd.as_raw_fd() } else { self.paths[index - 1].as_raw_fd() }
     }
@@ -586,6 +581,11 @@ mod tests {
     use crate::protocol::{Kind, Packet};
 
     impl UdpTransport {
+        /// The source-port sockets' addresses, in socket order.
+        fn source_addrs(&self) -> io::Result<Vec<SocketAddr>> {
+            self.paths.iter().map(local_addr).collect()
+        }
+
         fn send(&mut self, to: &SocketAddr, _: u32, packet: &[u8; PACKET_BYTES]) -> io::Result<()> {
             assert!(self.queue(to, 1, packet, true));
             let mut sent = [false; SEND_BATCH];

@@ -385,8 +385,8 @@ impl Generator {
         self.hosts.len()
     }
 
-    /// The pinglist of the `i`-th host in name order (`i < self.hosts()`), for writing a
-    /// generation without holding all of it in memory.
+    /// The pinglist of the `i`-th host in name order (`i < self.hosts()`). Writing a whole
+    /// generation does not build pinglists: see [`Generator::render_toml`].
     pub fn pinglist(&self, i: usize, generation: u64, generated_unix_ns: u64) -> Pinglist {
         let mut out = empty_pinglist();
         self.pinglist_into(i, generation, generated_unix_ns, &mut out);
@@ -394,9 +394,8 @@ impl Generator {
     }
 
     /// [`Generator::pinglist`] into `out`, whatever it held before: its strings and vectors
-    /// are reused, so that a worker writing thousands of pinglists allocates for the first
-    /// few only (allocating and freeing ~10 M strings and label vectors was half the cost of
-    /// generating a 100,000-host fabric).
+    /// are reused, so that a caller building thousands of pinglists one after another
+    /// allocates for the first few only.
     pub fn pinglist_into(&self, i: usize, generation: u64, generated_unix_ns: u64, out: &mut Pinglist) {
         let (host, own) = &self.hosts[i];
         self.build_into(host, own, generation, generated_unix_ns, out);

@@ -419,27 +419,22 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 pub(crate) fn atomic_write(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    replace(path, &dir.join(format!(".{name}.tmp.{}", std::process::id())), bytes, durable)
-}
-
-/// [`atomic_write`] through the temporary file `tmp`, in `path`'s directory.
-fn replace(path: &Path, tmp: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
-        let mut f = std::fs::File::create(tmp)?;
+        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;
         }
         drop(f);
-        std::fs::rename(tmp, path)?;
+        std::fs::rename(&tmp, path)?;
         if durable {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             std::fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(tmp);
+        let _ = std::fs::remove_file(&tmp);
     }
     result
 }

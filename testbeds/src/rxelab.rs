@@ -80,6 +80,14 @@ pub struct Check {
     pub detail: String,
 }
 
+impl Check {
+    /// A check that passes when `found` is empty, and otherwise lists it.
+    fn none_of(name: &str, found: &[String]) -> Check {
+        let detail = if found.is_empty() { "none".into() } else { found.join(", ") };
+        Check { name: name.into(), ok: found.is_empty(), detail }
+    }
+}
+
 /// Everything the run found.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabResult {
@@ -470,11 +478,7 @@ fn verdicts(
             .filter(|f| network(&f.0) && overlaps(f.2, f.3, p.from_ns, p.to_ns))
             .map(|f| format!("{} {}", f.0, f.1))
             .collect();
-        checks.push(Check {
-            name: "clean run: no finding".into(),
-            ok: noisy.is_empty(),
-            detail: if noisy.is_empty() { "none".into() } else { noisy.join(", ") },
-        });
+        checks.push(Check::none_of("clean run: no finding", &noisy));
     }
     // Each fault: found, as the right kind and entity, overlapping its phase.
     for p in phases.iter().filter(|p| !p.expect.is_empty()) {
@@ -498,11 +502,7 @@ fn verdicts(
         .filter(|f| !phases.iter().any(|p| names(f, p)))
         .map(|f| format!("{} {}", f.0, f.1))
         .collect();
-    checks.push(Check {
-        name: "no stray findings".into(),
-        ok: stray.is_empty(),
-        detail: if stray.is_empty() { "none".into() } else { stray.join(", ") },
-    });
+    checks.push(Check::none_of("no stray findings", &stray));
     // Recovery: after the device came back, the host probes again and is probed again.
     if let Some(p) = phases.iter().find(|p| p.name == "recovered") {
         let after = |r: &&Rec| r.t1_ns >= p.from_ns && r.t1_ns < p.to_ns && r.outcome == Outcome::Ok as u8;
