@@ -273,6 +273,170 @@ pub fn nearest_rank_index(n: usize, q: f64) -> usize {
     ((n as f64 * q).ceil() - 1.0).max(0.0) as usize
 }
 
+/// The [`QUANTILES`] of one key's samples: each delay column given as the pieces it lies in.
+fn select_quantiles([rtt, pd, rd]: [&[&[i32]]; 3]) -> [i32; QUANTILES.len()] {
+    let [r50, r99, r999] = select_ranks(rtt, [0.5, 0.99, 0.999]);
+    let [p50, p99, _] = select_ranks(pd, [0.5, 0.99, 0.99]);
+    let [d50, d99, _] = select_ranks(rd, [0.5, 0.99, 0.99]);
+    [r50, r99, r999, p50, p99, d50, d99]
+}
+
+/// The values at the nearest ranks of `qs` (ascending) among the values of `pieces` (not all
+/// empty).
+fn select_ranks(pieces: &[&[i32]], qs: [f64; 3]) -> [i32; 3] {
+    let n = pieces.iter().map(|p| p.len()).sum();
+    debug_assert!(n > 0 && qs.is_sorted());
+    let ranks = qs.map(|q| nearest_rank_index(n, q));
+    let mut out = [0; 3];
+    radix_select(pieces, &ranks, &mut out);
+    out
+}
+
+/// Radix select buckets: 2^11 counters (8 KiB) stay in L1 next to the values being counted.
+const RADIX_BITS: u32 = 11;
+/// Below this many values, comparison selection beats counting.
+const RADIX_MIN_LEN: usize = 512;
+
+/// `out[i]` = the value at 0-based position `ranks[i]` (ascending) of the sorted values of
+/// `pieces`. Counting, not comparing: one pass finds the range, one counts values into
+/// 2^[`RADIX_BITS`] buckets of equal width, one copies out the buckets holding a wanted rank,
+/// which recurse (each level resolves 11 more bits, so at most 3 levels for 32-bit values).
+/// Against nested `select_nth_unstable` (p50 over all, p99 over the upper half, p99.9 above
+/// that) it saves the data-dependent branches of partitioning, and it reads the samples where
+/// they lie, in pieces, without gathering them first. (Log-linear buckets, which keep a single
+/// outlier from pushing everything into one bucket, measured slower on the bench's data.)
+fn radix_select(pieces: &[&[i32]], ranks: &[usize], out: &mut [i32]) {
+    let n: usize = pieces.iter().map(|p| p.len()).sum();
+    debug_assert!(ranks.is_sorted() && ranks.last().is_none_or(|&r| r < n));
+    if n < RADIX_MIN_LEN {
+        let mut small = [0i32; RADIX_MIN_LEN];
+        for (s, x) in small.iter_mut().zip(pieces.iter().flat_map(|p| p.iter().copied())) {
+            *s = x;
+        }
+        let v = &mut small[..n];
+        // `done`: v[..done] holds the smallest `done` values, v[done - 1] the largest of them.
+        let mut done = 0usize;
+        for (o, &at) in out.iter_mut().zip(ranks) {
+            if at < done {
+                // Ranks only repeat (equal q, or tiny n): the previous rank's value.
+                *o = v[done - 1];
+                continue;
+            }
+            let (_, x, _) = v[done..].select_nth_unstable(at - done);
+            *o = *x;
+            done = at + 1;
+        }
+        return;
+    }
+    let (lo, hi) = pieces
+        .iter()
+        .map(|p| p.iter().fold((i32::MAX, i32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x))))
+        .fold((i32::MAX, i32::MIN), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
+    let shift = (u32::BITS - hi.abs_diff(lo).leading_zeros()).saturating_sub(RADIX_BITS);
+    let bucket = |x: i32| (x.abs_diff(lo) >> shift) as usize;
+    // Four interleaved counters per bucket: runs of equal values would otherwise make each
+    // increment wait for the previous one's store.
+    let mut lanes = [[0u32; 1 << RADIX_BITS]; 4];
+    for p in pieces {
+        let mut quads = p.chunks_exact(4);
+        for q in &mut quads {
+            for (lane, &x) in lanes.iter_mut().zip(q) {
+                lane[bucket(x)] += 1;
+            }
+        }
+        for &x in quads.remainder() {
+            lanes[0][bucket(x)] += 1;
+        }
+    }
+    let [mut counts, l1, l2, l3] = lanes;
+    for (((c, a), b), d) in counts.iter_mut().zip(l1).zip(l2).zip(l3) {
+        *c += a + b + d;
+    }
+    // Each rank's bucket and how many values lie in lower buckets.
+    let mut found = [(0usize, 0usize); 3];
+    let (mut b, mut below) = (0usize, 0usize);
+    for (f, &r) in found.iter_mut().zip(ranks) {
+        while below + counts[b] as usize <= r {
+            below += counts[b] as usize;
+            b += 1;
+        }
+        *f = (b, below);
+    }
+    let found = &found[..ranks.len()];
+    if shift == 0 {
+        // One value per bucket: the bucket is the answer.
+        for (o, &(b, _)) in out.iter_mut().zip(found) {
+            *o = (i64::from(lo) + b as i64) as i32;
+        }
+        return;
+    }
+    // The distinct wanted buckets, copied out side by side, then each selected in.
+    let mut wanted: Vec<usize> = found.iter().map(|f| f.0).collect();
+    wanted.dedup();
+    let mut start = vec![0usize; wanted.len() + 1];
+    for (i, &w) in wanted.iter().enumerate() {
+        start[i + 1] = start[i] + counts[w] as usize;
+    }
+    // Without a branch per value (which bucket a value falls in is a coin toss near a rank):
+    // every value is written, those of no wanted bucket to a last slot that is overwritten.
+    let sink = start[wanted.len()];
+    let mut picked = vec![0i32; sink + 1];
+    let mut at = [sink; 4];
+    at[..wanted.len()].copy_from_slice(&start[..wanted.len()]);
+    let mut w = [usize::MAX; 3];
+    w[..wanted.len()].copy_from_slice(&wanted);
+    for p in pieces {
+        for &x in p.iter() {
+            let b = bucket(x);
+            let i = if b == w[0] {
+                0
+            } else if b == w[1] {
+                1
+            } else if b == w[2] {
+                2
+            } else {
+                3
+            };
+            picked[at[i]] = x;
+            at[i] += usize::from(i < 3);
+        }
+    }
+    for (i, &w) in wanted.iter().enumerate() {
+        let (mut sub_ranks, mut outs) = (Vec::with_capacity(3), Vec::with_capacity(3));
+        for (j, &(b, below)) in found.iter().enumerate() {
+            if b == w {
+                sub_ranks.push(ranks[j] - below);
+                outs.push(j);
+            }
+        }
+        let mut sub_out = [0i32; 3];
+        radix_select(&[&picked[start[i]..start[i + 1]]], &sub_ranks, &mut sub_out[..sub_ranks.len()]);
+        for (k, &j) in outs.iter().enumerate() {
+            out[j] = sub_out[k];
+        }
+    }
+}
+
+/// The frame of [`QUANTILES`] by key, from per-thread parts in ascending key order.
+fn quantile_frame(parts: Vec<(Vec<u64>, Vec<[i32; QUANTILES.len()]>)>) -> PolarsResult<DataFrame> {
+    let rows: usize = parts.iter().map(|p| p.0.len()).sum();
+    let mut key = Vec::with_capacity(rows);
+    let mut columns: Vec<Vec<i64>> = (0..QUANTILES.len()).map(|_| Vec::with_capacity(rows)).collect();
+    for (k, q) in parts {
+        key.extend(k);
+        for row in q {
+            for (c, v) in columns.iter_mut().zip(row) {
+                c.push(i64::from(v));
+            }
+        }
+    }
+    let mut out = vec![UInt64Chunked::from_vec("key".into(), key).into_column()];
+    for ((_, name, _), v) in QUANTILES.iter().zip(columns) {
+        out.push(Int64Chunked::from_vec((*name).into(), v).into_column());
+    }
+    DataFrame::new(rows, out)
+}
+
 /// (source column, output column, quantile).
 const QUANTILES: [(&str, &str, f64); 7] = [
     ("network_rtt_ns", "rtt_ns_p50", 0.5),
@@ -315,8 +479,10 @@ pub struct Prepared {
     keys: KeySpace,
     /// d, prober, target, prober_tor, target_tor (u32), then [`COUNTS`] (u64).
     pair_counts: DataFrame,
-    /// class, d, prober, target, prober_tor, target_tor and the three delays of every record.
+    /// class, d, prober, target and the three delays of every record.
     base: DataFrame,
+    /// ToR id by RNIC id (the unknown RNIC's is the "no ToR" one).
+    rnic_tor: Vec<u32>,
 }
 
 /// Sizes of the id spaces packed into group keys: a window index `d` and one or two ids, as
@@ -359,13 +525,14 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         responder_delay_ns,
         mut prober,
         mut target,
-        flow_label: mut prober_tor,
-        responder_epoch: mut target_tor,
+        flow_label,
+        responder_epoch,
         kind,
         outcome: mut class,
         arrived,
     } = probes;
-    drop(kind);
+    // Reports do not use these (ingest leaves them empty for `analyze report`).
+    drop((flow_label, responder_epoch, kind));
     const BLOCK: usize = 1 << 16;
     // Pass 1: window (in place of t1), class (of outcome), ids clamped to the known ones, ToRs
     // (in place of the flow label and responder epoch, which reports do not use). Records of
@@ -377,9 +544,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         .zip(arrived.par_chunks(BLOCK))
         .zip(prober.par_chunks_mut(BLOCK))
         .zip(target.par_chunks_mut(BLOCK))
-        .zip(prober_tor.par_chunks_mut(BLOCK))
-        .zip(target_tor.par_chunks_mut(BLOCK))
-        .map(|((((((t, c), a), p), g), pt), gt)| {
+        .map(|((((t, c), a), p), g)| {
             let (mut lo, mut hi, mut w) = (1u64, 0u64, 0u64);
             let mut runs = Vec::new();
             for i in 0..t.len() {
@@ -393,8 +558,6 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
                 c[i] = class::of(c[i], a[i]);
                 p[i] = p[i].min(unknown);
                 g[i] = g[i].min(unknown);
-                pt[i] = rnic_tor[p[i] as usize];
-                gt[i] = rnic_tor[g[i] as usize];
             }
             runs.sort_unstable();
             runs.dedup();
@@ -411,70 +574,160 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
             "{windows} windows x {r}^2 RNIC pairs do not fit one 64-bit group key: report a shorter time range or use a longer --window-s"
         )));
     }
-    // Pass 2: the dense window index, and the pair-count key (d, prober, target, class).
+    // Pass 2: the dense window index, and the records per (window, prober, target, class),
+    // counted in a table per block range: a block's records come from one or two files, so
+    // from one prober and its few dozen targets, and the table's live entries stay in cache
+    // (polars' group-by on a 64-bit key column took 4x as long and 8 bytes more per record).
     let mut dense = vec![0u32; records];
-    dense
+    let blocks = records.div_ceil(BLOCK);
+    let min_len = (blocks / (4 * rayon::current_num_threads().max(1))).max(1);
+    let pair_table = dense
         .par_chunks_mut(BLOCK)
-        .zip(count_key.par_chunks_mut(BLOCK))
+        .zip(count_key.par_chunks(BLOCK))
         .zip(class.par_chunks(BLOCK))
         .zip(prober.par_chunks(BLOCK))
         .zip(target.par_chunks(BLOCK))
-        .for_each(|((((d, k), c), p), g)| {
+        .with_min_len(min_len)
+        .fold(PairTable::default, |mut table, ((((d, w), c), p), g)| {
             let (mut last, mut at) = (u64::MAX, 0u64);
-            for i in 0..k.len() {
-                if k[i] != last {
-                    last = k[i];
+            // Direct-mapped in front of the table: a block's live pairs (one prober's targets
+            // in one window) mostly differ in their low key bits, so they rarely evict each other.
+            let mut recent = [(PairTable::EMPTY, [0u64; 8]); 64];
+            for i in 0..w.len() {
+                if w[i] != last {
+                    last = w[i];
                     at = window_list.binary_search(&last).unwrap_or(0) as u64;
                 }
                 d[i] = at as u32;
-                k[i] = ((at * r + u64::from(p[i])) * r + u64::from(g[i])) * 8 + u64::from(c[i]);
+                let key = (at * r + u64::from(p[i])) * r + u64::from(g[i]);
+                let slot = &mut recent[(key & 63) as usize];
+                if slot.0 != key {
+                    if slot.0 != PairTable::EMPTY {
+                        table.add_counts(slot.0, &slot.1);
+                    }
+                    *slot = (key, [0; 8]);
+                }
+                slot.1[usize::from(c[i] & 7)] += 1;
             }
-        });
+            for (key, counts) in recent {
+                if key != PairTable::EMPTY {
+                    table.add_counts(key, &counts);
+                }
+            }
+            table
+        })
+        .reduce(PairTable::default, PairTable::merge);
+    drop(count_key);
+    let pair_counts = pair_counts(pair_table, keys, &rnic_tor)?;
 
-    let frame = DataFrame::new(
+    let base = DataFrame::new(
         records,
         vec![
-            UInt64Chunked::from_vec("count_key".into(), count_key).into_column(),
             UInt8Chunked::from_vec("class".into(), class).into_column(),
             UInt32Chunked::from_vec("d".into(), dense).into_column(),
             UInt32Chunked::from_vec("prober".into(), prober).into_column(),
             UInt32Chunked::from_vec("target".into(), target).into_column(),
-            UInt32Chunked::from_vec("prober_tor".into(), prober_tor).into_column(),
-            UInt32Chunked::from_vec("target_tor".into(), target_tor).into_column(),
             Int32Chunked::from_vec("network_rtt_ns".into(), network_rtt_ns).into_column(),
             Int32Chunked::from_vec("prober_delay_ns".into(), prober_delay_ns).into_column(),
             Int32Chunked::from_vec("responder_delay_ns".into(), responder_delay_ns).into_column(),
         ],
     )?;
-    let classes = frame.clone().lazy().group_by([col("count_key")]).agg([len().alias("n")]).collect()?;
-    let pair_counts = pair_counts(&classes, keys, &rnic_tor)?;
-    let base = frame.drop("count_key")?;
     let windows = window_list.first().copied().zip(window_list.last().copied());
-    Ok(Prepared { window_ns, windows, records, rnic_names, tor_names, window_list, keys, pair_counts, base })
+    Ok(Prepared { window_ns, windows, records, rnic_names, tor_names, window_list, keys, pair_counts, base, rnic_tor })
+}
+
+/// Record counts per pair key `(d * rnics + prober) * rnics + target` and class: an
+/// open-addressing table (linear probing, multiplicative hash), grown at half load.
+#[derive(Default)]
+struct PairTable {
+    /// Pair keys, [`PairTable::EMPTY`] in free slots; a power of two long (or empty).
+    keys: Vec<u64>,
+    /// Counts by [`class`] value, beside `keys`.
+    counts: Vec<[u64; 8]>,
+    len: usize,
+}
+
+impl PairTable {
+    /// No real key: [`prepare`] refuses key spaces beyond 2^61.
+    const EMPTY: u64 = u64::MAX;
+
+    fn slot(&self, key: u64) -> usize {
+        let mask = self.keys.len() - 1;
+        let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask;
+        while self.keys[i] != key && self.keys[i] != Self::EMPTY {
+            i = (i + 1) & mask;
+        }
+        i
+    }
+
+    fn add_counts(&mut self, key: u64, counts: &[u64; 8]) {
+        for (c, n) in self.entry(key).iter_mut().zip(counts) {
+            *c += n;
+        }
+    }
+
+    fn entry(&mut self, key: u64) -> &mut [u64; 8] {
+        if 2 * (self.len + 1) > self.keys.len() {
+            self.grow();
+        }
+        let i = self.slot(key);
+        if self.keys[i] == Self::EMPTY {
+            self.keys[i] = key;
+            self.len += 1;
+        }
+        &mut self.counts[i]
+    }
+
+    fn grow(&mut self) {
+        let size = (self.keys.len() * 2).max(1024);
+        let keys = std::mem::replace(&mut self.keys, vec![Self::EMPTY; size]);
+        let counts = std::mem::replace(&mut self.counts, vec![[0; 8]; size]);
+        self.len = 0;
+        for (k, c) in keys.into_iter().zip(counts) {
+            if k != Self::EMPTY {
+                self.add_counts(k, &c);
+            }
+        }
+    }
+
+    fn merge(mut self, other: PairTable) -> PairTable {
+        if self.len < other.len {
+            return other.merge(self);
+        }
+        for (k, c) in other.keys.into_iter().zip(other.counts) {
+            if k != Self::EMPTY {
+                self.add_counts(k, &c);
+            }
+        }
+        self
+    }
 }
 
 /// Per (window, prober, target): every count, with the unreachable rule applied, from the
-/// record counts per (window, prober, target, class). The input has one row per pair and class
-/// present, so this is small work.
-fn pair_counts(classes: &DataFrame, keys: KeySpace, rnic_tor: &[u32]) -> PolarsResult<DataFrame> {
-    let key = classes.column("count_key")?.u64()?;
-    let n = classes.column("n")?.cast(&DataType::UInt64)?;
-    let n = n.u64()?;
-    // pair key -> [probes, ok, lost_raw, partial, invalid, refused]
-    let mut pairs: std::collections::BTreeMap<u64, [u64; 6]> = std::collections::BTreeMap::new();
-    for (k, n) in key.iter().zip(n.iter()) {
-        let (Some(k), Some(n)) = (k, n) else { continue };
-        let c = pairs.entry(k / 8).or_default();
-        c[0] += n;
-        match (k % 8) as u8 {
-            class::OK => c[1] += n,
-            class::LOST => c[2] += n,
-            class::PARTIAL => c[3] += n,
-            class::INVALID => c[4] += n,
-            class::REFUSED => c[5] += n,
-            _ => {}
-        }
-    }
+/// record counts per pair and class.
+fn pair_counts(table: PairTable, keys: KeySpace, rnic_tor: &[u32]) -> PolarsResult<DataFrame> {
+    // pair key -> [probes, ok, lost_raw, partial, invalid, refused], in key order.
+    let mut pairs: Vec<(u64, [u64; 6])> = table
+        .keys
+        .into_iter()
+        .zip(table.counts)
+        .filter(|(k, _)| *k != PairTable::EMPTY)
+        .map(|(k, c)| {
+            let at = |class: u8| c[usize::from(class)];
+            (
+                k,
+                [
+                    c.iter().sum(),
+                    at(class::OK),
+                    at(class::LOST),
+                    at(class::PARTIAL),
+                    at(class::INVALID),
+                    at(class::REFUSED),
+                ],
+            )
+        })
+        .collect();
+    pairs.sort_unstable_by_key(|p| p.0);
     let r = keys.rnics;
     let m = pairs.len();
     let (mut d, mut p, mut t, mut pt, mut tt) = (
@@ -521,9 +774,9 @@ pub enum Span {
 }
 
 /// Above this many possible keys a scope's samples are grouped by hashing instead of being laid
-/// out by key (the layout needs a counter per possible key and thread): 4 Mi keys is 16 MiB of
-/// counters, beyond any cluster, ToR or RNIC scope; only the `pair` scope of a large fleet over
-/// many windows gets there.
+/// out by key (the layout needs a counter per possible key and thread): 4 Mi keys is 32 MiB of
+/// counters per thread, beyond any cluster, ToR or RNIC scope; only the `pair` scope of a large
+/// fleet over many windows gets there.
 const LAYOUT_KEYS_MAX: u64 = 1 << 22;
 
 /// The key of samples that must not count, on the hashing path: their group is dropped by the
@@ -578,8 +831,8 @@ struct Columns<'a> {
     d: &'a [u32],
     prober: &'a [u32],
     target: &'a [u32],
-    prober_tor: &'a [u32],
-    target_tor: &'a [u32],
+    /// ToR id by RNIC id.
+    tor: &'a [u32],
     delays: [&'a [i32]; 3],
 }
 
@@ -614,21 +867,27 @@ impl Prepared {
                 .group_by([col("key")])
                 .agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
             let windows = if whole { 1 } else { self.window_list.len() as u64 };
-            let samples = if self.keys.bound(scope, windows) <= layout_keys_max {
-                self.samples_by_key(scope, whole)?
+            let quantiles = if self.keys.bound(scope, windows) <= layout_keys_max {
+                self.quantiles_by_key(scope, whole)?
             } else {
                 self.samples_hashed(scope, whole)?
+                    .group_by([col("key")])
+                    .agg(
+                        QUANTILES
+                            .iter()
+                            .map(|(c, name, q)| {
+                                col(*c)
+                                    .quantile(lit(*q), QuantileMethod::Equiprobable)
+                                    .strict_cast(DataType::Int64)
+                                    .alias(*name)
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_column(col("key").strict_cast(DataType::UInt64))
+                    .collect()?
             };
-            let quantiles = samples
-                .group_by([col("key")])
-                .agg(
-                    QUANTILES
-                        .iter()
-                        .map(|(c, name, q)| col(*c).quantile(lit(*q), QuantileMethod::Equiprobable).alias(*name))
-                        .collect::<Vec<_>>(),
-                )
-                .with_column(col("key").strict_cast(DataType::UInt64));
-            let df = counts.join(quantiles, [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
+            let df =
+                counts.join(quantiles.lazy(), [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
             self.collect_rows(scope, &df, sla, &mut rows)?;
         }
         rows.sort_by(|a, b| {
@@ -680,138 +939,133 @@ impl Prepared {
             d: u32s("d")?,
             prober: u32s("prober")?,
             target: u32s("target")?,
-            prober_tor: u32s("prober_tor")?,
-            target_tor: u32s("target_tor")?,
+            tor: &self.rnic_tor,
             delays: [i32s(DELAYS[0])?, i32s(DELAYS[1])?, i32s(DELAYS[2])?],
         })
     }
 
-    /// The ok records' delays of `scope`, laid out by key (a counting sort: count per key, then
-    /// place), with the key column flagged sorted: polars then groups them as contiguous slices
-    /// (its sorted-key fast path) and each quantile copies a slice, instead of hashing 10^8 keys
-    /// and gathering every group's values from all over the table. A target's records, for one,
-    /// are spread over every prober's file: one value per cache line gathered.
-    fn samples_by_key(&self, scope: Scope, whole: bool) -> PolarsResult<LazyFrame> {
+    /// The quantile columns of `scope` (`key` and [`QUANTILES`]), one row per key with ok
+    /// records, computed without polars. The records are cut into one range per thread; each
+    /// counts its samples per key, then lays their delays out by key in its own region of the
+    /// buffers (a counting sort, reading the table once); then each key's pieces, one per region,
+    /// are selected where they lie ([`radix_select`]). Hashing 10^8 keys and gathering every
+    /// group's values from all over the table is what this avoids (a target's records are spread
+    /// over every prober's file: one value per cache line gathered); polars' own quantile on
+    /// laid-out groups copied each group once per quantile.
+    fn quantiles_by_key(&self, scope: Scope, whole: bool) -> PolarsResult<DataFrame> {
         let c = self.columns()?;
         let keys = self.keys;
         let windows = if whole { 1 } else { self.window_list.len() as u64 };
         let nkeys = keys.bound(scope, windows) as usize;
         let n = c.class.len();
-        let either = matches!(scope, Scope::Rnic | Scope::Tor);
+        // A record's sample keys: none unless ok; in the either-end scopes, a second one for the
+        // other end when it differs.
+        let key_of = |i: usize| -> Option<(usize, Option<usize>)> {
+            if c.class[i] != class::OK {
+                return None;
+            }
+            let d = if whole { 0 } else { u64::from(c.d[i]) };
+            let (p, g) = (c.prober[i], c.target[i]);
+            let (a, b) = keys.keys(scope, d, p, g, c.tor[p as usize], c.tor[g as usize]);
+            Some((a as usize, b.map(|b| b as usize)))
+        };
         const BLOCK: usize = 1 << 16;
-        const NONE: u32 = u32::MAX;
-        // Pass 1: each record's key(s) (NONE: not a sample), and the samples per key. Few
-        // accumulators, as each holds a counter per possible key.
-        let mut first = vec![NONE; n];
-        let mut second = vec![NONE; if either { n } else { 0 }];
-        let blocks = n.div_ceil(BLOCK);
-        let min_len = (blocks / (4 * rayon::current_num_threads().max(1))).max(1);
-        let count = |mut h: Vec<u32>, (b, k1): (usize, &mut [u32]), k2: &mut [u32]| {
-            for (j, k) in k1.iter_mut().enumerate() {
-                let i = b * BLOCK + j;
-                if c.class[i] != class::OK {
-                    continue;
+        let threads = rayon::current_num_threads().max(1);
+        let per = n.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
+        let ranges: Vec<std::ops::Range<usize>> = (0..n).step_by(per).map(|s| s..(s + per).min(n)).collect();
+        // Pass 1: each range's samples per key, as region offsets (key k's part of range t's
+        // region is starts[t][k]..starts[t][k + 1]).
+        let starts: Vec<Vec<usize>> = ranges
+            .par_iter()
+            .map(|r| {
+                let mut h = vec![0usize; nkeys + 1];
+                for i in r.clone() {
+                    if let Some((a, b)) = key_of(i) {
+                        h[a] += 1;
+                        if let Some(b) = b {
+                            h[b] += 1;
+                        }
+                    }
                 }
-                let d = if whole { 0 } else { u64::from(c.d[i]) };
-                let (a, s) = keys.keys(scope, d, c.prober[i], c.target[i], c.prober_tor[i], c.target_tor[i]);
-                *k = a as u32;
-                h[a as usize] += 1;
-                if let (Some(s), Some(slot)) = (s, k2.get_mut(j)) {
-                    *slot = s as u32;
-                    h[s as usize] += 1;
+                let mut total = 0;
+                for x in h.iter_mut() {
+                    (*x, total) = (total, total + *x);
                 }
-            }
-            h
-        };
-        let add = |mut a: Vec<u32>, b: Vec<u32>| {
-            for (x, y) in a.iter_mut().zip(b) {
-                *x += y;
-            }
-            a
-        };
-        let histogram = if either {
-            first
-                .par_chunks_mut(BLOCK)
-                .enumerate()
-                .zip(second.par_chunks_mut(BLOCK))
-                .with_min_len(min_len)
-                .fold(|| vec![0u32; nkeys], |h, (k1, k2)| count(h, k1, k2))
-                .reduce(|| vec![0u32; nkeys], add)
-        } else {
-            first
-                .par_chunks_mut(BLOCK)
-                .enumerate()
-                .with_min_len(min_len)
-                .fold(|| vec![0u32; nkeys], |h, k1| count(h, k1, &mut []))
-                .reduce(|| vec![0u32; nkeys], add)
-        };
-        let mut starts = Vec::with_capacity(nkeys + 1);
-        let mut total = 0usize;
-        for &h in &histogram {
-            starts.push(total);
-            total += h as usize;
-        }
-        starts.push(total);
-        // Pass 2: key ranges of about equal sample counts, one per thread; each reads the key
-        // columns and writes the samples of its keys into its own part of the output.
-        let parts = rayon::current_num_threads().max(1);
-        let mut bounds = vec![0usize];
-        for (j, &start) in starts.iter().enumerate().take(nkeys).skip(1) {
-            if start * parts >= total * bounds.len() && bounds.len() < parts {
-                bounds.push(j);
-            }
-        }
-        bounds.push(nkeys);
-        let mut key_out = vec![0u32; total];
-        let mut delays_out = [vec![0i32; total], vec![0i32; total], vec![0i32; total]];
+                h
+            })
+            .collect();
+        let total: usize = starts.iter().map(|s| s[nkeys]).sum();
+        let mut delays = [vec![0i32; total], vec![0i32; total], vec![0i32; total]];
+        // Pass 2: each range places its samples in its region.
         {
-            let mut jobs = Vec::new();
-            let mut k_rest = key_out.as_mut_slice();
-            let [mut r0, mut r1, mut r2] = delays_out.each_mut().map(|v| v.as_mut_slice());
-            for w in bounds.windows(2) {
-                let len = starts[w[1]] - starts[w[0]];
-                let (k, kr) = std::mem::take(&mut k_rest).split_at_mut(len);
+            let mut regions = Vec::with_capacity(ranges.len());
+            let [mut r0, mut r1, mut r2] = delays.each_mut().map(|v| v.as_mut_slice());
+            for s in &starts {
+                let len = s[nkeys];
                 let (a, ar) = std::mem::take(&mut r0).split_at_mut(len);
                 let (b, br) = std::mem::take(&mut r1).split_at_mut(len);
                 let (e, er) = std::mem::take(&mut r2).split_at_mut(len);
-                (k_rest, r0, r1, r2) = (kr, ar, br, er);
-                jobs.push((w[0], w[1], k, [a, b, e]));
+                (r0, r1, r2) = (ar, br, er);
+                regions.push([a, b, e]);
             }
-            let (first, second) = (&first, &second);
-            jobs.into_par_iter().for_each(|(lo, hi, k, mut out)| {
-                let base = starts[lo];
-                let mut cursor: Vec<usize> = starts[lo..hi].iter().map(|s| s - base).collect();
-                for j in lo..hi {
-                    k[starts[j] - base..starts[j + 1] - base].fill(j as u32);
-                }
-                let (lo32, hi32) = (lo as u32, hi as u32);
-                for keys in [first, second] {
-                    for (i, &key) in keys.iter().enumerate() {
-                        if key >= lo32 && key < hi32 {
-                            let at = &mut cursor[(key - lo32) as usize];
-                            for (o, v) in out.iter_mut().zip(c.delays) {
-                                o[*at] = v[i];
-                            }
+            ranges.par_iter().zip(regions).zip(&starts).for_each(|((r, [o0, o1, o2]), s)| {
+                let mut cursor = s[..nkeys].to_vec();
+                for i in r.clone() {
+                    if let Some((a, b)) = key_of(i) {
+                        let v = [c.delays[0][i], c.delays[1][i], c.delays[2][i]];
+                        for k in std::iter::once(a).chain(b) {
+                            let at = &mut cursor[k];
+                            (o0[*at], o1[*at], o2[*at]) = (v[0], v[1], v[2]);
                             *at += 1;
                         }
                     }
                 }
+                // Pass 2 found the samples pass 1 counted: every key's part is filled exactly.
+                assert!(cursor.iter().zip(&s[1..]).all(|(c, end)| c == end), "a key's samples changed between passes");
             });
         }
-        drop((first, second));
-        let mut key = UInt32Chunked::from_vec("key".into(), key_out);
-        key.set_sorted_flag(polars::series::IsSorted::Ascending);
-        let [rtt, pd, rd] = delays_out;
-        let df = DataFrame::new(
-            total,
-            vec![
-                key.into_column(),
-                Int32Chunked::from_vec(DELAYS[0].into(), rtt).into_column(),
-                Int32Chunked::from_vec(DELAYS[1].into(), pd).into_column(),
-                Int32Chunked::from_vec(DELAYS[2].into(), rd).into_column(),
-            ],
-        )?;
-        Ok(df.lazy())
+        // Selection: key ranges of about equal sample counts, one per thread.
+        let samples = |k: usize| starts.iter().map(|s| s[k + 1] - s[k]).sum::<usize>();
+        let mut bounds = vec![0usize];
+        let mut seen = 0usize;
+        for k in 0..nkeys {
+            if seen * threads >= total * bounds.len() && bounds.len() < threads {
+                bounds.push(k);
+            }
+            seen += samples(k);
+        }
+        bounds.push(nkeys);
+        let mut offset = 0;
+        let regions: Vec<[&[i32]; 3]> = starts
+            .iter()
+            .map(|s| {
+                let r = offset..offset + s[nkeys];
+                offset = r.end;
+                delays.each_ref().map(|v| &v[r.clone()])
+            })
+            .collect();
+        let parts: Vec<(Vec<u64>, Vec<[i32; QUANTILES.len()]>)> = bounds
+            .windows(2)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|w| {
+                let (mut key, mut q) = (Vec::new(), Vec::new());
+                let mut pieces: [Vec<&[i32]>; 3] = Default::default();
+                for k in w[0]..w[1] {
+                    if samples(k) == 0 {
+                        continue;
+                    }
+                    for (col, p) in pieces.iter_mut().enumerate() {
+                        p.clear();
+                        p.extend(regions.iter().zip(&starts).map(|(r, s)| &r[col][s[k]..s[k + 1]]));
+                    }
+                    key.push(k as u64);
+                    q.push(select_quantiles(pieces.each_ref().map(Vec::as_slice)));
+                }
+                (key, q)
+            })
+            .collect();
+        quantile_frame(parts)
     }
 
     /// The ok records' delays of `scope` with a key column, for polars to group by hashing: the
@@ -825,7 +1079,7 @@ impl Prepared {
         let n = c.class.len();
         let key_of = |i: usize| {
             let d = if whole { 0 } else { u64::from(c.d[i]) };
-            keys.keys(scope, d, c.prober[i], c.target[i], c.prober_tor[i], c.target_tor[i])
+            keys.keys(scope, d, c.prober[i], c.target[i], c.tor[c.prober[i] as usize], c.tor[c.target[i] as usize])
         };
         // u32 keys where they fit (the junk key then is u32::MAX): half the memory, and polars
         // hashes them faster.
@@ -881,8 +1135,8 @@ impl Prepared {
             Ok(c.u64()?.iter().map(|v| v.unwrap_or(0)).collect())
         };
         let quantile = |name: &str| -> PolarsResult<Vec<Option<i64>>> {
-            let c = df.column(name)?.cast(&DataType::Float64)?;
-            Ok(c.f64()?.iter().map(|v| v.map(|v| v as i64)).collect())
+            let c = df.column(name)?.cast(&DataType::Int64)?;
+            Ok(c.i64()?.iter().collect())
         };
         let key = u64s("key")?;
         let counts: Vec<Vec<u64>> = COUNTS.iter().map(|c| u64s(c)).collect::<PolarsResult<_>>()?;
@@ -1141,6 +1395,75 @@ mod tests {
         assert_eq!(nearest_rank_index(10, 0.99), 9);
         assert_eq!(nearest_rank_index(1000, 0.999), 998);
         assert_eq!(nearest_rank_index(1, 0.5), 0);
+    }
+
+    /// The selection gives the sorted samples' nearest ranks, for sizes where ranks coincide
+    /// (1, 2, 3) or sit at the edges (100, 1000, 1001), on both sides of the counting threshold,
+    /// with many ties and with none, with extremes that force every counting level, whole or in
+    /// pieces.
+    #[test]
+    fn selected_ranks_are_the_sorted_ones() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for n in [1usize, 2, 3, 7, 10, 99, 100, 101, 511, 512, 999, 1000, 1001, 4096, 100_000] {
+            for (spread, outliers) in [(1u64, false), (5, false), (1 << 30, false), (5, true), (3000, true)] {
+                let mut v: Vec<i32> = (0..n)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % spread) as i32 - (spread / 3) as i32
+                    })
+                    .collect();
+                if outliers && n > 4 {
+                    // The extremes stretch the first level's buckets: the ranks land in one
+                    // bucket holding nearly everything, which takes the next levels.
+                    v[n / 2] = i32::MAX;
+                    v[n / 3] = i32::MIN;
+                }
+                let mut sorted = v.clone();
+                sorted.sort_unstable();
+                for qs in [[0.5, 0.99, 0.999], [0.5, 0.99, 0.99]] {
+                    let want = qs.map(|q| sorted[nearest_rank_index(n, q)]);
+                    assert_eq!(select_ranks(&[&v], qs), want, "n {n} spread {spread} {qs:?}");
+                    // The same values in pieces, one of them empty, as the layout hands them over.
+                    let (a, b) = v.split_at(n / 3);
+                    assert_eq!(select_ranks(&[a, &[], b], qs), want, "n {n} spread {spread} {qs:?} in pieces");
+                }
+            }
+        }
+    }
+
+    /// The pair table counts like a map, through growth, merges of tables of either size, and
+    /// keys that collide in the low bits the front cache of `prepare` is indexed by.
+    #[test]
+    fn pair_table_counts_like_a_map() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut want: std::collections::BTreeMap<u64, [u64; 8]> = std::collections::BTreeMap::new();
+        let mut tables = vec![PairTable::default(), PairTable::default(), PairTable::default()];
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few keys in the first table, many in the others; multiples of 64 collide.
+            let key = if i % 3 == 0 { (x % 50) * 64 } else { x % 30_000 };
+            let class = (x >> 40) as u8 % 8;
+            let mut one = [0u64; 8];
+            one[usize::from(class)] = 1;
+            tables[(i % 3) as usize].add_counts(key, &one);
+            want.entry(key).or_default()[usize::from(class)] += 1;
+        }
+        let [a, b, c] = <[PairTable; 3]>::try_from(tables).ok().expect("three tables");
+        let merged = a.merge(b).merge(c);
+        let mut got: Vec<(u64, [u64; 8])> = merged
+            .keys
+            .iter()
+            .zip(&merged.counts)
+            .filter(|(k, _)| **k != PairTable::EMPTY)
+            .map(|(k, c)| (*k, *c))
+            .collect();
+        got.sort_unstable_by_key(|e| e.0);
+        assert_eq!(merged.len, want.len());
+        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
     }
 
     #[test]
