@@ -1,5 +1,6 @@
-//! `analyze report`: SLA figures per time window and per scope, computed with polars lazy
-//! group-bys over the ingested probe table, and their renderings (table, JSON, CSV, Parquet).
+//! `analyze report`: SLA figures per time window and per scope over the ingested probe table
+//! (pair counts and exact quantiles in plain Rust, roll-ups and joins in polars), and their
+//! renderings (table, JSON, CSV, Parquet).
 //!
 //! This module owns the counting semantics that `analyze localize` shares (keep them in step):
 //!
@@ -461,7 +462,8 @@ const UNKNOWN_RNIC: &str = "(unknown rnic)";
 /// Every group-by runs on one integer key that packs the window's index with the entity's ids
 /// (see [`KeySpace`]): polars groups a single integer column several times faster than a
 /// multi-column key, which it row-encodes and hashes as bytes (measured: 0.77 s against 0.07 s
-/// for the pair counts of 10^7 records).
+/// for the pair counts of 10^7 records, when polars still counted them), and the plain-Rust
+/// passes index their tables with it.
 #[derive(Debug)]
 pub struct Prepared {
     /// Window length, ns.
@@ -477,7 +479,7 @@ pub struct Prepared {
     /// The windows that hold records, ascending: a window's dense index `d` is its position.
     window_list: Vec<u64>,
     keys: KeySpace,
-    /// d, prober, target, prober_tor, target_tor (u32), then [`COUNTS`] (u64).
+    /// d, prober, target (u32), then [`COUNTS`] (u64).
     pair_counts: DataFrame,
     /// class, d, prober, target and the three delays of every record.
     base: DataFrame,
@@ -519,7 +521,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     let keys = KeySpace { rnics: rnic_names.len() as u64, tors: tor_names.len() as u64 };
 
     let Probes {
-        t1_unix_ns: mut count_key,
+        t1_unix_ns: mut window,
         network_rtt_ns,
         prober_delay_ns,
         responder_delay_ns,
@@ -534,11 +536,10 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     // Reports do not use these (ingest leaves them empty for `analyze report`).
     drop((flow_label, responder_epoch, kind));
     const BLOCK: usize = 1 << 16;
-    // Pass 1: window (in place of t1), class (of outcome), ids clamped to the known ones, ToRs
-    // (in place of the flow label and responder epoch, which reports do not use). Records of
-    // one file are in time order, so consecutive records mostly share a window: a range check
+    // Pass 1: window (in place of t1), class (of outcome), ids clamped to the known ones (ToRs
+    // are looked up from them where a key needs one). Records of one file are in time order, so consecutive records mostly share a window: a range check
     // replaces the 64-bit division, and only run starts are collected as windows.
-    let window_runs: Vec<Vec<u64>> = count_key
+    let window_runs: Vec<Vec<u64>> = window
         .par_chunks_mut(BLOCK)
         .zip(class.par_chunks_mut(BLOCK))
         .zip(arrived.par_chunks(BLOCK))
@@ -583,7 +584,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     let min_len = (blocks / (4 * rayon::current_num_threads().max(1))).max(1);
     let pair_table = dense
         .par_chunks_mut(BLOCK)
-        .zip(count_key.par_chunks(BLOCK))
+        .zip(window.par_chunks(BLOCK))
         .zip(class.par_chunks(BLOCK))
         .zip(prober.par_chunks(BLOCK))
         .zip(target.par_chunks(BLOCK))
@@ -617,8 +618,8 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
             table
         })
         .reduce(PairTable::default, PairTable::merge);
-    drop(count_key);
-    let pair_counts = pair_counts(pair_table, keys, &rnic_tor)?;
+    drop(window);
+    let pair_counts = pair_counts(pair_table, keys)?;
 
     let base = DataFrame::new(
         records,
@@ -705,7 +706,7 @@ impl PairTable {
 
 /// Per (window, prober, target): every count, with the unreachable rule applied, from the
 /// record counts per pair and class.
-fn pair_counts(table: PairTable, keys: KeySpace, rnic_tor: &[u32]) -> PolarsResult<DataFrame> {
+fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<DataFrame> {
     // pair key -> [probes, ok, lost_raw, partial, invalid, refused], in key order.
     let mut pairs: Vec<(u64, [u64; 6])> = table
         .keys
@@ -730,21 +731,13 @@ fn pair_counts(table: PairTable, keys: KeySpace, rnic_tor: &[u32]) -> PolarsResu
     pairs.sort_unstable_by_key(|p| p.0);
     let r = keys.rnics;
     let m = pairs.len();
-    let (mut d, mut p, mut t, mut pt, mut tt) = (
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-        Vec::with_capacity(m),
-    );
+    let (mut d, mut p, mut t) = (Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m));
     let mut counts: [Vec<u64>; 7] = Default::default();
     for (k, c) in pairs {
         let (prober, target) = ((k / r % r) as u32, (k % r) as u32);
         d.push((k / r / r) as u32);
         p.push(prober);
         t.push(target);
-        pt.push(rnic_tor.get(prober as usize).copied().unwrap_or(0));
-        tt.push(rnic_tor.get(target as usize).copied().unwrap_or(0));
         // A dead peer is not packet loss: a pair with only losses is unreachable.
         let unreachable = if c[1] + c[3] == 0 { c[2] } else { 0 };
         for (v, x) in counts.iter_mut().zip([c[0], c[1], c[2] - unreachable, c[3], c[4], c[5], unreachable]) {
@@ -755,8 +748,6 @@ fn pair_counts(table: PairTable, keys: KeySpace, rnic_tor: &[u32]) -> PolarsResu
         UInt32Chunked::from_vec("d".into(), d).into_column(),
         UInt32Chunked::from_vec("prober".into(), p).into_column(),
         UInt32Chunked::from_vec("target".into(), t).into_column(),
-        UInt32Chunked::from_vec("prober_tor".into(), pt).into_column(),
-        UInt32Chunked::from_vec("target_tor".into(), tt).into_column(),
     ];
     for (name, v) in COUNTS.iter().zip(counts) {
         columns.push(UInt64Chunked::from_vec((*name).into(), v).into_column());
@@ -797,12 +788,13 @@ impl KeySpace {
             }
     }
 
-    /// The group key of a record (window index `d`, RNICs `p` -> `g`, their ToRs `pt` -> `gt`)
+    /// The group key of a record (window index `d`, RNICs `p` -> `g`, whose ToRs `tor` gives)
     /// in `scope`, and for the either-end scopes the key of its second end when the ends differ
     /// (so that a self-probe or a ToR-local record counts once).
-    fn keys(self, scope: Scope, d: u64, p: u32, g: u32, pt: u32, gt: u32) -> (u64, Option<u64>) {
+    fn keys(self, scope: Scope, d: u64, p: u32, g: u32, tor: &[u32]) -> (u64, Option<u64>) {
         let (r, t) = (self.rnics, self.tors);
-        let (p, g, pt, gt) = (u64::from(p), u64::from(g), u64::from(pt), u64::from(gt));
+        let (pt, gt) = (u64::from(tor[p as usize]), u64::from(tor[g as usize]));
+        let (p, g) = (u64::from(p), u64::from(g));
         match scope {
             Scope::Cluster => (d, None),
             Scope::Pair => ((d * r + p) * r + g, None),
@@ -908,7 +900,7 @@ impl Prepared {
         let ids = |name: &str| -> PolarsResult<Vec<u32>> {
             Ok(pc.column(name)?.u32()?.iter().map(|v| v.unwrap_or(0)).collect())
         };
-        let (d, p, g, pt, gt) = (ids("d")?, ids("prober")?, ids("target")?, ids("prober_tor")?, ids("target_tor")?);
+        let (d, p, g) = (ids("d")?, ids("prober")?, ids("target")?);
         let counts: Vec<Vec<u64>> = COUNTS
             .iter()
             .map(|c| Ok(pc.column(c)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect()))
@@ -916,7 +908,7 @@ impl Prepared {
         let (mut key, mut rows) = (Vec::with_capacity(pc.height()), Vec::with_capacity(pc.height()));
         for i in 0..pc.height() {
             let w = if whole { 0 } else { u64::from(d[i]) };
-            let (a, b) = self.keys.keys(scope, w, p[i], g[i], pt[i], gt[i]);
+            let (a, b) = self.keys.keys(scope, w, p[i], g[i], &self.rnic_tor);
             for k in std::iter::once(a).chain(b) {
                 key.push(k);
                 rows.push(i as IdxSize);
@@ -965,8 +957,7 @@ impl Prepared {
                 return None;
             }
             let d = if whole { 0 } else { u64::from(c.d[i]) };
-            let (p, g) = (c.prober[i], c.target[i]);
-            let (a, b) = keys.keys(scope, d, p, g, c.tor[p as usize], c.tor[g as usize]);
+            let (a, b) = keys.keys(scope, d, c.prober[i], c.target[i], c.tor);
             Some((a as usize, b.map(|b| b as usize)))
         };
         const BLOCK: usize = 1 << 16;
@@ -1079,7 +1070,7 @@ impl Prepared {
         let n = c.class.len();
         let key_of = |i: usize| {
             let d = if whole { 0 } else { u64::from(c.d[i]) };
-            keys.keys(scope, d, c.prober[i], c.target[i], c.tor[c.prober[i] as usize], c.tor[c.target[i] as usize])
+            keys.keys(scope, d, c.prober[i], c.target[i], c.tor)
         };
         // u32 keys where they fit (the junk key then is u32::MAX): half the memory, and polars
         // hashes them faster.
