@@ -124,7 +124,9 @@ pub struct ShardConfig {
     /// each is a file descriptor.
     #[serde(default = "default_source_ports")]
     pub source_ports: usize,
-    /// Testing only: ignore this fraction of received probes, as a lossy peer would.
+    /// Test hook, refused unless the environment sets `ROCEMESH_TEST_HOOKS=1`: ignore this
+    /// fraction of received probes, as a lossy peer would. An agent that drops probes on purpose
+    /// makes its peers report a fault that is not there, so a production config cannot turn it on.
     #[serde(default)]
     pub ignore_probe_fraction: f64,
     /// Verbs: the device port (1-based).
@@ -246,6 +248,13 @@ impl AgentConfig {
                     crate::udp::MAX_SOURCE_PORTS
                 ));
             }
+            if s.ignore_probe_fraction != 0.0 && !test_hooks_allowed() {
+                return Err(format!(
+                    "shard[{i}].ignore_probe_fraction = {}: a test hook that drops probes on purpose (its peers \
+                     would report a fault that is not there); remove it from this config (tests set {TEST_HOOKS_ENV}=1)",
+                    s.ignore_probe_fraction
+                ));
+            }
             if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
                 return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
             }
@@ -277,6 +286,13 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// The environment variable that lets test hooks (`ignore_probe_fraction`) into a config.
+pub const TEST_HOOKS_ENV: &str = "ROCEMESH_TEST_HOOKS";
+
+fn test_hooks_allowed() -> bool {
+    std::env::var_os(TEST_HOOKS_ENV).is_some_and(|v| v == "1")
 }
 
 #[cfg(test)]
@@ -334,5 +350,16 @@ core = 0
         assert!(e.to_string().contains("shard[0].bind 127.0.0.1:0: a verbs shard needs a fixed port"), "{e}");
         let e = AgentConfig::parse(&verbs.replace("core = 0", "core = 0\nib_port = 0"), p).expect_err("port");
         assert!(e.to_string().contains("shard[0].ib_port = 0"), "{e}");
+    }
+
+    #[test]
+    fn the_probe_dropping_test_hook_is_refused_in_a_production_config() {
+        let p = Path::new("/x/agent.toml");
+        let hooked = GOOD.replace("core = 0", "core = 0\nignore_probe_fraction = 0.2");
+        // The unit tests never set the variable (the loopback tests set it for their children).
+        assert!(!test_hooks_allowed());
+        let e = AgentConfig::parse(&hooked, p).expect_err("refused");
+        assert!(e.to_string().contains("shard[0].ignore_probe_fraction = 0.2: a test hook"), "{e}");
+        assert!(e.to_string().contains("ROCEMESH_TEST_HOOKS=1"), "{e}");
     }
 }

@@ -35,10 +35,7 @@ pub fn describe(cfg: &AgentConfig, sysfs: &Path) -> HostDescription {
 
 /// (port, GID index, GID) of the RoCEv2 GID of `device` that is `ip` (IPv4-mapped for IPv4).
 pub(crate) fn roce_v2_gid(sysfs: &Path, device: &str, ip: IpAddr) -> Option<(u8, u16, std::net::Ipv6Addr)> {
-    let want = match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
+    let want = rocemesh_formats::gid::gid_of(ip);
     let ports = sysfs.join("class/infiniband").join(device).join("ports");
     let mut port_dirs: Vec<_> = std::fs::read_dir(&ports).ok()?.flatten().collect();
     port_dirs.sort_by_key(|e| e.file_name());

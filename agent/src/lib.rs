@@ -7,6 +7,7 @@
 //!   the RDMA one (UD queue pairs, RDMA CM peer resolution, device recovery).
 //! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
+//! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
 //!   [`describe`]: what `ctl inventory import` needs to know about this host.
 
@@ -14,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod describe;
+pub mod errlog;
 pub mod protocol;
 pub mod runtime;
 pub mod shard;

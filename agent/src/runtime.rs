@@ -20,7 +20,7 @@ use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enf
 use crate::clock::now_ns;
 use crate::config::{AgentConfig, Mode, ShardConfig, TransportKind};
 use crate::shard::{Resolve, Shard, ShardParams, ShardStats, UdpResolver};
-use crate::transport::Transport;
+use crate::transport::{DropReason, Transport};
 use crate::udp::{UdpTransport, unspecified_like};
 use crate::verbs::{VerbsAddr, VerbsConfig, VerbsResolver, VerbsTransport};
 
@@ -311,7 +311,7 @@ async fn run_shard<T: Transport>(
             tracing::warn!(device = %sc.device, "segment write failed (records counted as dropped): {e}");
         }
         for p in shard.take_closed() {
-            let _ = seal_tx.send(p);
+            to_sealer(seal_tx, p);
         }
         let now = now_ns();
         if stats_every_ns > 0 && now >= next_stats {
@@ -357,7 +357,7 @@ async fn run_shard<T: Transport>(
     let stats = shard.stats();
     let device = sc.device.clone();
     for p in shard.finish()? {
-        let _ = seal_tx.send(p);
+        to_sealer(seal_tx, p);
     }
     Ok(ShardReport { device, stats })
 }
@@ -401,11 +401,31 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         malformed = s.malformed,
         peer_down = s.peer_down,
         answered = s.answered,
-        send_errors = s.send_errors,
+        unreachable = s.unreachable,
+        local_drops = s.local_drops.iter().sum::<u64>(),
+        local_drops_by_reason = %LocalDrops(&s.local_drops),
+        acks_not_sent = s.acks_not_sent,
+        recv_errors = s.recv_errors,
+        tx_stamp_errors = s.tx_stamp_errors,
+        write_errors = s.write_errors,
         inflight_overflow = s.inflight_overflow,
         records_dropped = s.records_dropped,
         "shard stats"
     );
+}
+
+/// Local drops by reason, for the stats line: only the reasons that happened.
+struct LocalDrops<'a>(&'a [u64; DropReason::COUNT]);
+
+impl std::fmt::Display for LocalDrops<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut first = true;
+        for (name, n) in DropReason::NAMES.iter().zip(self.0).filter(|(_, n)| **n > 0) {
+            write!(f, "{}{name}={n}", if first { "" } else { "," })?;
+            first = false;
+        }
+        Ok(())
+    }
 }
 
 fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: i32) {
@@ -430,13 +450,29 @@ fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: 
 
 /// Segments a previous run left open (it crashed): seal them now; they are unlocked.
 fn recover_leftovers(dir: &Path, seal_tx: &mpsc::Sender<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        // First start: the shard creates its directory.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::error!("listing {} for segments a previous run left open failed: {e}", dir.display());
+            return;
+        }
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.to_string_lossy().ends_with(rocemesh_formats::segment::OPEN_SUFFIX) {
             tracing::info!(path = %p.display(), "sealing a segment left open by a previous run");
-            let _ = seal_tx.send(p);
+            to_sealer(seal_tx, p);
         }
+    }
+}
+
+/// Hand a closed segment to the sealer thread. If that thread is gone (it panicked), the
+/// segment stays on disk unsealed and the next start seals it: say so, once per segment.
+fn to_sealer(seal_tx: &mpsc::Sender<PathBuf>, path: PathBuf) {
+    if let Err(mpsc::SendError(p)) = seal_tx.send(path) {
+        tracing::error!(path = %p.display(), "the sealer thread is gone: this segment stays open on disk and is sealed at the next start");
     }
 }
 
@@ -448,6 +484,12 @@ fn install_stop_handler() -> Result<()> {
             bail!("installing the handler for signal {sig} failed: {}", std::io::Error::last_os_error());
         }
     }
+    // A file-size limit (ulimit -f, LimitFSIZE) below the segment size must be a write error the
+    // writer reports with its hint and survives, not a signal that kills the agent.
+    // SAFETY: setting a signal's disposition to ignore.
+    if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
+        bail!("ignoring SIGXFSZ failed: {}", std::io::Error::last_os_error());
+    }
     Ok(())
 }
 
@@ -455,7 +497,6 @@ fn install_stop_handler() -> Result<()> {
 /// version; an invalid one is logged with its file and line, and the previous stays in force.
 fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     // SAFETY: plain syscalls; results checked.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
@@ -470,28 +511,70 @@ fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
     if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
         bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
     }
-    std::thread::Builder::new().name("pinglist-watch".into()).spawn(move || {
-        let mut buf = [0u8; 4096];
-        loop {
-            // SAFETY: reading into our own buffer from our own descriptor.
-            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return;
-            }
-            if !events_name(&buf[..n as usize], name.as_bytes()) {
-                continue;
-            }
-            match Pinglist::load(&path) {
-                Ok(p) => {
-                    tracing::info!(generation = p.generation, targets = p.targets.len(), "pinglist reloaded");
-                    control.publish(p);
-                    release_freed_memory();
-                }
-                Err(e) => tracing::error!("pinglist not reloaded, the previous one stays in force: {e}"),
-            }
-        }
-    })?;
+    std::thread::Builder::new().name("pinglist-watch".into()).spawn(move || watch_pinglist(fd, &path, &control))?;
     Ok(())
+}
+
+/// The watcher thread: reload on every inotify event about the pinglist's name. Should reading
+/// the events fail, say so and fall back to polling the file rather than stop watching: an
+/// agent that silently stopped taking pinglists would probe a stale mesh for months.
+fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control) {
+    let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: reading into our own buffer from our own descriptor.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            let e = if n == 0 { "end of file".to_string() } else { std::io::Error::last_os_error().to_string() };
+            tracing::error!(
+                "reading inotify events for {} failed ({e}); watching it by polling every {} s instead",
+                path.display(),
+                PINGLIST_POLL.as_secs()
+            );
+            if fd >= 0 {
+                // SAFETY: our descriptor, closed once.
+                unsafe { libc::close(fd) };
+            }
+            poll_pinglist(path, control);
+            return;
+        }
+        if events_name(&buf[..n as usize], name.as_bytes()) {
+            reload_pinglist(path, control);
+        }
+    }
+}
+
+/// How often the pinglist is checked when inotify has failed.
+const PINGLIST_POLL: Duration = Duration::from_secs(2);
+
+/// The fallback watcher: reload when the file's identity (inode, size, mtime) changes. ctl
+/// replaces it by rename, so the inode changes with every push.
+fn poll_pinglist(path: &Path, control: &Control) {
+    use std::os::unix::fs::MetadataExt;
+    let identity = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.ino(), m.size(), m.mtime_nsec(), m.mtime()));
+    let mut seen = identity(path);
+    while !control.stopping() {
+        std::thread::sleep(PINGLIST_POLL);
+        let now = identity(path);
+        if now.is_some() && now != seen {
+            seen = now;
+            reload_pinglist(path, control);
+        }
+    }
+}
+
+fn reload_pinglist(path: &Path, control: &Control) {
+    match Pinglist::load(path) {
+        Ok(p) => {
+            tracing::info!(generation = p.generation, targets = p.targets.len(), "pinglist reloaded");
+            control.publish(p);
+            release_freed_memory();
+        }
+        Err(e) => tracing::error!("pinglist not reloaded, the previous one stays in force: {e}"),
+    }
 }
 
 /// Whether any inotify event in `buf` is about the file `name`.
@@ -576,5 +659,30 @@ mod tests {
         c.publish(pinglist(3));
         assert_eq!(c.current().map(|p| p.generation), Some(3));
         assert_eq!(c.generation.load(Ordering::Acquire), 4);
+    }
+
+    #[test]
+    fn a_failing_inotify_read_falls_back_to_polling_and_reloads_still_happen() {
+        // f9b751e's watcher thread returned silently on a read error: the agent then kept its
+        // pinglist forever. An invalid descriptor makes the very first read fail (EBADF).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pinglist.toml");
+        std::fs::write(&path, pinglist(1).to_toml_string().expect("toml")).expect("write");
+        let c = Arc::new(control(1));
+        let watcher = {
+            let (c, path) = (c.clone(), path.clone());
+            std::thread::spawn(move || watch_pinglist(-1, &path, &c))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let tmp = dir.path().join("pinglist.toml.tmp");
+        std::fs::write(&tmp, pinglist(7).to_toml_string().expect("toml")).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+        let deadline = std::time::Instant::now() + PINGLIST_POLL * 3;
+        while c.current().map(|p| p.generation) != Some(7) {
+            assert!(std::time::Instant::now() < deadline, "the new pinglist was never loaded");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.stop();
+        watcher.join().expect("the watcher ends when the agent stops");
     }
 }

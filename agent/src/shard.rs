@@ -17,8 +17,9 @@ use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSo
 use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
+use crate::errlog::ErrorLog;
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
-use crate::transport::{RxBatch, SEND_BATCH, Transport, TxBatch};
+use crate::transport::{DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
 /// Probes sent per step at most, so that a burst of due probes cannot starve the receive path.
 const MAX_SENDS_PER_STEP: usize = 256;
@@ -27,6 +28,13 @@ const PENDING_ACK2_SLOTS: usize = 4096;
 const MAX_RECV_BATCHES_PER_STEP: usize = 16;
 const NOT_A_PROBE: u32 = u32::MAX;
 
+/// Kinds of error a shard survives, for its [`ErrorLog`].
+const ERR_RECV: usize = 0;
+const ERR_TX_STAMPS: usize = 1;
+const ERR_WRITE: usize = 2;
+const ERR_ACK_DROPPED: usize = 3;
+const ERROR_NAMES: [&str; 4] = ["recv", "tx_timestamps", "segment_write", "ack_not_sent"];
+
 /// Per-shard counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
@@ -34,8 +42,14 @@ pub struct ShardStats {
     pub probes_sent: u64,
     /// Probes that completed with valid delays.
     pub ok: u64,
-    /// Probes lost (timeout or send error).
+    /// Probes lost: sent and not answered in time, or their target unreachable (verbs: its
+    /// address could not be resolved over the network). What the network is blamed for.
     pub lost: u64,
+    /// Of `lost`: probes never sent because their target could not be resolved (verbs).
+    pub unreachable: u64,
+    /// Probes that never left this host, per [`DropReason`] (indexed by `DropReason::index`).
+    /// Recorded as `Outcome::LocalDrop`, never as loss.
+    pub local_drops: [u64; DropReason::COUNT],
     /// Probes with all packets but a negative or absurd delay, or a missing timestamp.
     pub invalid: u64,
     /// ACKs for probes that had already timed out.
@@ -48,8 +62,14 @@ pub struct ShardStats {
     pub peer_down: u64,
     /// Probes answered as responder.
     pub answered: u64,
-    /// Sends the transport refused.
-    pub send_errors: u64,
+    /// ACKs (answers to other agents' probes) that never left this host.
+    pub acks_not_sent: u64,
+    /// Receive calls that failed (counted, logged, and the shard went on).
+    pub recv_errors: u64,
+    /// Send-timestamp reads that failed (counted, logged, and the shard went on).
+    pub tx_stamp_errors: u64,
+    /// Records the segment writer refused (disk full, I/O error); see `records_dropped`.
+    pub write_errors: u64,
     /// In-flight probes finalised early because the in-flight table was full.
     pub inflight_overflow: u64,
     /// Records the segment writer could not store.
@@ -96,6 +116,10 @@ struct InFlight {
     t6: u64,
     deadline: u64,
     refused: bool,
+    /// Never sent: the target could not be resolved over the network (loss, not local).
+    unreachable: bool,
+    /// Never left this host, and why.
+    local_drop: Option<DropReason>,
     /// T5 came from the application's clock because the kernel had not stamped the datagram
     /// (it enables receive stamping lazily, system-wide): the record then says `HostPoll`.
     host_fallback: bool,
@@ -141,7 +165,7 @@ pub struct Shard<T: Transport> {
     /// In-flight slot of each queued packet (`NOT_A_PROBE` for ACKs), until the next flush.
     queued_slot: [u32; SEND_BATCH],
     queued: usize,
-    sent: [bool; SEND_BATCH],
+    fates: [Fate; SEND_BATCH],
     /// Send timestamps asked for and not yet read: the error queue is read again only then.
     tx_pending: u64,
     rx: RxBatch<T::Addr>,
@@ -149,6 +173,8 @@ pub struct Shard<T: Transport> {
     next_flush_ns: u64,
     ignore_state: u64,
     stats: ShardStats,
+    errors: ErrorLog<4>,
+    drops: ErrorLog<{ DropReason::COUNT }>,
     generation: u64,
     null_addr: T::Addr,
     draining: bool,
@@ -186,6 +212,8 @@ impl<T: Transport> Shard<T> {
         let self_name = format!("{}/{}", params.host, params.device);
         let self_id = writer.endpoint(EndpointRole::Rnic, &self_name, &params.tor, [0; 16]);
         let ts_source = transport.ts_source();
+        let errors = ErrorLog::new(params.device.clone(), ERROR_NAMES);
+        let drops = ErrorLog::new(params.device.clone(), DropReason::NAMES);
         let mut pending = Vec::with_capacity(PENDING_ACK2_SLOTS);
         pending.resize(PENDING_ACK2_SLOTS, None);
         Self {
@@ -208,11 +236,13 @@ impl<T: Transport> Shard<T> {
             next_token: 1,
             queued_slot: [NOT_A_PROBE; SEND_BATCH],
             queued: 0,
-            sent: [false; SEND_BATCH],
+            fates: [Fate::Sent; SEND_BATCH],
             tx_pending: 0,
             rx: RxBatch::new(null_addr),
             tx: TxBatch::default(),
             stats: ShardStats::default(),
+            errors,
+            drops,
             generation: 0,
             null_addr,
             draining: false,
@@ -223,6 +253,10 @@ impl<T: Transport> Shard<T> {
     pub fn stats(&self) -> ShardStats {
         let mut s = self.stats;
         s.records_dropped = self.writer.stats().records_dropped;
+        s.recv_errors = self.errors.count(ERR_RECV);
+        s.tx_stamp_errors = self.errors.count(ERR_TX_STAMPS);
+        s.write_errors = self.errors.count(ERR_WRITE);
+        s.acks_not_sent = self.errors.count(ERR_ACK_DROPPED);
         s
     }
 
@@ -274,12 +308,7 @@ impl<T: Transport> Shard<T> {
                     continue;
                 }
             };
-            let mut addr_bytes = [0u8; 16];
-            addr_bytes.copy_from_slice(&match t.addr {
-                std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-                std::net::IpAddr::V6(v6) => v6.octets(),
-            });
-            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", addr_bytes);
+            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", rocemesh_formats::gid::gid_bytes(t.addr));
             total_rate += t.rate_pps;
             self.targets.push(Target {
                 id,
@@ -362,8 +391,11 @@ impl<T: Transport> Shard<T> {
         self.expire(now_ns())?;
         if now >= self.next_flush_ns {
             self.next_flush_ns = now + self.params.flush_interval_ns;
-            self.writer.flush()?;
-            self.writer.rotate_if_older(now)?;
+            // A failed write is counted (records_dropped) and the writer starts a fresh file on
+            // the next chunk: log it, keep probing.
+            if let Err(e) = self.writer.flush().and_then(|()| self.writer.rotate_if_older(now).map(drop)) {
+                self.errors.record(ERR_WRITE, now, format_args!("segment write failed, records dropped: {e}"));
+            }
         }
         Ok(())
     }
@@ -378,8 +410,8 @@ impl<T: Transport> Shard<T> {
     ) -> Result<(), SegmentError> {
         if !self.transport.queue(to, label, packet, want_tx) {
             self.flush_sends()?;
-            // An empty queue always takes a packet.
-            let _ = self.transport.queue(to, label, packet, want_tx);
+            let taken = self.transport.queue(to, label, packet, want_tx);
+            debug_assert!(taken, "an empty queue always takes a packet");
         }
         self.queued_slot[self.queued] = slot;
         self.queued += 1;
@@ -393,23 +425,42 @@ impl<T: Transport> Shard<T> {
         if self.queued == 0 {
             return Ok(());
         }
-        let n = self.transport.flush(&mut self.sent);
+        let n = self.transport.flush(&mut self.fates);
         debug_assert_eq!(n, self.queued);
         self.queued = 0;
         for i in 0..n {
-            if self.sent[i] {
+            let fate = self.fates[i];
+            if fate == Fate::Sent {
                 continue;
             }
-            self.stats.send_errors += 1;
-            // ACK2s never asked for a stamp; everything else that failed will not get one.
             let slot = self.queued_slot[i];
-            if slot != NOT_A_PROBE {
-                let slot = slot as usize;
-                if self.inflight[slot].seq != 0 {
-                    self.inflight[slot].arrived &= !Arrived::PROBE_SENT;
-                    self.finalize(slot)?;
+            if slot == NOT_A_PROBE {
+                // An answer to someone else's probe. A refused or unreachable peer is its prober
+                // gone; a local failure is ours, and that prober will record a loss the network
+                // did not cause: say so in our log.
+                if let Fate::Dropped(reason) = fate {
+                    self.errors.record(ERR_ACK_DROPPED, now_ns(), format_args!("an ACK was not sent: {reason}"));
+                }
+                continue;
+            }
+            let slot = slot as usize;
+            if self.inflight[slot].seq == 0 {
+                continue;
+            }
+            // No send stamp will come for a probe that did not leave.
+            self.tx_pending = self.tx_pending.saturating_sub(1);
+            let e = &mut self.inflight[slot];
+            e.arrived &= !Arrived::PROBE_SENT;
+            match fate {
+                Fate::Sent => {}
+                Fate::Refused => e.refused = true,
+                Fate::Unreachable => e.unreachable = true,
+                Fate::Dropped(reason) => {
+                    e.local_drop = Some(reason);
+                    self.drops.record(reason.index(), now_ns(), format_args!("probes stay local: {reason}"));
                 }
             }
+            self.finalize(slot)?;
         }
         Ok(())
     }
@@ -444,23 +495,42 @@ impl<T: Transport> Shard<T> {
     fn collect_tx_batch(&mut self) -> Result<bool, SegmentError> {
         let n = match self.transport.tx_timestamps(&mut self.tx) {
             Ok(n) => n,
-            Err(_) => return Ok(false),
+            Err(e) => {
+                // Probes whose stamps were lost end invalid (T2 missing) at their deadline and
+                // are counted there; the error itself is counted and logged here.
+                self.errors.record(ERR_TX_STAMPS, now_ns(), format_args!("reading send timestamps failed: {e}"));
+                return Ok(false);
+            }
         };
         for i in 0..n {
             let Ok(p) = Packet::decode(&self.tx.payload[i]) else { continue };
             let ts = self.tx.tx_ns[i];
-            if !self.tx.refused[i] {
-                self.tx_pending = self.tx_pending.saturating_sub(1);
-            }
-            if self.tx.refused[i] {
-                // Only our probes matter: an ACK refused means its prober died, nothing to record.
-                if p.kind == Kind::Probe
-                    && let Some(slot) = self.slot_of(p.seq)
-                {
-                    self.inflight[slot].refused = true;
-                    self.finalize(slot)?;
+            match self.tx.news[i] {
+                TxNews::Stamp => self.tx_pending = self.tx_pending.saturating_sub(1),
+                TxNews::Refused => {
+                    // Only our probes matter: an ACK refused means its prober died, nothing to
+                    // record.
+                    if p.kind == Kind::Probe
+                        && let Some(slot) = self.slot_of(p.seq)
+                    {
+                        self.inflight[slot].refused = true;
+                        self.finalize(slot)?;
+                    }
+                    continue;
                 }
-                continue;
+                TxNews::Failed(reason) => {
+                    if p.kind == Kind::Probe
+                        && let Some(slot) = self.slot_of(p.seq)
+                    {
+                        self.inflight[slot].arrived &= !Arrived::PROBE_SENT;
+                        self.inflight[slot].local_drop = Some(reason);
+                        self.drops.record(reason.index(), now_ns(), format_args!("probes stay local: {reason}"));
+                        self.finalize(slot)?;
+                    } else if p.kind != Kind::Probe {
+                        self.errors.record(ERR_ACK_DROPPED, now_ns(), format_args!("an ACK was not sent: {reason}"));
+                    }
+                    continue;
+                }
             }
             match p.kind {
                 Kind::Probe => {
@@ -499,7 +569,10 @@ impl<T: Transport> Shard<T> {
     fn receive(&mut self) -> Result<bool, SegmentError> {
         let n = match self.transport.recv(&mut self.rx) {
             Ok(n) => n,
-            Err(_) => return Ok(false),
+            Err(e) => {
+                self.errors.record(ERR_RECV, now_ns(), format_args!("receiving failed: {e}"));
+                return Ok(false);
+            }
         };
         let t6 = now_ns();
         for i in 0..n {
@@ -615,7 +688,8 @@ impl<T: Transport> Shard<T> {
             let addr = self.target_addr[ti as usize];
             let t1 = now_ns();
             self.stats.probes_sent += 1;
-            // Marked sent now; a failed flush takes the mark back and records the probe as lost.
+            // Marked sent now; a flush that could not send it takes the mark back and records
+            // what became of it (local drop, refusal, unreachable target).
             self.inflight[slot] = InFlight {
                 seq,
                 target_id: id,
@@ -685,9 +759,16 @@ impl<T: Transport> Shard<T> {
             ts_source: if e.host_fallback { TsSource::HostPoll as u8 } else { self.ts_source as u8 },
             ..ProbeRecord::default()
         };
-        if e.refused {
+        if let Some(reason) = e.local_drop {
+            r.outcome = Outcome::LocalDrop as u8;
+            self.stats.local_drops[reason.index()] += 1;
+        } else if e.refused {
             r.outcome = Outcome::Refused as u8;
             self.stats.peer_down += 1;
+        } else if e.unreachable {
+            r.outcome = Outcome::Lost as u8;
+            self.stats.lost += 1;
+            self.stats.unreachable += 1;
         } else if !complete {
             r.outcome = Outcome::Lost as u8;
             self.stats.lost += 1;
@@ -706,9 +787,12 @@ impl<T: Transport> Shard<T> {
                 }
             }
         }
-        // A write error is counted by the writer (records_dropped) and the writer recovers on
-        // the next chunk; the shard keeps probing.
-        let _ = self.writer.append(&r);
+        // The writer counts the records it could not store (records_dropped) and recovers on
+        // the next chunk; the shard keeps probing. Its error names the file, the reserve size
+        // and what to do: it must reach the log.
+        if let Err(e) = self.writer.append(&r) {
+            self.errors.record(ERR_WRITE, now_ns(), format_args!("segment write failed, records dropped: {e}"));
+        }
         Ok(())
     }
 }

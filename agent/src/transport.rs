@@ -47,17 +47,108 @@ impl<A: Copy> RxBatch<A> {
 pub struct TxBatch {
     /// The sent packet (as the transport echoes it back).
     pub payload: Box<[[u8; PACKET_BYTES]; BATCH]>,
-    /// When it was sent (ns, the transport's clock); 0 when `refused`.
+    /// When it was sent (ns, the transport's clock); 0 unless `news` is [`TxNews::Stamp`].
     pub tx_ns: [u64; BATCH],
-    /// Instead of a timestamp: the destination's host said nothing listens there (its agent is
-    /// down). UDP only.
-    pub refused: [bool; BATCH],
+    /// What is known of the packet.
+    pub news: [TxNews; BATCH],
+}
+
+/// What the transport learnt about a sent packet after [`Transport::flush`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxNews {
+    /// It left at `tx_ns`.
+    Stamp,
+    /// The destination's host said nothing listens there (its agent is down). UDP: an ICMP
+    /// port unreachable.
+    Refused,
+    /// It did not leave after all: the device completed the send with an error. Verbs only.
+    Failed(DropReason),
 }
 
 impl Default for TxBatch {
     fn default() -> Self {
-        Self { payload: Box::new([[0; PACKET_BYTES]; BATCH]), tx_ns: [0; BATCH], refused: [false; BATCH] }
+        Self { payload: Box::new([[0; PACKET_BYTES]; BATCH]), tx_ns: [0; BATCH], news: [TxNews::Stamp; BATCH] }
     }
+}
+
+/// Why a packet never left this host. Each is this host's own doing, not the network's: a probe
+/// that ends so is recorded `Outcome::LocalDrop` and counted per reason, never as loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The local stack refused the send; the errno says why (no route in the local table,
+    /// a full socket buffer, a broadcast address without `SO_BROADCAST`).
+    SendError {
+        /// `errno` of the failed call.
+        errno: i32,
+    },
+    /// Every send slot of the queue pair is waiting for its completion.
+    NoSendSlot,
+    /// The RNIC is gone (removed, fatal error, QP rebuilt) and not back yet.
+    DeviceGone,
+    /// A bounded table of the transport is full (resolved destinations, address handles).
+    TableFull,
+    /// The device refused to create the address handle for this destination.
+    AddressHandle,
+    /// The target's queue pair number is still being resolved, within the start-up grace period
+    /// (agents starting together): nothing to send to yet.
+    Resolving,
+    /// The device completed the send with an error status (`ibv_wc_status`): it never left.
+    Completion {
+        /// The completion's status.
+        status: u32,
+    },
+}
+
+impl DropReason {
+    /// Number of reasons, for per-reason counters.
+    pub const COUNT: usize = 7;
+    /// Names, indexed by [`DropReason::index`], as logs and counters show them.
+    pub const NAMES: [&'static str; Self::COUNT] =
+        ["send_error", "no_send_slot", "device_gone", "table_full", "address_handle", "resolving", "completion_error"];
+
+    /// Dense index for counters.
+    pub fn index(self) -> usize {
+        match self {
+            Self::SendError { .. } => 0,
+            Self::NoSendSlot => 1,
+            Self::DeviceGone => 2,
+            Self::TableFull => 3,
+            Self::AddressHandle => 4,
+            Self::Resolving => 5,
+            Self::Completion { .. } => 6,
+        }
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::SendError { errno } => {
+                write!(f, "the local stack refused the send: {}", io::Error::from_raw_os_error(*errno))
+            }
+            Self::NoSendSlot => f.write_str("no free send slot (every send is waiting for its completion)"),
+            Self::DeviceGone => f.write_str("the RDMA device is gone; probes stay local until it is back"),
+            Self::TableFull => f.write_str("a bounded destination table is full"),
+            Self::AddressHandle => f.write_str("the device refused to create an address handle"),
+            Self::Resolving => f.write_str("the target's QPN is still being resolved (start-up grace period)"),
+            Self::Completion { status } => write!(f, "the device completed the send with error status {status}"),
+        }
+    }
+}
+
+/// What became of one queued packet at [`Transport::flush`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Handed to the device or the kernel.
+    Sent,
+    /// Not sent: the destination's host said nothing listens there (verbs: its SIDR reject).
+    Refused,
+    /// Not sent: the destination could not be resolved over the network (verbs: address, route
+    /// or SIDR resolution failed past the start-up grace period). The network, or the target,
+    /// is at fault: a probe ending so is loss.
+    Unreachable,
+    /// Never left this host, for a reason of its own.
+    Dropped(DropReason),
 }
 
 /// A probing transport.
@@ -70,9 +161,9 @@ pub trait Transport {
     /// full: flush, then queue again.
     fn queue(&mut self, to: &Self::Addr, flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool;
 
-    /// Send everything queued, in as few calls as the transport allows; `sent[i]` says whether
-    /// the i-th queued packet went out. Returns how many were queued.
-    fn flush(&mut self, sent: &mut [bool; SEND_BATCH]) -> usize;
+    /// Send everything queued, in as few calls as the transport allows; `fates[i]` says what
+    /// became of the i-th queued packet. Returns how many were queued.
+    fn flush(&mut self, fates: &mut [Fate; SEND_BATCH]) -> usize;
 
     /// Receive what has arrived, without blocking. Returns the number of packets in `out`.
     fn recv(&mut self, out: &mut RxBatch<Self::Addr>) -> io::Result<usize>;

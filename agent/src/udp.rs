@@ -28,7 +28,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use rocemesh_formats::record::TsSource;
 
 use crate::protocol::{PACKET_BYTES, is_probe};
-use crate::transport::{BATCH, RxBatch, SEND_BATCH, Transport, TxBatch};
+use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
 // asm-generic/socket.h; with a 64-bit time_t the "old" option already carries 64-bit seconds.
 const SO_TIMESTAMPING: libc::c_int = 37;
@@ -261,7 +261,7 @@ impl Transport for UdpTransport {
         }
     }
 
-    fn flush(&mut self, sent: &mut [bool; SEND_BATCH]) -> usize {
+    fn flush(&mut self, fates: &mut [Fate; SEND_BATCH]) -> usize {
         let st = &mut *self.tx;
         let n = st.queued;
         st.queued = 0;
@@ -312,7 +312,7 @@ impl Transport for UdpTransport {
                 let sent_now = unsafe { libc::sendmmsg(fd, st.hdrs[start..].as_mut_ptr(), (end - start) as u32, 0) };
                 if sent_now > 0 {
                     for &i in &st.order[start..start + sent_now as usize] {
-                        sent[usize::from(i)] = true;
+                        fates[usize::from(i)] = Fate::Sent;
                     }
                     start += sent_now as usize;
                     retried = false;
@@ -326,7 +326,10 @@ impl Transport for UdpTransport {
                     retried = true;
                     continue;
                 }
-                sent[usize::from(st.order[start])] = false;
+                // The kernel refused this datagram before it left (no route, EACCES for a
+                // broadcast, a full buffer): this host's failure, not the network's.
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                fates[usize::from(st.order[start])] = Fate::Dropped(DropReason::SendError { errno });
                 start += 1;
                 retried = false;
             }
@@ -457,7 +460,7 @@ fn errqueue_into(fd: RawFd, st: &mut RecvState, out: &mut TxBatch, start: usize)
         if (ts != 0 || refused) && len >= PACKET_BYTES && h.msg_flags & libc::MSG_TRUNC == 0 {
             out.payload[start + n].copy_from_slice(&st.errq_buf[i][len - PACKET_BYTES..len]);
             out.tx_ns[start + n] = if refused { 0 } else { ts };
-            out.refused[start + n] = refused;
+            out.news[start + n] = if refused { TxNews::Refused } else { TxNews::Stamp };
             n += 1;
         }
     }
@@ -588,10 +591,29 @@ mod tests {
 
         fn send(&mut self, to: &SocketAddr, _: u32, packet: &[u8; PACKET_BYTES]) -> io::Result<()> {
             assert!(self.queue(to, 1, packet, true));
-            let mut sent = [false; SEND_BATCH];
-            assert_eq!(self.flush(&mut sent), 1);
-            if sent[0] { Ok(()) } else { Err(io::Error::other("not sent")) }
+            let mut fates = [Fate::Sent; SEND_BATCH];
+            assert_eq!(self.flush(&mut fates), 1);
+            match fates[0] {
+                Fate::Sent => Ok(()),
+                other => Err(io::Error::other(format!("not sent: {other:?}"))),
+            }
         }
+    }
+
+    #[test]
+    fn a_send_the_local_stack_refuses_is_a_local_drop_with_its_errno() {
+        // The IPv4 broadcast address without SO_BROADCAST: the kernel refuses it before anything
+        // leaves the host. f9b751e reported such a packet as merely "not sent", and the shard
+        // recorded its probe as network loss.
+        let mut a = UdpTransport::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let to: SocketAddr = "255.255.255.255:18515".parse().expect("addr");
+        let ok: SocketAddr = a.local_addr();
+        assert!(a.queue(&to, 1, &[0; PACKET_BYTES], true));
+        assert!(a.queue(&ok, 1, &[0; PACKET_BYTES], false));
+        let mut fates = [Fate::Refused; SEND_BATCH];
+        assert_eq!(a.flush(&mut fates), 2);
+        assert_eq!(fates[0], Fate::Dropped(DropReason::SendError { errno: libc::EACCES }));
+        assert_eq!(fates[1], Fate::Sent, "one refused datagram does not take its batch with it");
     }
 
     #[test]
@@ -633,7 +655,7 @@ mod tests {
         assert!(rx.rx_ns[0] >= before && rx.rx_ns[0] < before + 1_000_000_000, "rx stamp {}", rx.rx_ns[0]);
         let n = a.tx_timestamps(&mut tx).expect("errqueue");
         assert_eq!(n, 1, "the send timestamp of the probe");
-        assert!(!tx.refused[0]);
+        assert_eq!(tx.news[0], TxNews::Stamp);
         assert_eq!(tx.payload[0], bytes, "matched by the echoed payload");
         assert!(tx.tx_ns[0] >= before && tx.tx_ns[0] <= rx.rx_ns[0], "tx {} rx {}", tx.tx_ns[0], rx.rx_ns[0]);
     }
@@ -675,9 +697,9 @@ mod tests {
         }
         assert!(a.queue(&to, 3, &packet(Kind::Ack1, 100), true));
         assert!(a.queue(&to, 5, &packet(Kind::Ack2, 101), false));
-        let mut sent = [false; SEND_BATCH];
-        assert_eq!(a.flush(&mut sent), 10);
-        assert!(sent[..10].iter().all(|&s| s), "{sent:?}");
+        let mut fates = [Fate::Refused; SEND_BATCH];
+        assert_eq!(a.flush(&mut fates), 10);
+        assert!(fates[..10].iter().all(|&f| f == Fate::Sent), "{fates:?}");
         let mut buf = [0u8; 128];
         let mut from_of = std::collections::HashMap::new();
         for _ in 0..10 {
@@ -727,7 +749,7 @@ mod tests {
         let mut refused = None;
         for _ in 0..1000 {
             let n = a.tx_timestamps(&mut tx).expect("errqueue");
-            if let Some(i) = (0..n).find(|&i| tx.refused[i]) {
+            if let Some(i) = (0..n).find(|&i| tx.news[i] == TxNews::Refused) {
                 refused = Some(tx.payload[i]);
                 break;
             }

@@ -301,3 +301,85 @@ fn sigterm_seals_segments_and_exits_cleanly() {
         assert!(records(root.path(), i).len() >= 30);
     }
 }
+
+/// A target the local stack refuses to send to (the IPv4 broadcast address without
+/// SO_BROADCAST: EACCES before anything leaves the host) is this host's failure: its probes are
+/// recorded as local drops, never as loss, counted per reason and logged once with the errno's
+/// message. At f9b751e they were recorded `Lost`, and analysis blamed the network.
+#[test]
+fn probes_the_local_stack_refuses_are_local_drops_not_loss() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 37, i, 2, 20.0, "event", "")).collect();
+    // Agent 0 also probes a target it cannot send to.
+    let pl_path = root.path().join("h0/pinglist.toml");
+    let mut pl = rocemesh_formats::pinglist::Pinglist::load(&pl_path).expect("pinglist");
+    let mut unsendable = pl.targets[0].clone();
+    unsendable.to = "hx/bcast".into();
+    unsendable.addr = std::net::Ipv4Addr::BROADCAST.into();
+    pl.targets.push(unsendable);
+    std::fs::write(&pl_path, pl.to_toml_string().expect("toml")).expect("write");
+
+    let children: Vec<_> = configs.iter().map(|c| spawn(c, 4)).collect();
+    let mut outputs = Vec::new();
+    for (i, c) in children.into_iter().enumerate() {
+        let (code, err) = finish(c);
+        assert_eq!(code, 0, "agent {i}:\n{err}");
+        outputs.push(err);
+    }
+    let recs = records(root.path(), 0);
+    let to_bcast: Vec<_> = recs.iter().filter(|(t, _)| t == "hx/bcast").map(|(_, r)| *r).collect();
+    assert!(to_bcast.len() >= 50, "4 s at 20/s: {} records", to_bcast.len());
+    for r in &to_bcast {
+        assert_eq!(r.outcome, Outcome::LocalDrop as u8, "{r:?}");
+        assert_eq!(r.arrived & Arrived::PROBE_SENT, 0, "it never left: {r:?}");
+    }
+    // The healthy peer is unaffected.
+    let to_peer: Vec<_> = recs.iter().filter(|(t, _)| *t == name(1)).map(|(_, r)| *r).collect();
+    assert!(to_peer.iter().filter(|r| r.outcome == Outcome::Ok as u8).count() >= 50);
+    assert!(to_peer.iter().all(|r| r.outcome != Outcome::Lost as u8 && r.outcome != Outcome::LocalDrop as u8));
+    let err = &outputs[0];
+    assert_eq!(final_stat(err, "local_drops"), to_bcast.len() as u64, "{err}");
+    assert_eq!(final_stat(err, "lost"), 0, "{err}");
+    assert!(err.contains("local_drops_by_reason=send_error="), "{err}");
+    // Logged with the kernel's reason, once (the rest are counted, not logged).
+    let lines = err.lines().filter(|l| l.contains("probes stay local")).collect::<Vec<_>>();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("Permission denied"), "{}", lines[0]);
+}
+
+/// Segment writes that fail (here: a file-size limit below the segment size, so reserving a new
+/// segment fails with EFBIG, as a full disk fails with ENOSPC) are counted, logged with the
+/// writer's own message (path, reserve size, what to change) once per interval rather than per
+/// record, and the agent keeps probing. At f9b751e the shard discarded the error (`let _`):
+/// the records were dropped and the log said nothing.
+#[test]
+fn segment_write_errors_reach_the_log_once_and_the_agent_keeps_probing() {
+    use std::os::unix::process::CommandExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 38, i, 2, 50.0, "event", "")).collect();
+    let mut limited = command(&configs[0], 4);
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        limited.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 1 << 20, rlim_max: 1 << 20 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &raw const lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let a = limited.spawn().expect("spawn the limited agent");
+    let b = spawn(&configs[1], 4);
+    let (code, err) = finish(a);
+    let (code_b, err_b) = finish(b);
+    assert_eq!(code_b, 0, "{err_b}");
+    assert!(code == 0 || code == 1, "the limited agent ran to its end (exit {code}):\n{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("segment write failed")).collect();
+    assert_eq!(lines.len(), 1, "logged once in 4 s, not per record: {lines:#?}");
+    assert!(lines[0].contains("reserve") && lines[0].contains("LimitFSIZE"), "the writer's own words: {}", lines[0]);
+    assert!(final_stat(&err, "write_errors") >= 2, "every failed write is counted:\n{err}");
+    assert!(final_stat(&err, "records_dropped") > 0, "{err}");
+    // It kept probing and answering: its peer saw no loss.
+    assert!(final_stat(&err_b, "ok") >= 100, "{err_b}");
+    assert_eq!(final_stat(&err_b, "lost"), 0, "{err_b}");
+}

@@ -161,6 +161,7 @@ pub fn report(args: &ReportArgs) -> i32 {
         let t = Instant::now();
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
         let prepare_s = t.elapsed().as_secs_f64();
+        say_unknown_outcomes("report", &prepared);
         let t = Instant::now();
         let rows = prepared.rows(&args.scope, Span::PerWindow, &sla)?;
         let rows_s = t.elapsed().as_secs_f64();
@@ -182,6 +183,17 @@ pub fn report(args: &ReportArgs) -> i32 {
             eprintln!("analyze report: {e}");
             exit::USAGE
         }
+    }
+}
+
+/// Outcome bytes this build does not know come from a newer agent: counted in `probes` only,
+/// and said once, so that a row's probes exceeding its classes is explained.
+fn say_unknown_outcomes(command: &str, prepared: &report::Prepared) {
+    if prepared.unknown_outcomes > 0 {
+        eprintln!(
+            "analyze {command}: {} records carry an outcome byte this build does not know (a newer agent?): counted in probes only",
+            prepared.unknown_outcomes
+        );
     }
 }
 
@@ -235,7 +247,8 @@ pub fn html(args: &HtmlArgs) -> i32 {
         .collect();
     let run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
-        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings));
+        say_unknown_outcomes("html", &prepared);
+        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings))?;
         write_file(&args.output, page.as_bytes())
     };
     match run() {

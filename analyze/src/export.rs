@@ -1,7 +1,10 @@
 //! `analyze export`: the raw probe table as one Parquet file, for DuckDB, Spark or pandas users.
 //!
 //! One row per probe record, with the names of prober and target and of their ToRs next to
-//! the fleet ids of this export, and the start of the record's window. The table is written in
+//! the fleet ids of this export, and the start of the record's window. The raw bytes
+//! (`outcome`, `arrived`, `ts_source`) are kept as written; `class` names what the record
+//! counts as in `analyze report` ([`crate::probe::Class`]: ok, lost, partial, invalid,
+//! refused, local_drop, unknown), so SQL over the export need not re-derive the rules. The table is written in
 //! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
 //! written, so memory stays at the ingested table plus one row group whatever the input size.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
@@ -12,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
 
-use crate::ingest::Dataset;
+use crate::ingest::{Dataset, Fields, NO_TOR, UNKNOWN_RNIC};
+use crate::probe::Class;
 
 /// Rows per Parquet row group: large enough for good compression and few footers, small
 /// enough that readers (DuckDB scans one row group per thread) get parallelism.
@@ -64,10 +68,6 @@ impl Compression {
     }
 }
 
-/// Name of ids no dictionary defined, and of an unknown ToR.
-const UNKNOWN_RNIC: &str = "(unknown rnic)";
-const NO_TOR: &str = "(no tor)";
-
 /// Writes every probe of `ds` to `path`; returns the rows written.
 pub fn write_parquet(
     ds: &Dataset,
@@ -77,6 +77,12 @@ pub fn write_parquet(
 ) -> Result<usize, ExportError> {
     if window_ns == 0 {
         return Err(ExportError::Usage("the window must be at least 1 s".into()));
+    }
+    if let Some((name, len)) = ds.probes.uneven_column(Fields::All) {
+        return Err(ExportError::Usage(format!(
+            "probe column {name} has {len} values for {} records (ingested without every column?)",
+            ds.probes.len()
+        )));
     }
     // Distinct names once; rows gather views into them. The last entry stands for ids no
     // dictionary defined (ingest maps those to u32::MAX).
@@ -100,6 +106,7 @@ pub fn write_parquet(
     let rnic_names = StringChunked::from_iter_values("name".into(), rnic_names.into_iter());
     let tor_names = StringChunked::from_iter_values("tor".into(), tor_names.into_iter());
     let unknown = (rnic_names.len() - 1) as IdxSize;
+    let class_names = StringChunked::from_iter_values("class".into(), Class::ALL.iter().map(|c| c.name()));
 
     let file = std::fs::File::create(path).map_err(|source| ExportError::Io {
         path: path.to_owned(),
@@ -120,6 +127,10 @@ pub fn write_parquet(
         let names = |ca: &StringChunked, idx: &IdxCa, name: &str| -> PolarsResult<Column> {
             Ok(ca.take(idx)?.with_name(name.into()).into_column())
         };
+        let class = IdxCa::from_vec(
+            "idx".into(),
+            p.outcome[a..b].iter().zip(&p.arrived[a..b]).map(|(&o, &r)| Class::of(o, r) as IdxSize).collect(),
+        );
         DataFrame::new(
             b - a,
             vec![
@@ -143,6 +154,8 @@ pub fn write_parquet(
                 Int32Chunked::from_slice("network_rtt_ns".into(), &p.network_rtt_ns[a..b]).into_column(),
                 Int32Chunked::from_slice("prober_delay_ns".into(), &p.prober_delay_ns[a..b]).into_column(),
                 Int32Chunked::from_slice("responder_delay_ns".into(), &p.responder_delay_ns[a..b]).into_column(),
+                UInt8Chunked::from_slice("ts_source".into(), &p.ts_source[a..b]).into_column(),
+                names(&class_names, &class, "class")?,
             ],
         )
     };

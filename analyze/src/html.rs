@@ -70,9 +70,9 @@ impl HtmlReport {
     }
 }
 
-/// One heatmap cell: row, column, loss_ratio, rtt_ns_p99, probes, unreachable (a tuple, so the
-/// embedded JSON stays small).
-type Cell = (usize, usize, Option<f64>, Option<i64>, u64, u64);
+/// One heatmap cell: row, column, loss_ratio, rtt_ns_p99, probes, unreachable, local_drop (a
+/// tuple, so the embedded JSON stays small).
+type Cell = (usize, usize, Option<f64>, Option<i64>, u64, u64, u64);
 
 /// One heatmap's data as the page's JS reads it.
 #[derive(Serialize)]
@@ -110,7 +110,7 @@ fn heatmap(id: &'static str, rows: &[Row], sla: &Sla) -> (Heatmap, usize) {
         .iter()
         .filter_map(|r| {
             let (a, b) = r.ends.as_ref()?;
-            Some((index(a)?, index(b)?, r.loss_ratio, r.rtt_ns_p99, r.probes, r.unreachable))
+            Some((index(a)?, index(b)?, r.loss_ratio, r.rtt_ns_p99, r.probes, r.unreachable, r.local_drop))
         })
         .collect();
     (Heatmap { id, labels, cells, loss_sla: sla.loss_ratio, rtt_sla_ns: sla.rtt_p99_us * 1e3 }, total)
@@ -141,7 +141,7 @@ fn pct(r: Option<f64>) -> String {
 }
 
 /// The page. `findings` is `None` when localisation was not run.
-pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
+pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> Result<String, ReportError> {
     let m = &report.meta;
     let mut h = String::with_capacity(1 << 16);
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
@@ -181,7 +181,9 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
     }
     h.push_str(
         "<p class=\"note\">Loss ratio = lost / (ok + partial + lost); a pair with nothing but losses in a \
-         window is a dead peer (unreachable), not loss. Delays are nearest-rank quantiles over ok probes.</p>\
+         window is a dead peer (unreachable), not loss; probes dropped on the prober's own host (local drop) \
+         and refused or invalid ones are in neither. Delays are nearest-rank quantiles over ok probes; \
+         the timestamp source column says which clocks stamped them (mixed(...) when several were pooled).</p>\
          </section>\n",
     );
 
@@ -253,14 +255,15 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
         }
         h.push_str(
             "<table><tr><th>window (UTC)</th><th>scope</th><th>entity</th><th>broke</th><th>probes</th><th>lost</th>\
-             <th>unreachable</th><th>loss</th><th>RTT p50 µs</th><th>RTT p99 µs</th><th>RTT p99.9 µs</th></tr>",
+             <th>unreachable</th><th>local drop</th><th>loss</th><th>RTT p50 µs</th><th>RTT p99 µs</th>\
+             <th>RTT p99.9 µs</th><th>timestamp source</th></tr>",
         );
         for r in report.violations.iter().take(MAX_VIOLATION_ROWS) {
             let broke = r.sla_violations.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ");
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"bad\">{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 r.window_start,
                 r.scope.name(),
                 escape(&r.entity),
@@ -268,10 +271,12 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
                 r.probes,
                 r.lost,
                 r.unreachable,
+                r.local_drop,
                 pct(r.loss_ratio),
                 us(r.rtt_ns_p50),
                 us(r.rtt_ns_p99),
-                us(r.rtt_ns_p999)
+                us(r.rtt_ns_p999),
+                r.ts_source.as_deref().map_or_else(|| "–".into(), escape)
             );
         }
         h.push_str("</table>");
@@ -279,9 +284,9 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> String {
     h.push_str("</section>\n<div id=\"tip\"></div>\n");
 
     // Data for the heatmaps: `<` is escaped so that no name can close the script element.
-    let data = serde_json::to_string(&maps).unwrap_or_else(|_| "[]".into()).replace('<', "\\u003c");
+    let data = serde_json::to_string(&maps)?.replace('<', "\\u003c");
     let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
-    h
+    Ok(h)
 }
 
 const LEGEND: &str = "<p class=\"legend\"><span style=\"background:#1a9850\"></span>0 / well within \
@@ -318,7 +323,7 @@ const JS: &str = r#"
     const loss = c[2] === null ? 'no samples' : (c[2] * 100).toFixed(3) + '%';
     const rtt = c[3] === null ? 'no samples' : (c[3] / 1000).toFixed(1) + ' µs';
     return m.labels[c[0]] + ' → ' + m.labels[c[1]] + '\nloss ' + loss + ', RTT p99 ' + rtt +
-      '\n' + c[4] + ' probes, ' + c[5] + ' unreachable';
+      '\n' + c[4] + ' probes, ' + c[5] + ' unreachable, ' + c[6] + ' dropped locally';
   }
   for (const m of MAPS) {
     const n = m.labels.length;
@@ -374,6 +379,7 @@ mod tests {
             partial: 0,
             invalid: 0,
             refused: 0,
+            local_drop: 0,
             unreachable: 0,
             loss_ratio: loss,
             rtt_ns_p50: Some(1),
@@ -383,6 +389,7 @@ mod tests {
             prober_delay_ns_p99: None,
             responder_delay_ns_p50: None,
             responder_delay_ns_p99: None,
+            ts_source: Some("kernel_software".into()),
             sla_violations: Vec::new(),
         }
     }
@@ -400,6 +407,25 @@ mod tests {
     }
 
     #[test]
+    fn violations_show_local_drops_and_timestamp_sources() {
+        let mut r = row("a", "b", Some(0.5));
+        r.local_drop = 42;
+        r.ts_source = Some("mixed(host_poll+kernel_software)".into());
+        r.sla_violations = vec![crate::probe::Violation::Loss];
+        let rep = HtmlReport {
+            meta: Meta { window_s: 30, sla: Sla::default(), files: 1, records: 1, problems: Vec::new() },
+            range_ns: Some((0, 30_000_000_000)),
+            tor_pairs: Vec::new(),
+            rnic_pairs: vec![r.clone()],
+            violations: vec![r],
+        };
+        let page = render(&rep, None).expect("render");
+        assert!(page.contains("<th>local drop</th>") && page.contains("<td>42</td>"), "local drops shown");
+        assert!(page.contains("<td>mixed(host_poll+kernel_software)</td>"), "timestamp sources shown");
+        assert!(page.contains("0,1,0.5,2,10,0,42"), "heatmap cells carry local drops: {page}");
+    }
+
+    #[test]
     fn names_cannot_break_out() {
         let rep = HtmlReport {
             meta: Meta { window_s: 30, sla: Sla::default(), files: 1, records: 1, problems: vec!["<b>".into()] },
@@ -408,7 +434,7 @@ mod tests {
             rnic_pairs: Vec::new(),
             violations: Vec::new(),
         };
-        let page = render(&rep, None);
+        let page = render(&rep, None).expect("render");
         assert!(!page.contains("</script><script>alert"));
         assert!(!page.contains("<b>"));
         assert!(page.contains("findings: run <code>analyze localize</code>"));

@@ -40,10 +40,14 @@ pub struct Probes {
     pub responder_epoch: Vec<u32>,
     /// Probe kind (0 tor_mesh, 1 inter_tor, 2 service).
     pub kind: Vec<u8>,
-    /// Outcome (0 ok, 1 lost, 2 invalid, 3 refused).
+    /// Outcome byte (`formats::record::Outcome`; [`crate::probe::Class::of`] says what it
+    /// counts as).
     pub outcome: Vec<u8>,
     /// Arrival bitmap.
     pub arrived: Vec<u8>,
+    /// Timestamp source byte (`formats::record::TsSource`): delays of different sources are
+    /// not comparable ([`crate::probe::TsSources`]).
+    pub ts_source: Vec<u8>,
 }
 
 impl Probes {
@@ -55,6 +59,29 @@ impl Probes {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.t1_unix_ns.is_empty()
+    }
+
+    /// The first column read for `fields` whose length is not [`Probes::len`], with its
+    /// length: passes that zip columns would stop at the shortest and silently drop records.
+    pub fn uneven_column(&self, fields: Fields) -> Option<(&'static str, usize)> {
+        let mut lengths = vec![
+            ("network_rtt_ns", self.network_rtt_ns.len()),
+            ("prober_delay_ns", self.prober_delay_ns.len()),
+            ("responder_delay_ns", self.responder_delay_ns.len()),
+            ("prober", self.prober.len()),
+            ("target", self.target.len()),
+            ("outcome", self.outcome.len()),
+            ("arrived", self.arrived.len()),
+            ("ts_source", self.ts_source.len()),
+        ];
+        if fields == Fields::All {
+            lengths.extend([
+                ("flow_label", self.flow_label.len()),
+                ("responder_epoch", self.responder_epoch.len()),
+                ("kind", self.kind.len()),
+            ]);
+        }
+        lengths.into_iter().find(|&(_, len)| len != self.len())
     }
 
     fn zeroed(n: usize, fields: Fields) -> Probes {
@@ -71,6 +98,7 @@ impl Probes {
             kind: vec![0; all],
             outcome: vec![0; n],
             arrived: vec![0; n],
+            ts_source: vec![0; n],
         }
     }
 
@@ -91,6 +119,7 @@ impl Probes {
                 UInt8Chunked::from_vec("kind".into(), self.kind).into_column(),
                 UInt8Chunked::from_vec("outcome".into(), self.outcome).into_column(),
                 UInt8Chunked::from_vec("arrived".into(), self.arrived).into_column(),
+                UInt8Chunked::from_vec("ts_source".into(), self.ts_source).into_column(),
             ],
         )
     }
@@ -103,7 +132,8 @@ pub enum Fields {
     All,
     /// Without `flow_label`, `responder_epoch` and `kind`, which reports never read: 9 bytes a
     /// record neither copied nor paged in (0.9 GB at 10^8 records). Those columns stay empty, so
-    /// [`Probes::into_frame`] refuses such a table (its columns differ in length).
+    /// [`Probes::into_frame`] refuses such a table (its columns differ in length). `ts_source`
+    /// is read: a report says which sources its quantiles came from.
     Report,
 }
 
@@ -221,10 +251,15 @@ impl Dataset {
     }
 }
 
+/// How reports and exports name an id no dictionary defined as an RNIC.
+pub const UNKNOWN_RNIC: &str = "(unknown rnic)";
+/// How reports and exports name the ToR of an RNIC whose ToR no dictionary gave.
+pub const NO_TOR: &str = "(no tor)";
+
 /// A gap counts as "long" (host noise evidence) above this multiple of the prober's median
 /// spacing plus [`LONG_GAP_MIN_NS`].
 const LONG_GAP_FACTOR: u64 = 2;
-/// See [`LONG_GAP_FACTOR`]: 100 ms, far beyond any scheduling jitter of a healthy agent.
+/// See `LONG_GAP_FACTOR`: 100 ms, far beyond any scheduling jitter of a healthy agent.
 pub const LONG_GAP_MIN_NS: u64 = 100_000_000;
 
 /// Reads every file in `files` (see [`crate::inspect::find_segments`]). `progress` draws a bar on
@@ -237,6 +272,8 @@ pub fn ingest(files: &[PathBuf], progress: bool) -> Dataset {
 pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Dataset {
     let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = ProgressBar::with_draw_target(Some(files.len() as u64 * 2), ProgressDrawTarget::stderr());
+        // The template is a constant that parses; were it ever broken, the plain bar loses
+        // nothing but the message.
         b.set_style(
             ProgressStyle::with_template("{msg} {wide_bar} {pos}/{len}").unwrap_or(ProgressStyle::default_bar()),
         );
@@ -301,10 +338,13 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
             }
         }
         remaps.push((rn, sw));
-        readers.push(reader);
+        readers.push((path, reader));
     }
-    // Path traces (few: one per traced (pair, label)).
-    for (reader, (rn, sw)) in readers.iter().zip(&remaps) {
+    // Path traces (few: one per traced (pair, label)). A trace naming an id its file's
+    // dictionary lacks (or an RNIC where a switch belongs) cannot be placed: it is left out and
+    // the file reported.
+    for ((path, reader), (rn, sw)) in readers.iter().zip(&remaps) {
+        let mut unplaced = 0u64;
         for p in reader.path_records() {
             let map = |v: u32, m: &Vec<u32>| m.get(v as usize).copied().unwrap_or(u32::MAX);
             let (src, dst) = (map(p.src.to_native(), rn), map(p.dst.to_native(), rn));
@@ -312,24 +352,45 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
             let hops: Vec<u32> = p.hops[..n].iter().map(|h| map(h.to_native(), sw)).collect();
             if src != u32::MAX && dst != u32::MAX && !hops.contains(&u32::MAX) {
                 ds.paths.insert((src, dst, p.flow_label.to_native()), hops);
+            } else {
+                unplaced += 1;
             }
         }
+        if unplaced > 0 {
+            ds.problems.push(FileProblem {
+                path: path.clone(),
+                problem: format!("{unplaced} path traces name ids its dictionary does not define: left out"),
+                skipped: false,
+            });
+        }
     }
-    let counts: Vec<usize> = readers.iter().map(|r| r.probe_chunks().map(|c| c.len()).sum()).collect();
+    let counts: Vec<usize> = readers.iter().map(|(_, r)| r.probe_chunks().map(|c| c.len()).sum()).collect();
     let total: usize = counts.iter().sum();
     let mut probes = Probes::zeroed(total, fields);
     {
         let mut slices = split(&mut probes, &counts);
-        ds.agents = readers
+        let filled: Vec<(AgentFile, u64)> = readers
             .par_iter()
             .zip(remaps.par_iter())
             .zip(slices.par_iter_mut())
-            .map(|((reader, (rn, _)), out)| {
+            .map(|(((_, reader), (rn, _)), out)| {
                 let agent = fill(reader, rn, out, &rnic_ids, fields);
                 bar.inc(1);
                 agent
             })
             .collect();
+        for ((path, _), (agent, unknown_ids)) in readers.iter().zip(filled) {
+            if unknown_ids > 0 {
+                ds.problems.push(FileProblem {
+                    path: path.clone(),
+                    problem: format!(
+                        "{unknown_ids} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"
+                    ),
+                    skipped: false,
+                });
+            }
+            ds.agents.push(agent);
+        }
     }
     bar.finish_and_clear();
     ds.probes = probes;
@@ -349,6 +410,7 @@ struct Slices<'a> {
     kind: &'a mut [u8],
     outcome: &'a mut [u8],
     arrived: &'a mut [u8],
+    ts_source: &'a mut [u8],
 }
 
 fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
@@ -364,6 +426,7 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
         kind: &mut p.kind,
         outcome: &mut p.outcome,
         arrived: &mut p.arrived,
+        ts_source: &mut p.ts_source,
     };
     let mut out = Vec::with_capacity(counts.len());
     for &n in counts {
@@ -388,19 +451,24 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
             kind: cut!(kind),
             outcome: cut!(outcome),
             arrived: cut!(arrived),
+            ts_source: cut!(ts_source),
         });
     }
     out
 }
 
+/// Copies one file's records into its slices; returns what the file says about its agent, and
+/// how many prober or target ids its dictionary does not define as RNICs (remapped to
+/// `u32::MAX`, the unknown RNIC of reports).
 fn fill(
     reader: &SegmentReader,
     rn: &[u32],
     out: &mut Slices<'_>,
     rnic_ids: &HashMap<String, u32>,
     fields: Fields,
-) -> AgentFile {
+) -> (AgentFile, u64) {
     let mut at = 0;
+    let mut unknown_ids = 0u64;
     let remap = |v: u32| rn.get(v as usize).copied().unwrap_or(u32::MAX);
     for c in reader.probe_chunks() {
         let n = c.len();
@@ -419,9 +487,11 @@ fn fill(
         }
         for (o, v) in out.prober[r.clone()].iter_mut().zip(c.prober.iter()) {
             *o = remap(v.to_native());
+            unknown_ids += u64::from(*o == u32::MAX);
         }
         for (o, v) in out.target[r.clone()].iter_mut().zip(c.target.iter()) {
             *o = remap(v.to_native());
+            unknown_ids += u64::from(*o == u32::MAX);
         }
         if fields == Fields::All {
             for (o, v) in out.label[r.clone()].iter_mut().zip(c.flow_label.iter()) {
@@ -434,6 +504,7 @@ fn fill(
         }
         out.outcome[r.clone()].copy_from_slice(&c.outcome);
         out.arrived[r.clone()].copy_from_slice(&c.arrived);
+        out.ts_source[r.clone()].copy_from_slice(&c.ts_source);
         at += n;
     }
     let id = reader.identity();
@@ -442,7 +513,16 @@ fn fill(
     let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| out.prober.first().copied().unwrap_or(u32::MAX));
     let (long_gaps, median_gap_ns) = gaps(out.t1);
     let (first_ns, last_ns) = reader.time_range().unwrap_or((0, 0));
-    AgentFile { rnic, agent_epoch: id.agent_epoch, first_ns, last_ns, records: at as u64, long_gaps, median_gap_ns }
+    let agent = AgentFile {
+        rnic,
+        agent_epoch: id.agent_epoch,
+        first_ns,
+        last_ns,
+        records: at as u64,
+        long_gaps,
+        median_gap_ns,
+    };
+    (agent, unknown_ids)
 }
 
 /// Long send-time gaps of one prober's records (in send order), and its median spacing.

@@ -1,8 +1,10 @@
 //! Analysis over shipped segments.
 //!
 //! [`inspect`] finds segment files and says what each holds and what a reader had to skip;
-//! [`ingest`] reads them into one columnar table with fleet-wide ids; [`localize`] turns that
-//! into findings. Polars lives in this crate only: it takes ~17 minutes to build on 2 cores.
+//! [`ingest`] reads them into one columnar table with fleet-wide ids; [`probe`] says what each
+//! record counts as (ok, lost, partial, invalid, refused, local_drop), the scopes and the SLA;
+//! [`report`], [`export`] and [`html`] render that; [`localize`] turns it into findings. Polars
+//! lives in this crate only: it takes ~17 minutes to build on 2 cores.
 
 pub mod cli;
 pub mod export;
@@ -10,6 +12,7 @@ pub mod html;
 pub mod ingest;
 pub mod inspect;
 pub mod localize;
+pub mod probe;
 pub mod report;
 
 /// Exit codes shared by rocemesh's binaries, so scripts can tell "ran, found problems" from

@@ -1,36 +1,48 @@
-//! Fault localisation (`../shared/reference/localisation.md`): which RNIC, ToR, link or spine
-//! is at fault, window by window, and which hosts were too noisy to be evidence.
+//! Fault localisation: which RNIC, ToR, link or spine is at fault, window by window, and which
+//! hosts were too noisy to be evidence. The method and its measured accuracy are in
+//! ARCHITECTURE.md, "Localisation"; the fault scenarios it is scored on are `formats::scenario`
+//! files (testbeds/scenarios/README.md), and its JSON output is the findings shape
+//! `testbeds score` reads.
 //!
 //! The evidence is counts against thresholds, not quantiles, so it is gathered in one pass over
 //! the probe columns into per (window, prober, target, label) counters; everything after that
-//! works on those counters (thousands of entries, not millions of records).
+//! works on those counters (thousands of entries, not millions of records). What a probe counts
+//! as is [`crate::probe`]'s: ok and lost (no ACK1) are evidence, partial (only ACK2 missing) is
+//! neither loss nor a sample, and invalid, refused, local drops (the probe never left its
+//! prober's host) and unknown outcome bytes are no evidence at all.
 //!
-//! Steps, per wall-clock window:
-//! 0. Classify probes (lost = no ACK1; a missing ACK2 alone is not loss), and exclude evidence
-//!    that is not about the network: probes from or to a host that was stalling (its own send
-//!    times show gaps, or its host delays blow up), probes to an RNIC whose agent was not
-//!    running, and probes to a restarted agent until that prober hears from the new instance.
-//! 1. Voting over every element a probe's packets cross: both RNICs and their ToRs (ToR-mesh and
-//!    inter-ToR probes alike), and for inter-ToR probes the links and spines of the traced
-//!    forward and ACK paths. A greedy cover picks the element with the worst bad ratio, and
-//!    among the nearly-as-bad the most specific one that explains nearly as much: so a dead ToR
-//!    beats its RNICs, a dead RNIC beats its ToR, a spine beats its links and a link its spine.
-//!    A two-RNIC ToR is decided by the same rule: a dead RNIC also fails toward every other
-//!    ToR, its healthy peer does not. What the pick explains is removed and the round repeats;
-//!    once for loss, once for slowness.
-//! 2. Hysteresis: a finding holds from its first bad window until `close_after_quiet_windows`
-//!    quiet windows pass, so a flap is one finding with a flap count.
+//! The stages, each its own function:
+//! 1. [`baselines`]: the fleet's usual RTT and host delays, one baseline per timestamp source
+//!    (delays stamped at poll time are not comparable with kernel or NIC stamps), and from
+//!    them when a probe is slow and when a host delay is a stall.
+//! 2. `tally`: the one pass over the records: counters per (window, prober, target, label),
+//!    host-delay stalls, when each prober first heard a restarted target.
+//! 3. `Exclusions`: what is not network evidence: probes from or to a host that was stalling
+//!    (its own send times show gaps, or its host delays blow up), probes to an RNIC whose agent
+//!    was not running, and probes to a restarted agent until that prober hears the new
+//!    instance. Stalling hosts become `host` findings.
+//! 4. `evidence`: the elements each counter's probes cross: both RNICs and their ToRs
+//!    (ToR-mesh and inter-ToR probes alike), and for inter-ToR probes the links and spines of
+//!    the traced (or inventory-determined) forward and ACK paths.
+//! 5. `blame`: per window a greedy cover (`cover`) picks the element with the worst bad
+//!    ratio, and among the nearly-as-bad the most specific one that explains nearly as much: so
+//!    a dead ToR beats its RNICs, a dead RNIC beats its ToR, a spine beats its links and a link
+//!    its spine. A two-RNIC ToR is decided by the same rule: a dead RNIC also fails toward every
+//!    other ToR, its healthy peer does not. Once for loss, once for slowness; slowness
+//!    evidence names the timestamp source(s) whose baseline its probes were judged against.
+//! 6. `hysteresis`: a finding holds from its first bad window until
+//!    `close_after_quiet_windows` quiet windows pass, so a flap is one finding with a flap count.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
-use rocemesh_formats::record::{Arrived, Outcome};
 use serde::Serialize;
 
-use crate::ingest::Dataset;
+use crate::ingest::{Dataset, Probes};
+use crate::probe::{Class, TS_CODES, TsSources, ts_code, ts_name};
 
-/// Tunables. The defaults are starting points from the reference notes, checked against the
-/// generated scenario suite (see testbeds), not fitted to the public examples.
+/// Tunables. The defaults are starting points, checked against the generated scenario suite
+/// (`analyze/tests/accuracy.rs`), not fitted to the public examples.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Window length, seconds.
@@ -43,12 +55,14 @@ pub struct Options {
     pub loss_ratio_min: f64,
     /// An element is blamed for slowness when at least this share of its ok probes is slow.
     pub slow_ratio_min: f64,
-    /// A probe is slow above `slow_factor` x the fleet's median RTT plus `slow_margin_ns`.
+    /// A probe is slow above `slow_factor` x the fleet's median RTT (of its timestamp source)
+    /// plus `slow_margin_ns`.
     pub slow_factor: f64,
     /// See `slow_factor`.
     pub slow_margin_ns: f64,
     /// A host delay above this is a stalled host, not a network delay (ns); raised to
-    /// [`HOST_NOISE_OVER_FLEET_P99`] times the fleet's p99 host delay where that is higher.
+    /// [`HOST_NOISE_OVER_FLEET_P99`] times the fleet's p99 host delay (of the same timestamp
+    /// source) where that is higher.
     pub host_delay_noise_ns: i64,
 }
 
@@ -70,7 +84,8 @@ impl Default for Options {
 /// A host delay this many times the fleet's p99 is a stall whatever the absolute threshold says.
 pub const HOST_NOISE_OVER_FLEET_P99: i64 = 10;
 
-/// One finding, in the JSON shape of `../shared/scenarios/README.md` plus evidence.
+/// One finding: the fields `testbeds score` reads (kind, entity, start_ns, end_ns; see
+/// testbeds/scenarios/README.md) plus its evidence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
     /// rnic, tor, link, spine, host, or ambiguous (two candidates nothing separates).
@@ -91,6 +106,38 @@ pub struct Finding {
     pub evidence: String,
 }
 
+/// The fleet's usual delays under one timestamp source.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Baseline {
+    /// The timestamp source (`kernel_software`, `host_poll`, ...; [`crate::probe::ts_name`]).
+    pub ts_source: &'static str,
+    /// Ok probes the baseline was computed from.
+    pub samples: u64,
+    /// Median network RTT, ns.
+    pub rtt_ns_p50: f64,
+    /// A probe of this source is slow above this RTT, ns.
+    pub slow_threshold_ns: f64,
+    /// p99 of the larger of the two host delays, ns.
+    pub host_delay_ns_p99: i64,
+    /// A host delay of this source above this is a stall, ns.
+    pub host_noise_threshold_ns: i64,
+}
+
+/// Probe records that were no evidence, by why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NotEvidence {
+    /// Dropped on the prober's own host (outcome local_drop), by prober: never network loss.
+    pub local_drop_by_prober: BTreeMap<String, u64>,
+    /// Timestamps implausible.
+    pub invalid: u64,
+    /// Refused by the target's host (its agent is down).
+    pub refused: u64,
+    /// Outcome bytes this build does not know.
+    pub unknown_outcome: u64,
+    /// An end that no dictionary defines as an RNIC.
+    pub unknown_rnic: u64,
+}
+
 /// What localisation saw and concluded.
 #[derive(Debug, Clone, Serialize)]
 pub struct Localization {
@@ -100,22 +147,232 @@ pub struct Localization {
     pub windows: u64,
     /// Probe records looked at.
     pub records: u64,
-    /// The fleet's median network RTT, ns, and the per-probe slowness threshold derived from it.
+    /// The median network RTT, ns, and the per-probe slowness threshold derived from it, of
+    /// the timestamp source with the most samples (every source's are in `baselines`).
     pub rtt_ns_p50: f64,
     /// See `rtt_ns_p50`.
     pub slow_threshold_ns: f64,
+    /// One baseline per timestamp source seen in ok probes, most samples first.
+    pub baselines: Vec<Baseline>,
     /// Inter-ToR probes that could not vote because no path trace covered them.
     pub inter_tor_without_path: u64,
+    /// Records that were no evidence.
+    pub not_evidence: NotEvidence,
+}
+
+/// Runs localisation over a dataset (probe columns still in place).
+///
+/// # Panics
+/// When the probe columns differ in length, which ingest never produces (a hand-built
+/// [`Dataset`], or one ingested without every column).
+pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
+    let window_ns = opts.window_s.max(1) * 1_000_000_000;
+    let base = baselines(&ds.probes, opts);
+    let hosts = Hosts::of(ds);
+    let agents = Agents::of(ds, window_ns, &hosts);
+    let mut tally = tally(ds, &base, &agents.restarts, window_ns);
+    let exclusions = Exclusions::new(ds, &hosts, agents, &mut tally, &base, window_ns);
+    let evidence = evidence(ds, &tally, &exclusions);
+    let mut held = Held::default();
+    for ((host, w), why) in &exclusions.noisy {
+        held.hold("host", &hosts.names[*host as usize], *w, 1.0, why.clone());
+    }
+    blame(&evidence, &base, opts, &mut held);
+    let last_window = tally.windows.iter().next_back().copied();
+    let findings = hysteresis(held, window_ns, last_window, opts.close_after_quiet_windows);
+    let mut baselines: Vec<Baseline> = base.by_code.iter().flatten().cloned().collect();
+    baselines.sort_by_key(|b| std::cmp::Reverse(b.samples));
+    let (rtt_ns_p50, slow_threshold_ns) =
+        baselines.first().map_or((0.0, opts.slow_margin_ns), |b| (b.rtt_ns_p50, b.slow_threshold_ns));
+    Localization {
+        findings,
+        windows: tally.windows.len() as u64,
+        records: ds.probes.len() as u64,
+        rtt_ns_p50,
+        slow_threshold_ns,
+        baselines,
+        inter_tor_without_path: evidence.without_path,
+        not_evidence: tally.not_evidence,
+    }
+}
+
+/// Ok probes sampled for a baseline: a median and a p99 need no more.
+const SAMPLE_TARGET: usize = 200_000;
+/// A timestamp source with fewer samples than this in the fleet-wide strided sample is sampled
+/// whole.
+const SAMPLE_MIN: usize = 1_000;
+
+/// One [`Baseline`] per timestamp-source code; `None` for a source no ok probe has.
+#[derive(Debug, Clone, Default)]
+pub struct Baselines {
+    by_code: [Option<Baseline>; TS_CODES],
+    /// What a source without a baseline gets (an empty sample: no ok probe of it exists).
+    slow_default_ns: f64,
+    noise_default_ns: i64,
+}
+
+impl Baselines {
+    /// A probe stamped by `ts_source` is slow above this RTT, ns.
+    pub fn slow_ns(&self, ts_source: u8) -> f64 {
+        self.by_code[usize::from(ts_code(ts_source))].as_ref().map_or(self.slow_default_ns, |b| b.slow_threshold_ns)
+    }
+
+    /// A host delay stamped by `ts_source` above this is a stall, ns.
+    pub fn noise_ns(&self, ts_source: u8) -> i64 {
+        self.by_code[usize::from(ts_code(ts_source))]
+            .as_ref()
+            .map_or(self.noise_default_ns, |b| b.host_noise_threshold_ns)
+    }
+}
+
+/// Stage 1: the fleet's usual RTT and host delays per timestamp source, from a strided sample
+/// of ok probes. Host noise is judged against the fleet's own host delays: a fleet whose healthy
+/// hosts take milliseconds to turn a probe around (soft-RoCE, a VM) must not be all "noisy".
+/// Per source, because a host-poll stamp includes the poll loop's latency where a kernel or NIC
+/// stamp does not: a pooled baseline would call every host-poll RNIC slow.
+pub fn baselines(p: &Probes, opts: &Options) -> Baselines {
+    let n = p.len();
+    let ok = |i: usize| Class::of(p.outcome[i], p.arrived[i]) == Class::Ok;
+    let code = |i: usize| usize::from(ts_code(p.ts_source[i]));
+    let sample_of = |i: usize| (p.network_rtt_ns[i], p.prober_delay_ns[i].max(p.responder_delay_ns[i]));
+    let stride = (n / SAMPLE_TARGET).max(1);
+    let mut samples: [Vec<(i32, i32)>; TS_CODES] = Default::default();
+    for i in (0..n).step_by(stride).filter(|&i| ok(i)) {
+        samples[code(i)].push(sample_of(i));
+    }
+    // A source rare in the fleet (one host-poll RNIC among kernel-stamped ones) has few or no
+    // probes in the fleet-wide stride: it is sampled whole, which is little (fewer than
+    // SAMPLE_MIN in the stride means about SAMPLE_MIN x stride, n / 200, at most).
+    let thin: Vec<usize> = (0..TS_CODES).filter(|&c| samples[c].len() < SAMPLE_MIN).collect();
+    if stride > 1 && !thin.is_empty() {
+        for &c in &thin {
+            samples[c].clear();
+        }
+        for i in (0..n).filter(|&i| ok(i)) {
+            let c = code(i);
+            if thin.contains(&c) {
+                samples[c].push(sample_of(i));
+            }
+        }
+    }
+    let mut out = Baselines {
+        by_code: Default::default(),
+        slow_default_ns: opts.slow_margin_ns,
+        noise_default_ns: opts.host_delay_noise_ns,
+    };
+    for (c, s) in samples.iter_mut().enumerate() {
+        if s.is_empty() {
+            continue;
+        }
+        let mid = s.len() / 2;
+        let rtt_ns_p50 = f64::from(s.select_nth_unstable_by_key(mid, |x| x.0).1.0);
+        let k = (s.len() * 99 / 100).min(s.len() - 1);
+        let host_delay_ns_p99 = i64::from(s.select_nth_unstable_by_key(k, |x| x.1).1.1);
+        out.by_code[c] = Some(Baseline {
+            ts_source: ts_name(c as u8),
+            samples: s.len() as u64,
+            rtt_ns_p50,
+            slow_threshold_ns: rtt_ns_p50 * opts.slow_factor + opts.slow_margin_ns,
+            host_delay_ns_p99,
+            host_noise_threshold_ns: opts
+                .host_delay_noise_ns
+                .max(host_delay_ns_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99)),
+        });
+    }
+    out
+}
+
+/// Hosts by index, so that per-key checks do not compare strings.
+struct Hosts {
+    /// Host id by RNIC id.
+    of_rnic: Vec<u32>,
+    /// Host names by host id.
+    names: Vec<String>,
+}
+
+impl Hosts {
+    fn of(ds: &Dataset) -> Hosts {
+        let mut ids: HashMap<&str, u32> = HashMap::new();
+        let of_rnic = ds
+            .rnics
+            .iter()
+            .map(|r| {
+                let next = ids.len() as u32;
+                *ids.entry(r.host.as_str()).or_insert(next)
+            })
+            .collect();
+        let mut names = vec![String::new(); ids.len()];
+        for (name, &id) in &ids {
+            names[id as usize] = (*name).to_owned();
+        }
+        Hosts { of_rnic, names }
+    }
+}
+
+/// What the agents' files say: which windows each RNIC's agent covered, which hosts froze
+/// (long send gaps), and when agents restarted.
+struct Agents {
+    /// Windows in which each RNIC's agent wrote records.
+    covered: Vec<BTreeSet<u32>>,
+    /// (host, window) -> why it is noise, from send gaps.
+    gaps: BTreeMap<(u32, u32), String>,
+    /// Restarts by RNIC: (last record of the old instance, first of the new one).
+    restarts: HashMap<u32, Vec<(u64, u64)>>,
+}
+
+impl Agents {
+    fn of(ds: &Dataset, window_ns: u64, hosts: &Hosts) -> Agents {
+        let win = |t: u64| (t / window_ns) as u32;
+        let rnics = ds.rnics.len();
+        let mut covered: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); rnics];
+        let mut gaps: BTreeMap<(u32, u32), String> = BTreeMap::new();
+        let mut files_by_rnic: Vec<Vec<usize>> = vec![Vec::new(); rnics];
+        for (i, a) in ds.agents.iter().enumerate() {
+            if (a.rnic as usize) < rnics && a.records > 0 {
+                files_by_rnic[a.rnic as usize].push(i);
+                for w in win(a.first_ns)..=win(a.last_ns) {
+                    covered[a.rnic as usize].insert(w);
+                }
+                for &(t, gap) in &a.long_gaps {
+                    let host = hosts.of_rnic[a.rnic as usize];
+                    for w in win(t)..=win(t + gap) {
+                        gaps.entry((host, w)).or_insert_with(|| {
+                            format!(
+                                "{}: no probe sent for {:.0} ms (usual spacing {:.1} ms): a frozen host",
+                                ds.rnics[a.rnic as usize].name,
+                                gap as f64 / 1e6,
+                                a.median_gap_ns as f64 / 1e6
+                            )
+                        });
+                    }
+                }
+            }
+        }
+        let mut restarts: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for (rnic, files) in files_by_rnic.iter_mut().enumerate() {
+            files.sort_by_key(|&i| ds.agents[i].first_ns);
+            for pair in files.windows(2) {
+                let (a, b) = (&ds.agents[pair[0]], &ds.agents[pair[1]]);
+                if a.agent_epoch != b.agent_epoch {
+                    restarts.entry(rnic as u32).or_default().push((a.last_ns, b.first_ns));
+                }
+            }
+        }
+        Agents { covered, gaps, restarts }
+    }
 }
 
 /// Counters of one (window, prober, target, label).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Acc {
-    /// ok + lost (what loss is measured over; invalid and refused excluded).
+    /// ok + lost + partial (what loss is measured over; invalid, refused and local drops
+    /// excluded).
     valid: u32,
     lost: u32,
     ok: u32,
     slow: u32,
+    /// Timestamp sources of the slow probes ([`TsSources`] bits), for the evidence text.
+    slow_ts: u8,
 }
 
 impl Acc {
@@ -124,6 +381,7 @@ impl Acc {
         self.lost += o.lost;
         self.ok += o.ok;
         self.slow += o.slow;
+        self.slow_ts |= o.slow_ts;
     }
 }
 
@@ -136,212 +394,227 @@ enum Mode {
 
 type Key = (u32, u32, u32, u32); // window, prober, target, label
 
-/// Runs localisation over a dataset (probe columns still in place).
-pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
-    let window_ns = opts.window_s.max(1) * 1_000_000_000;
+/// What the one pass over the records gathers.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Counters by key, ascending (so later stages are deterministic).
+    acc: Vec<(Key, Acc)>,
+    /// Keys of inter-ToR probes (they vote on links and spines).
+    inter_keys: HashSet<Key>,
+    /// Ok probes per (prober RNIC, window) with a prober delay above the stall threshold.
+    pd_noise: HashMap<(u32, u32), u32>,
+    /// Ok probes per (target RNIC, window) answered later than the stall threshold.
+    rd_noise: HashMap<(u32, u32), u32>,
+    /// (prober, restarted target, restart's first record) -> first ok T1 from the new instance.
+    heard_again: HashMap<(u32, u32, u64), u64>,
+    /// Windows holding records.
+    windows: BTreeSet<u32>,
+    not_evidence: NotEvidence,
+}
+
+/// Stage 2: one pass over the records: counters per key, host-delay stalls, and when each
+/// prober first heard a restarted target.
+fn tally(ds: &Dataset, base: &Baselines, restarts: &HashMap<u32, Vec<(u64, u64)>>, window_ns: u64) -> Tally {
     let p = &ds.probes;
-    let n = p.len();
-    let win = |t: u64| (t / window_ns) as u32;
-
-    // The fleet's usual RTT and host delays, from one strided sample of ok probes. Host noise
-    // is judged against the fleet's own host delays: a fleet whose healthy hosts take
-    // milliseconds to turn a probe around (soft-RoCE, a VM) must not be all "noisy".
-    let (mut sample, mut hd): (Vec<i32>, Vec<i32>) = (0..n)
-        .step_by((n / 200_000).max(1))
-        .filter(|&i| p.outcome[i] == Outcome::Ok as u8)
-        .map(|i| (p.network_rtt_ns[i], p.prober_delay_ns[i].max(p.responder_delay_ns[i])))
-        .unzip();
-    let rtt_p50 = if sample.is_empty() {
-        0.0
-    } else {
-        let mid = sample.len() / 2;
-        f64::from(*sample.select_nth_unstable(mid).1)
-    };
-    let slow_ns = rtt_p50 * opts.slow_factor + opts.slow_margin_ns;
-    let host_delay_p99 = if hd.is_empty() {
-        0
-    } else {
-        let k = (hd.len() * 99 / 100).min(hd.len() - 1);
-        i64::from(*hd.select_nth_unstable(k).1)
-    };
-    let noise_ns = opts.host_delay_noise_ns.max(host_delay_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
-
-    // Hosts by index, so that per-key checks do not compare strings.
     let rnics = ds.rnics.len();
-    let mut host_ids: HashMap<&str, u32> = HashMap::new();
-    let host_of: Vec<u32> = ds
-        .rnics
-        .iter()
-        .map(|r| {
-            let next = host_ids.len() as u32;
-            *host_ids.entry(r.host.as_str()).or_insert(next)
-        })
-        .collect();
-    let mut host_names = vec![String::new(); host_ids.len()];
-    for (name, &id) in &host_ids {
-        host_names[id as usize] = (*name).to_owned();
-    }
-    // Agents: coverage per RNIC, restarts.
-    let mut covered: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); rnics];
-    let mut noisy: BTreeMap<(u32, u32), String> = BTreeMap::new();
-    let mut files_by_rnic: Vec<Vec<usize>> = vec![Vec::new(); rnics];
-    for (i, a) in ds.agents.iter().enumerate() {
-        if (a.rnic as usize) < rnics && a.records > 0 {
-            files_by_rnic[a.rnic as usize].push(i);
-            for w in win(a.first_ns)..=win(a.last_ns) {
-                covered[a.rnic as usize].insert(w);
-            }
-            for &(t, gap) in &a.long_gaps {
-                let host = host_of[a.rnic as usize];
-                for w in win(t)..=win(t + gap) {
-                    noisy.entry((host, w)).or_insert_with(|| {
-                        format!(
-                            "{}: no probe sent for {:.0} ms (usual spacing {:.1} ms): a frozen host",
-                            ds.rnics[a.rnic as usize].name,
-                            gap as f64 / 1e6,
-                            a.median_gap_ns as f64 / 1e6
-                        )
-                    });
-                }
-            }
-        }
-    }
-    // Restarts: (target, down_from, back_at).
-    let mut restarts: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
-    for (rnic, files) in files_by_rnic.iter_mut().enumerate() {
-        files.sort_by_key(|&i| ds.agents[i].first_ns);
-        for pair in files.windows(2) {
-            let (a, b) = (&ds.agents[pair[0]], &ds.agents[pair[1]]);
-            if a.agent_epoch != b.agent_epoch {
-                restarts.entry(rnic as u32).or_default().push((a.last_ns, b.first_ns));
-            }
-        }
-    }
-
-    // One pass: counters, host-delay noise, and when each prober first heard a restarted target.
+    let mut t = Tally::default();
     let mut acc: HashMap<Key, Acc> = HashMap::new();
-    let mut pd_noise: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut rd_noise: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut heard_again: HashMap<(u32, u32, u64), u64> = HashMap::new();
-    let mut inter_keys: HashSet<Key> = HashSet::new();
-    let mut windows = BTreeSet::new();
-    for i in 0..n {
+    let mut local_drops: Vec<u64> = vec![0; rnics];
+    for i in 0..p.len() {
         let (pr, tg) = (p.prober[i], p.target[i]);
         if pr as usize >= rnics || tg as usize >= rnics {
+            t.not_evidence.unknown_rnic += 1;
             continue;
         }
-        let w = win(p.t1_unix_ns[i]);
-        windows.insert(w);
-        let outcome = p.outcome[i];
+        let w = (p.t1_unix_ns[i] / window_ns) as u32;
+        t.windows.insert(w);
         let mut a = Acc::default();
-        if outcome == Outcome::Ok as u8 {
-            a.ok = 1;
-            a.valid = 1;
-            a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > slow_ns);
-            if i64::from(p.prober_delay_ns[i]) > noise_ns {
-                *pd_noise.entry((pr, w)).or_default() += 1;
-            }
-            if i64::from(p.responder_delay_ns[i]) > noise_ns {
-                *rd_noise.entry((tg, w)).or_default() += 1;
-            }
-            if let Some(list) = restarts.get(&tg) {
-                for &(_, back) in list {
-                    if p.t1_unix_ns[i] >= back {
-                        let e = heard_again.entry((pr, tg, back)).or_insert(u64::MAX);
-                        *e = (*e).min(p.t1_unix_ns[i]);
+        match Class::of(p.outcome[i], p.arrived[i]) {
+            Class::Ok => {
+                let ts = p.ts_source[i];
+                a.ok = 1;
+                a.valid = 1;
+                a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > base.slow_ns(ts));
+                if a.slow > 0 {
+                    a.slow_ts = TsSources::of(ts).0;
+                }
+                let noise_ns = base.noise_ns(ts);
+                if i64::from(p.prober_delay_ns[i]) > noise_ns {
+                    *t.pd_noise.entry((pr, w)).or_default() += 1;
+                }
+                if i64::from(p.responder_delay_ns[i]) > noise_ns {
+                    *t.rd_noise.entry((tg, w)).or_default() += 1;
+                }
+                if let Some(list) = restarts.get(&tg) {
+                    for &(_, back) in list {
+                        if p.t1_unix_ns[i] >= back {
+                            let e = t.heard_again.entry((pr, tg, back)).or_insert(u64::MAX);
+                            *e = (*e).min(p.t1_unix_ns[i]);
+                        }
                     }
                 }
             }
-        } else if outcome == Outcome::Lost as u8 {
-            a.valid = 1;
+            Class::Lost => {
+                a.valid = 1;
+                a.lost = 1;
+            }
             // Only ACK2 missing proves the forward path and the responder alive: not loss.
-            a.lost = u32::from(p.arrived[i] & Arrived::ACK1 == 0);
-        } else {
-            continue;
+            Class::Partial => a.valid = 1,
+            Class::LocalDrop => {
+                local_drops[pr as usize] += 1;
+                continue;
+            }
+            Class::Invalid => {
+                t.not_evidence.invalid += 1;
+                continue;
+            }
+            Class::Refused => {
+                t.not_evidence.refused += 1;
+                continue;
+            }
+            Class::Unknown => {
+                t.not_evidence.unknown_outcome += 1;
+                continue;
+            }
         }
         let key = (w, pr, tg, p.flow_label[i]);
         if p.kind[i] == 1 {
-            inter_keys.insert(key);
+            t.inter_keys.insert(key);
         }
         acc.entry(key).or_default().add(&a);
     }
-    let noise_ms = noise_ns as f64 / 1e6;
-    for (&(rnic, w), &count) in pd_noise.iter() {
-        if count >= 3 {
-            let r = &ds.rnics[rnic as usize];
-            noisy
-                .entry((host_of[rnic as usize], w))
-                .or_insert_with(|| format!("{}: {count} probes with prober delay > {noise_ms} ms", r.name));
-        }
+    for (rnic, &n) in local_drops.iter().enumerate().filter(|(_, n)| **n > 0) {
+        t.not_evidence.local_drop_by_prober.insert(ds.rnics[rnic].name.clone(), n);
     }
-    for (&(rnic, w), &count) in rd_noise.iter() {
-        if count >= 3 {
-            let r = &ds.rnics[rnic as usize];
-            noisy
-                .entry((host_of[rnic as usize], w))
-                .or_insert_with(|| format!("{}: answered {count} probes > {noise_ms} ms late", r.name));
+    t.acc = acc.into_iter().collect();
+    t.acc.sort_unstable_by_key(|e| e.0);
+    t
+}
+
+/// Stage 3: what is not network evidence, and the `host` findings it makes.
+struct Exclusions {
+    /// (host, window) -> why the host is noise in that window.
+    noisy: BTreeMap<(u32, u32), String>,
+    host_of: Vec<u32>,
+    covered: Vec<BTreeSet<u32>>,
+    restarts: HashMap<u32, Vec<(u64, u64)>>,
+    heard_again: HashMap<(u32, u32, u64), u64>,
+    window_ns: u64,
+}
+
+/// Host-delay stalls of an RNIC in a window that make its host noise.
+const STALLS_MIN: u32 = 3;
+
+impl Exclusions {
+    fn new(ds: &Dataset, hosts: &Hosts, agents: Agents, tally: &mut Tally, base: &Baselines, window_ns: u64) -> Self {
+        let Agents { covered, gaps: mut noisy, restarts } = agents;
+        // The threshold in the reason: one source's, or the range when sources differ.
+        let thresholds: BTreeSet<i64> = base.by_code.iter().flatten().map(|b| b.host_noise_threshold_ns).collect();
+        let noise_ms = match (thresholds.first(), thresholds.last()) {
+            (Some(lo), Some(hi)) if lo != hi => format!("{}-{}", *lo as f64 / 1e6, *hi as f64 / 1e6),
+            (Some(t), _) => format!("{}", *t as f64 / 1e6),
+            _ => format!("{}", base.noise_default_ns as f64 / 1e6),
+        };
+        // Prober delays are stalls of the prober's host; responder delays, of the target's.
+        for (counts, answering) in [(&tally.pd_noise, false), (&tally.rd_noise, true)] {
+            for (&(rnic, w), &count) in counts.iter().filter(|(_, c)| **c >= STALLS_MIN) {
+                let name = &ds.rnics[rnic as usize].name;
+                noisy.entry((hosts.of_rnic[rnic as usize], w)).or_insert_with(|| {
+                    if answering {
+                        format!("{name}: answered {count} probes > {noise_ms} ms late")
+                    } else {
+                        format!("{name}: {count} probes with prober delay > {noise_ms} ms")
+                    }
+                });
+            }
+        }
+        Exclusions {
+            noisy,
+            host_of: hosts.of_rnic.clone(),
+            covered,
+            restarts,
+            heard_again: std::mem::take(&mut tally.heard_again),
+            window_ns,
         }
     }
 
-    // Step 0 exclusions.
-    let excluded = |w: u32, pr: u32, tg: u32| -> bool {
-        if noisy.contains_key(&(host_of[pr as usize], w)) || noisy.contains_key(&(host_of[tg as usize], w)) {
+    /// Whether the probes of (window, prober, target) are no network evidence.
+    fn excluded(&self, w: u32, pr: u32, tg: u32) -> bool {
+        if self.noisy.contains_key(&(self.host_of[pr as usize], w))
+            || self.noisy.contains_key(&(self.host_of[tg as usize], w))
+        {
             return true;
         }
-        if !covered[tg as usize].contains(&w) {
+        // Pingmesh: probes to an RNIC whose agent was not running say nothing of the network.
+        if !self.covered[tg as usize].contains(&w) {
             return true;
         }
-        if let Some(list) = restarts.get(&tg) {
+        if let Some(list) = self.restarts.get(&tg) {
             for &(down, back) in list {
-                let heard = heard_again.get(&(pr, tg, back)).copied().unwrap_or(u64::MAX);
-                let (lo, hi) = (u64::from(w) * window_ns, (u64::from(w) + 1) * window_ns);
+                let heard = self.heard_again.get(&(pr, tg, back)).copied().unwrap_or(u64::MAX);
+                let (lo, hi) = (u64::from(w) * self.window_ns, (u64::from(w) + 1) * self.window_ns);
                 if down < hi && heard >= lo {
                     return true;
                 }
             }
         }
         false
-    };
+    }
+}
 
-    // Elements a probe's packets cross: both RNICs and ToRs always; for inter-ToR probes, the
-    // links and spines of the traced forward and ACK paths.
-    let mut element_names: Vec<(&'static str, String)> = Vec::new();
-    let mut element_ids: HashMap<(&'static str, String), u32> = HashMap::new();
-    let mut intern = |kind: &'static str, name: &str| -> u32 {
-        let next = element_names.len() as u32;
-        *element_ids.entry((kind, name.to_owned())).or_insert_with(|| {
-            element_names.push((kind, name.to_owned()));
+/// Stage 4's output: per window, the counters that are evidence and the elements they cross.
+#[derive(Debug, Default)]
+struct Evidence {
+    /// (kind, name) by element id.
+    names: Vec<(&'static str, String)>,
+    /// Element id of each RNIC and of each RNIC's ToR, by RNIC id.
+    rnic_element: Vec<u32>,
+    tor_element: Vec<u32>,
+    by_window: BTreeMap<u32, Vec<Group>>,
+    /// Inter-ToR probes without a path to vote on.
+    without_path: u64,
+}
+
+/// Stage 4: the elements a probe's packets cross: both RNICs and ToRs always; for inter-ToR
+/// probes, the links and spines of the traced forward and ACK paths (or the one path the
+/// inventory allows).
+fn evidence(ds: &Dataset, tally: &Tally, exclusions: &Exclusions) -> Evidence {
+    let mut ids: HashMap<(&'static str, String), u32> = HashMap::new();
+    let mut e = Evidence::default();
+    let mut intern = |names: &mut Vec<(&'static str, String)>, kind: &'static str, name: &str| -> u32 {
+        let next = names.len() as u32;
+        *ids.entry((kind, name.to_owned())).or_insert_with(|| {
+            names.push((kind, name.to_owned()));
             next
         })
     };
-    let rnic_element: Vec<u32> = ds.rnics.iter().map(|r| intern("rnic", &r.name)).collect();
-    let tor_element: Vec<u32> = ds.rnics.iter().map(|r| intern("tor", &r.tor)).collect();
+    e.rnic_element = ds.rnics.iter().map(|r| intern(&mut e.names, "rnic", &r.name)).collect();
+    e.tor_element = ds.rnics.iter().map(|r| intern(&mut e.names, "tor", &r.tor)).collect();
     let mut path_cache: HashMap<(u32, u32, u32), Option<Vec<u32>>> = HashMap::new();
-    let mut by_window: BTreeMap<u32, Vec<Group>> = BTreeMap::new();
-    let mut without_path = 0u64;
-    for (&key, a) in &acc {
+    for &(key, a) in &tally.acc {
         let (w, pr, tg, label) = key;
-        if excluded(w, pr, tg) {
+        if exclusions.excluded(w, pr, tg) {
             continue;
         }
-        let mut elements = vec![rnic_element[pr as usize], rnic_element[tg as usize], tor_element[pr as usize]];
-        if tor_element[tg as usize] != tor_element[pr as usize] {
-            elements.push(tor_element[tg as usize]);
+        let (rp, rt) = (pr as usize, tg as usize);
+        let mut elements = vec![e.rnic_element[rp], e.rnic_element[rt], e.tor_element[rp]];
+        if e.tor_element[rt] != e.tor_element[rp] {
+            elements.push(e.tor_element[rt]);
         }
-        if inter_keys.contains(&key) {
+        if tally.inter_keys.contains(&key) {
             let fabric = path_cache.entry((pr, tg, label)).or_insert_with(|| {
                 let traced = ds.paths.get(&(pr, tg, label)).zip(ds.paths.get(&(tg, pr, label)));
                 let (fwd, rev) = match traced {
                     Some(t) => t,
                     None => {
-                        let (ta, tb) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
+                        let (ta, tb) = (&ds.rnics[rp].tor, &ds.rnics[rt].tor);
                         (ds.tor_paths.get(&(ta.clone(), tb.clone()))?, ds.tor_paths.get(&(tb.clone(), ta.clone()))?)
                     }
                 };
                 let mut v = Vec::new();
                 for hops in [fwd, rev] {
                     for (kind, name) in path_elements(&ds.switches, hops) {
-                        let id = intern(kind, &name);
+                        let id = intern(&mut e.names, kind, &name);
                         if !v.contains(&id) {
                             v.push(id);
                         }
@@ -351,31 +624,41 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
             });
             match fabric {
                 Some(v) => elements.extend(v.iter().copied()),
-                None => without_path += u64::from(a.valid),
+                None => e.without_path += u64::from(a.valid),
             }
         }
-        by_window.entry(w).or_default().push(Group { elements, acc: *a });
+        e.by_window.entry(w).or_default().push(Group { elements, acc: a });
     }
+    e
+}
 
-    let mut held: BTreeMap<(String, String), BTreeMap<u32, (f64, String)>> = BTreeMap::new();
-    let mut hold = |kind: &str, entity: &str, w: u32, score: f64, evidence: String| {
-        let e = held.entry((kind.to_owned(), entity.to_owned())).or_default();
+/// Per (kind, entity): the windows it was blamed in, each with its score and evidence.
+#[derive(Debug, Default)]
+struct Held(BTreeMap<(String, String), BTreeMap<u32, (f64, String)>>);
+
+impl Held {
+    /// Blames `entity` in window `w`, keeping the strongest evidence of the window.
+    fn hold(&mut self, kind: &str, entity: &str, w: u32, score: f64, evidence: String) {
+        let e = self.0.entry((kind.to_owned(), entity.to_owned())).or_default();
         let slot = e.entry(w).or_insert((score, evidence.clone()));
         if score > slot.0 {
             *slot = (score, evidence);
         }
-    };
-    for ((host, w), why) in &noisy {
-        hold("host", &host_names[*host as usize], *w, 1.0, why.clone());
     }
+}
+
+/// Stage 5: per window, one cover for loss and one for slowness over the evidence; every RNIC
+/// of a ToR picked is the ToR. Slowness evidence says which timestamp sources' baselines the
+/// probes were judged against.
+fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
     let mut tor_rnic_elements: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (i, &t) in tor_element.iter().enumerate() {
-        tor_rnic_elements.entry(t).or_default().push(rnic_element[i]);
+    for (i, &t) in e.tor_element.iter().enumerate() {
+        tor_rnic_elements.entry(t).or_default().push(e.rnic_element[i]);
     }
-    for (&w, groups) in &by_window {
+    for (&w, groups) in &e.by_window {
         let mut explained = vec![false; groups.len()];
         for (mode, how) in [(Mode::Lossy, "lost"), (Mode::Slow, "slow")] {
-            let mut picks = cover(groups, &mut explained, mode, element_names.len(), opts);
+            let mut picks = cover(groups, &mut explained, mode, e.names.len(), opts);
             // Every RNIC of a ToR picked (a lossy two-RNIC ToR can read so): that is the ToR.
             for (tor, members) in &tor_rnic_elements {
                 if members.len() >= 2 && members.iter().all(|m| picks.iter().any(|p| p.0 == *m)) {
@@ -387,22 +670,40 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
                     picks.push((*tor, ratio, bad, total));
                 }
             }
-            for (e, ratio, bad, total) in picks {
-                let (kind, name) = &element_names[e as usize];
-                let ev = format!("{name}: {bad}/{total} probes crossing it {how} ({:.1}%)", ratio * 100.0);
-                hold(kind, name, w, ratio, ev);
+            for (el, ratio, bad, total) in picks {
+                let (kind, name) = &e.names[el as usize];
+                let mut ev = format!("{name}: {bad}/{total} probes crossing it {how} ({:.1}%)", ratio * 100.0);
+                if mode == Mode::Slow {
+                    let ts = groups
+                        .iter()
+                        .filter(|g| g.elements.contains(&el))
+                        .fold(TsSources::default(), |m, g| TsSources(m.0 | g.acc.slow_ts));
+                    ev.push_str(&slow_sources(ts, base));
+                }
+                held.hold(kind, name, w, ratio, ev);
             }
         }
     }
+}
 
-    // Hysteresis.
-    let last_window = windows.iter().next_back().copied();
+/// `; slow against the kernel_software baseline (RTT above 64.5 us)`, one clause per source.
+fn slow_sources(ts: TsSources, base: &Baselines) -> String {
+    let parts: Vec<String> =
+        ts.codes().map(|c| format!("{} baseline (RTT above {:.1} us)", ts_name(c), base.slow_ns(c) / 1e3)).collect();
+    if parts.is_empty() { String::new() } else { format!("; slow against the {}", parts.join(" and the ")) }
+}
+
+/// Stage 6: the windows an entity was blamed in become findings: a run of windows with gaps of
+/// at most `close_after_quiet_windows` quiet ones is one finding (its gaps counted as flaps);
+/// a finding whose last window is the data's last is still holding (`end_ns` = `None`).
+/// Network findings first, then by start.
+fn hysteresis(held: Held, window_ns: u64, last_window: Option<u32>, close_after_quiet_windows: u64) -> Vec<Finding> {
     let mut findings = Vec::new();
-    for ((kind, entity), ws) in held {
+    for ((kind, entity), ws) in held.0 {
         let mut runs: Vec<Vec<(u32, f64, String)>> = Vec::new();
         for (w, (score, ev)) in ws {
             match runs.last_mut() {
-                Some(run) if u64::from(w - run.last().map_or(w, |r| r.0)) <= opts.close_after_quiet_windows + 1 => {
+                Some(run) if u64::from(w - run.last().map_or(w, |r| r.0)) <= close_after_quiet_windows + 1 => {
                     run.push((w, score, ev))
                 }
                 _ => runs.push(vec![(w, score, ev)]),
@@ -432,19 +733,9 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         _ => 2,
     };
     findings.sort_by(|a, b| (order(&a.kind), a.start_ns, &a.entity).cmp(&(order(&b.kind), b.start_ns, &b.entity)));
-    Localization {
-        findings,
-        windows: windows.len() as u64,
-        records: n as u64,
-        rtt_ns_p50: rtt_p50,
-        slow_threshold_ns: slow_ns,
-        inter_tor_without_path: without_path,
-    }
+    findings
 }
 
-/// Links and devices along a traced switch path. The ends of a path are its ToRs and the hops
-/// between them the fabric's upper tiers (spines); a link is named lower tier first,
-/// `tor|spine`, as in the inventory and the scenarios.
 fn path_elements(switches: &[String], hops: &[u32]) -> Vec<(&'static str, String)> {
     let names: Vec<&str> = hops.iter().filter_map(|&h| switches.get(h as usize).map(String::as_str)).collect();
     let mut out = Vec::new();
@@ -464,6 +755,7 @@ fn path_elements(switches: &[String], hops: &[u32]) -> Vec<(&'static str, String
 }
 
 /// Probes of one (window, prober, target, label), and the elements their packets cross.
+#[derive(Debug)]
 struct Group {
     elements: Vec<u32>,
     acc: Acc,
@@ -578,18 +870,41 @@ fn prune(
 /// A readable table of findings with their evidence.
 pub fn render_table(l: &Localization) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{} findings over {} windows, {} records (fleet RTT p50 {:.1} us; a probe is slow above {:.1} us)",
-        l.findings.len(),
-        l.windows,
-        l.records,
-        l.rtt_ns_p50 / 1e3,
-        l.slow_threshold_ns / 1e3
-    );
+    let _ = writeln!(s, "{} findings over {} windows, {} records", l.findings.len(), l.windows, l.records);
+    for b in &l.baselines {
+        let _ = writeln!(
+            s,
+            "{} timestamps: fleet RTT p50 {:.1} us, a probe is slow above {:.1} us; a host delay above {:.1} ms is a stall ({} samples)",
+            b.ts_source,
+            b.rtt_ns_p50 / 1e3,
+            b.slow_threshold_ns / 1e3,
+            b.host_noise_threshold_ns as f64 / 1e6,
+            b.samples
+        );
+    }
     if l.inter_tor_without_path > 0 {
         let _ =
             writeln!(s, "{} inter-ToR probes had no path trace and could not vote on links", l.inter_tor_without_path);
+    }
+    let ne = &l.not_evidence;
+    if !ne.local_drop_by_prober.is_empty() {
+        let mut worst: Vec<(&String, &u64)> = ne.local_drop_by_prober.iter().collect();
+        worst.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let shown: Vec<String> = worst.iter().take(5).map(|(n, c)| format!("{n} {c}")).collect();
+        let more = worst.len().saturating_sub(5);
+        let _ = writeln!(
+            s,
+            "probes dropped on their prober's own host (not network evidence): {}{}",
+            shown.join(", "),
+            if more > 0 { format!(" and {more} more RNICs") } else { String::new() }
+        );
+    }
+    if ne.unknown_outcome + ne.unknown_rnic > 0 {
+        let _ = writeln!(
+            s,
+            "not evidence: {} records with an outcome byte this build does not know, {} naming an RNIC no dictionary defines",
+            ne.unknown_outcome, ne.unknown_rnic
+        );
     }
     let _ = writeln!(
         s,
@@ -611,4 +926,320 @@ pub fn render_table(l: &Localization) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::{AgentFile, Rnic};
+    use rocemesh_formats::record::{Arrived, Outcome, TsSource};
+
+    const W: u64 = 30_000_000_000;
+    const T0: u64 = 1_700_000_010_000_000_000 / W * W;
+    /// The window index of T0.
+    const W0: u32 = (T0 / W) as u32;
+    const KS: u8 = TsSource::KernelSoftware as u8;
+    const HP: u8 = TsSource::HostPoll as u8;
+
+    /// One record: prober, target, window, outcome, rtt, prober delay, ts source.
+    #[derive(Clone, Copy)]
+    struct Rec(u32, u32, u64, Outcome, i32, i32, u8);
+
+    /// `rnics` RNICs `h<i>/d0` under ToRs `t0`, `t1` (alternating), one agent file each
+    /// covering windows 0..`windows`, and `recs` spread over their windows.
+    fn dataset(rnics: u32, windows: u64, recs: &[Rec]) -> Dataset {
+        let mut ds = Dataset {
+            rnics: (0..rnics)
+                .map(|i| Rnic { name: format!("h{i}/d0"), tor: format!("t{}", i % 2), host: format!("h{i}") })
+                .collect(),
+            ..Dataset::default()
+        };
+        for (k, &Rec(pr, tg, w, outcome, rtt, pd, ts)) in recs.iter().enumerate() {
+            let p = &mut ds.probes;
+            p.t1_unix_ns.push(T0 + w * W + 1_000 + k as u64);
+            p.network_rtt_ns.push(rtt);
+            p.prober_delay_ns.push(pd);
+            p.responder_delay_ns.push(1_000);
+            p.prober.push(pr);
+            p.target.push(tg);
+            p.flow_label.push(0);
+            p.responder_epoch.push(1);
+            p.kind.push(0);
+            p.outcome.push(outcome as u8);
+            p.arrived.push(if outcome == Outcome::Ok { Arrived::ALL.0 } else { Arrived::PROBE_SENT });
+            p.ts_source.push(ts);
+        }
+        ds.agents = (0..rnics)
+            .map(|rnic| AgentFile {
+                rnic,
+                agent_epoch: 1,
+                first_ns: T0,
+                last_ns: T0 + windows * W - 1,
+                records: 1,
+                long_gaps: Vec::new(),
+                median_gap_ns: 100_000_000,
+            })
+            .collect();
+        ds
+    }
+
+    fn stages(ds: &Dataset) -> (Baselines, Tally, Exclusions) {
+        let base = baselines(&ds.probes, &Options::default());
+        let hosts = Hosts::of(ds);
+        let agents = Agents::of(ds, W, &hosts);
+        let mut t = tally(ds, &base, &agents.restarts, W);
+        let ex = Exclusions::new(ds, &hosts, agents, &mut t, &base, W);
+        (base, t, ex)
+    }
+
+    #[test]
+    fn baselines_are_per_timestamp_source() {
+        let mut recs = vec![Rec(0, 1, 0, Outcome::Ok, 10_000, 2_000, KS); 100];
+        recs.extend([Rec(2, 1, 0, Outcome::Ok, 200_000, 300_000, HP); 10]);
+        recs.push(Rec(2, 1, 0, Outcome::Lost, 0, 0, TsSource::Nic as u8));
+        let ds = dataset(3, 1, &recs);
+        let b = baselines(&ds.probes, &Options::default());
+        let ks = b.by_code[usize::from(KS)].clone().expect("kernel_software baseline");
+        assert_eq!(
+            (ks.ts_source, ks.samples, ks.rtt_ns_p50, ks.slow_threshold_ns),
+            ("kernel_software", 100, 10e3, 60e3)
+        );
+        assert_eq!(ks.host_noise_threshold_ns, 1_000_000, "10x a 2 us p99 is below the 1 ms floor");
+        let hp = b.by_code[usize::from(HP)].clone().expect("host_poll baseline");
+        assert_eq!((hp.rtt_ns_p50, hp.slow_threshold_ns, hp.host_noise_threshold_ns), (200e3, 630e3, 3_000_000));
+        assert!(b.by_code[TsSource::Nic as usize].is_none(), "a lost probe is no sample");
+        assert_eq!((b.slow_ns(KS), b.slow_ns(HP), b.slow_ns(TsSource::Nic as u8)), (60e3, 630e3, 30e3));
+    }
+
+    /// A source too rare to appear in the fleet-wide stride is sampled on its own, instead of
+    /// being judged against another source's baseline.
+    #[test]
+    fn a_rare_source_outside_the_stride_gets_its_own_baseline() {
+        let n = 3 * SAMPLE_TARGET;
+        let recs: Vec<Rec> = (0..n)
+            .map(|i| {
+                if i % 3 == 1 && i < 3_000 {
+                    Rec(1, 0, 0, Outcome::Ok, 500_000, 1_000, HP)
+                } else {
+                    Rec(0, 1, 0, Outcome::Ok, 10_000, 1_000, KS)
+                }
+            })
+            .collect();
+        let ds = dataset(2, 1, &recs);
+        let b = baselines(&ds.probes, &Options::default());
+        let hp = b.by_code[usize::from(HP)].clone().expect("host_poll baseline");
+        assert_eq!((hp.samples, hp.rtt_ns_p50), (1_000, 500e3));
+        let ks = b.by_code[usize::from(KS)].clone().expect("kernel_software baseline");
+        assert_eq!(ks.samples, SAMPLE_TARGET as u64, "the common source keeps the fleet-wide stride");
+    }
+
+    #[test]
+    fn tally_classifies_through_probe_semantics() {
+        let recs = [
+            Rec(0, 1, 0, Outcome::Ok, 10_000, 1_000, KS),
+            Rec(0, 1, 0, Outcome::Lost, 0, 0, KS),
+            Rec(0, 1, 0, Outcome::LocalDrop, 0, 0, KS),
+            Rec(0, 1, 0, Outcome::Refused, 0, 0, KS),
+            Rec(0, 1, 0, Outcome::Invalid, 0, 0, KS),
+            Rec(2, 1, 0, Outcome::LocalDrop, 0, 0, KS),
+            Rec(2, 9, 0, Outcome::Ok, 10_000, 1_000, KS),
+            Rec(0, 1, 0, Outcome::Ok, 10_000, 1_000, KS),
+        ];
+        let mut ds = dataset(3, 1, &recs);
+        // A newer agent's outcome byte, with every packet arrived: still no ok.
+        ds.probes.outcome[7] = 77;
+        let (_, t, _) = stages(&ds);
+        assert_eq!(t.acc.len(), 1, "only h0 -> h1 has evidence");
+        let a = t.acc[0].1;
+        assert_eq!((a.valid, a.lost, a.ok), (2, 1, 1));
+        let ne = &t.not_evidence;
+        let drops: Vec<(&str, u64)> = ne.local_drop_by_prober.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(drops, [("h0/d0", 1), ("h2/d0", 1)]);
+        assert_eq!((ne.refused, ne.invalid, ne.unknown_outcome, ne.unknown_rnic), (1, 1, 1, 1));
+    }
+
+    #[test]
+    fn exclusions_cover_stalls_uncovered_targets_and_restarts() {
+        // h0 takes 5 ms to handle its own probes in window 1: a stall (against a fleet p99 of
+        // 1 us, so the 1 ms floor holds).
+        let mut recs = vec![Rec(0, 1, 0, Outcome::Ok, 10_000, 1_000, KS); 300];
+        recs.extend([Rec(0, 1, 1, Outcome::Ok, 10_000, 5_000_000, KS); 3]);
+        // h3's agent restarts (down at 10 s, back at 70 s); h0 hears it again at 95 s.
+        recs.push(Rec(0, 3, 3, Outcome::Ok, 10_000, 1_000, KS));
+        let heard = recs.len() - 1;
+        let mut ds = dataset(4, 5, &recs);
+        ds.probes.t1_unix_ns[heard] = T0 + 95_000_000_000;
+        ds.agents[3].last_ns = T0 + 10_000_000_000;
+        ds.agents.push(AgentFile {
+            rnic: 3,
+            agent_epoch: 2,
+            first_ns: T0 + 70_000_000_000,
+            last_ns: T0 + 5 * W - 1,
+            records: 1,
+            long_gaps: Vec::new(),
+            median_gap_ns: 100_000_000,
+        });
+        // h2's agent covers window 0 only, and froze for 2 s in window 4.
+        ds.agents[2].last_ns = T0 + W - 1;
+        ds.agents[1].long_gaps.push((T0 + 4 * W + 1_000_000_000, 2_000_000_000));
+        let (_, _, ex) = stages(&ds);
+        let noisy: Vec<(u32, u32, &str)> = ex.noisy.iter().map(|((h, w), why)| (*h, *w - W0, why.as_str())).collect();
+        assert_eq!(noisy.len(), 2, "{noisy:?}");
+        assert!(noisy[0].0 == 0 && noisy[0].1 == 1 && noisy[0].2.contains("prober delay > 1 ms"), "{noisy:?}");
+        assert!(noisy[1].0 == 1 && noisy[1].1 == 4 && noisy[1].2.contains("frozen host"), "{noisy:?}");
+        let excluded = |w: u32, pr: u32, tg: u32| ex.excluded(W0 + w, pr, tg);
+        assert!(excluded(1, 0, 1) && excluded(1, 1, 0), "from or to a stalling host");
+        assert!(!excluded(0, 0, 1));
+        assert!(excluded(4, 0, 1), "to a frozen host");
+        assert!(excluded(1, 0, 2) && !excluded(0, 0, 2), "to an RNIC whose agent is not running");
+        assert!(excluded(2, 0, 3) && excluded(3, 0, 3), "to a restarted agent until heard again");
+        assert!(!excluded(4, 0, 3), "heard again in window 3");
+        assert!(excluded(4, 2, 3), "h2 has not heard it again yet");
+    }
+
+    #[test]
+    fn evidence_lists_what_probes_cross_and_leaves_out_exclusions() {
+        let recs = [
+            Rec(0, 2, 0, Outcome::Ok, 10_000, 1_000, KS), // ToR-mesh: t0 -> t0
+            Rec(0, 1, 0, Outcome::Lost, 0, 0, KS),        // inter-ToR, with an inventory path
+            Rec(1, 2, 0, Outcome::Ok, 10_000, 1_000, KS), // inter-ToR, made pathless below
+            Rec(0, 3, 1, Outcome::Ok, 10_000, 1_000, KS), // to an agent not running in window 1
+        ];
+        // Agents cover window 0 only.
+        let mut ds = dataset(4, 1, &recs);
+        ds.probes.kind = vec![0, 1, 1, 1];
+        ds.probes.flow_label[2] = 5;
+        ds.switches = vec!["t0".into(), "s0".into(), "t1".into()];
+        // h0 <-> h1 label 0 is traced; h1 -> h2 label 5 is not, and the inventory knows only
+        // the t1 -> t0 direction: pathless.
+        ds.paths.insert((0, 1, 0), vec![0, 1, 2]);
+        ds.paths.insert((1, 0, 0), vec![2, 1, 0]);
+        ds.tor_paths.insert(("t1".into(), "t0".into()), vec![2, 1, 0]);
+        let (_, t, ex) = stages(&ds);
+        let e = evidence(&ds, &t, &ex);
+        let named = |g: &Group| -> Vec<String> {
+            g.elements.iter().map(|&el| format!("{}:{}", e.names[el as usize].0, e.names[el as usize].1)).collect()
+        };
+        let groups = &e.by_window[&W0];
+        assert_eq!(groups.len(), 3, "window 1's probe to a stopped agent is left out: {:?}", e.by_window.keys());
+        assert_eq!(
+            named(&groups[0]),
+            ["rnic:h0/d0", "rnic:h1/d0", "tor:t0", "tor:t1", "link:t0|s0", "link:t1|s0", "spine:s0"]
+        );
+        assert_eq!(named(&groups[1]), ["rnic:h0/d0", "rnic:h2/d0", "tor:t0"]);
+        assert_eq!(named(&groups[2]), ["rnic:h1/d0", "rnic:h2/d0", "tor:t1", "tor:t0"]);
+        assert_eq!(e.without_path, 1);
+    }
+
+    /// Probes among 6 RNICs under two ToRs (r0-r2 under t0 = element 6, r3-r5 under t1 = 7),
+    /// 10 per ordered pair, `lost(pr, tg)` of them lost.
+    fn mesh_groups(lost: impl Fn(u32, u32) -> u32) -> Vec<Group> {
+        let mut groups = Vec::new();
+        for pr in 0..6 {
+            for tg in (0..6).filter(|&t| t != pr) {
+                let (tp, tt) = (6 + pr / 3, 6 + tg / 3);
+                let mut elements = vec![pr, tg, tp];
+                if tt != tp {
+                    elements.push(tt);
+                }
+                let l = lost(pr, tg);
+                groups.push(Group { elements, acc: Acc { valid: 10, lost: l, ok: 10 - l, ..Acc::default() } });
+            }
+        }
+        groups
+    }
+
+    #[test]
+    fn cover_picks_the_most_specific_sufficient_element() {
+        let opts = Options::default();
+        let dead_rnic = mesh_groups(|p, t| if p == 1 || t == 1 { 10 } else { 0 });
+        let picks = cover(&dead_rnic, &mut vec![false; dead_rnic.len()], Mode::Lossy, 8, &opts);
+        assert_eq!(picks.iter().map(|p| p.0).collect::<Vec<_>>(), [1], "a dead RNIC beats its ToR");
+        let dead_tor = mesh_groups(|p, t| if p < 3 || t < 3 { 10 } else { 0 });
+        let picks = cover(&dead_tor, &mut vec![false; dead_tor.len()], Mode::Lossy, 8, &opts);
+        assert_eq!(picks.iter().map(|p| p.0).collect::<Vec<_>>(), [6], "a dead ToR beats its RNICs");
+        let healthy = mesh_groups(|_, _| 0);
+        assert!(cover(&healthy, &mut vec![false; healthy.len()], Mode::Lossy, 8, &opts).is_empty());
+    }
+
+    #[test]
+    fn blame_says_which_baseline_slow_probes_were_judged_against() {
+        let mut groups = mesh_groups(|_, _| 0);
+        for g in groups.iter_mut().filter(|g| g.elements[..2].contains(&4)) {
+            g.acc.slow = 10;
+            g.acc.slow_ts = TsSources::of(HP).0;
+        }
+        let mut names: Vec<(&'static str, String)> = (0..6).map(|i| ("rnic", format!("h{i}/d0"))).collect();
+        names.extend([("tor", "t0".to_owned()), ("tor", "t1".to_owned())]);
+        let e = Evidence {
+            names,
+            rnic_element: (0..6).collect(),
+            tor_element: (0..6).map(|i| 6 + i / 3).collect(),
+            by_window: BTreeMap::from([(0, groups)]),
+            without_path: 0,
+        };
+        let ds = dataset(1, 1, &[Rec(0, 0, 0, Outcome::Ok, 100_000, 1_000, HP)]);
+        let base = baselines(&ds.probes, &Options::default());
+        let mut held = Held::default();
+        blame(&e, &base, &Options::default(), &mut held);
+        let blamed: Vec<&(String, String)> = held.0.keys().collect();
+        assert_eq!(blamed, [&("rnic".to_owned(), "h4/d0".to_owned())]);
+        let evidence = &held.0[&("rnic".to_owned(), "h4/d0".to_owned())][&0].1;
+        assert_eq!(
+            evidence,
+            "h4/d0: 100/100 probes crossing it slow (100.0%); slow against the host_poll baseline (RTT above 330.0 us)"
+        );
+    }
+
+    #[test]
+    fn hysteresis_keeps_a_flap_one_finding_and_splits_long_quiet_spells() {
+        let mut held = Held::default();
+        for (w, score) in [(0, 0.5), (1, 0.9), (3, 0.4), (10, 0.7)] {
+            held.hold("rnic", "h1/d0", w, score, format!("w{w}"));
+        }
+        held.hold("host", "h0", 2, 1.0, "stall".into());
+        let f = hysteresis(held, W, Some(10), 3);
+        type Summary<'a> = (&'a str, u64, Option<u64>, u64, u64, &'a str);
+        let got: Vec<Summary> = f
+            .iter()
+            .map(|f| (f.kind.as_str(), f.start_ns, f.end_ns, f.windows, f.flaps, f.evidence.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("rnic", 0, Some(4 * W), 3, 2, "w1"),
+                ("rnic", 10 * W, None, 1, 1, "w10"),
+                ("host", 2 * W, Some(3 * W), 1, 1, "stall"),
+            ],
+            "network findings first; the last window's is still holding"
+        );
+    }
+
+    /// Host-poll probes from one RNIC, far slower than the kernel-stamped rest: judged against
+    /// their own source, they are not slow (a pooled baseline called that RNIC slow).
+    #[test]
+    fn rtt_evidence_stays_within_one_timestamp_source() {
+        let mut recs = Vec::new();
+        for w in 0..2 {
+            for pr in 0..6u32 {
+                for tg in (0..6).filter(|&t| t != pr) {
+                    for _ in 0..10 {
+                        let (rtt, ts) = if pr == 2 { (150_000, HP) } else { (10_000, KS) };
+                        recs.push(Rec(pr, tg, w, Outcome::Ok, rtt, 1_000, ts));
+                    }
+                }
+            }
+        }
+        let mut ds = dataset(6, 2, &recs);
+        let l = localize(&ds, &Options::default());
+        assert!(l.findings.is_empty(), "{:?}", l.findings);
+        let sources: Vec<&str> = l.baselines.iter().map(|b| b.ts_source).collect();
+        assert_eq!(sources, ["kernel_software", "host_poll"], "most samples first");
+        assert_eq!((l.rtt_ns_p50, l.slow_threshold_ns), (10e3, 60e3), "the dominant source's");
+        // The same probes read as one source, as before sources were told apart: h2 is "slow".
+        ds.probes.ts_source.fill(KS);
+        let pooled = localize(&ds, &Options::default());
+        let blamed: Vec<(&str, &str)> = pooled.findings.iter().map(|f| (f.kind.as_str(), f.entity.as_str())).collect();
+        assert_eq!(blamed, [("rnic", "h2/d0")]);
+    }
 }

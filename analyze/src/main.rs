@@ -19,12 +19,15 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum What {
     /// Say which RNIC, ToR, link or spine is at fault, window by window, and which hosts were too
-    /// noisy to count as evidence (../shared/reference/localisation.md).
+    /// noisy to count as evidence (the method: ARCHITECTURE.md, "Localisation", and the module
+    /// documentation of analyze/src/localize.rs). Probes dropped on the prober's own host are
+    /// never evidence; RTTs are judged against the fleet baseline of their own timestamp source.
     Localize {
         /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
-        /// `table` (findings with their evidence) or `json` (the scenarios README's shape).
+        /// `table` (findings with their evidence) or `json` (the findings shape `testbeds score`
+        /// reads: testbeds/scenarios/README.md).
         #[arg(long, default_value = "table")]
         format: String,
         /// Window length in seconds; windows are wall-clock aligned so all agents' coincide.
@@ -40,6 +43,12 @@ enum What {
     },
     /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair): probe counts, loss
     /// ratio and delay quantiles; rows breaking the SLA first.
+    ///
+    /// Every row counts probes, ok, lost, partial (only ACK2 missing), invalid, refused,
+    /// local_drop (never left the prober's host: not loss) and unreachable (a dead peer);
+    /// loss_ratio = lost / (ok + partial + lost). Its ts_source column names the timestamp
+    /// sources of its delay quantiles: nic, host_poll, kernel_software or kernel_hardware, or
+    /// mixed(a+b) when samples of several sources were pooled (their delays are not comparable).
     Report(rocemesh_analyze::cli::ReportArgs),
     /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
     Export(rocemesh_analyze::cli::ExportArgs),

@@ -2,27 +2,34 @@
 //! (pair counts and exact quantiles in plain Rust, roll-ups and joins in polars), and their
 //! renderings (table, JSON, CSV, Parquet).
 //!
-//! This module owns the counting semantics that `analyze localize` shares (keep them in step):
+//! What a record counts as (ok, lost, partial, invalid, refused, local_drop, unknown), the
+//! unreachable rule, the loss ratio, the scopes and the SLA test are [`crate::probe`]'s; this
+//! module counts by them:
 //!
-//! - per record: ok = outcome 0; invalid = outcome 2; refused = outcome 3 (the peer's host
-//!   answered, its agent is down); lost = outcome 1 without ACK1; partial = outcome 1 with ACK1
-//!   (only ACK2 missing: the forward path and the responder are proven alive, so it is neither a
-//!   loss nor an RTT sample). Outcome bytes this build does not know count in `probes` only.
 //! - window = floor(t1_unix_ns / window_ns), aligned on the wall clock.
-//! - a (window, prober, target) whose records hold no ok and no partial but some lost is
-//!   *unreachable* (Pingmesh: a dead peer is not packet loss); its lost probes count as
-//!   `unreachable`, not `lost`.
-//! - loss_ratio = lost / (ok + partial + lost), null when that is 0.
+//! - counts are summed from the per-window pair counts, so the unreachable rule is applied per
+//!   pair before any roll-up. Local drops have their own column (`local_drop`) and, like
+//!   refused and invalid probes, stay out of the loss ratio. Outcome bytes this build does not
+//!   know count in `probes` only ([`Prepared::unknown_outcomes`] says how many).
 //! - delay quantiles are over ok records only, nearest rank: the value at 1-based rank
 //!   ceil(q * n) of the sorted samples ([`nearest_rank_index`]; polars' `Equiprobable`, which is
 //!   also DuckDB's `quantile_disc`).
+//! - each row's `ts_source` names the timestamp sources its quantiles came from
+//!   ([`crate::probe::TsSources::label`]: `kernel_software`, or `mixed(host_poll+kernel_software)`
+//!   when samples of several sources were pooled; null without ok samples). Samples are not
+//!   split by source: the label says when they were pooled, so no mix goes unseen. The set is a
+//!   bitmask ORed per pair while pairs are counted (no lookup per record), then per scope key.
 //!
 //! Scopes: `pair` (prober -> target), `rnic` (every record where the RNIC is the prober or the
 //! target, a self-probe once: a broken RNIC hurts both directions), `tor` (every record whose
 //! prober or target hangs off the ToR, a ToR-local record once), `tor_pair` (prober's ToR ->
-//! target's ToR) and `cluster`. Counts are summed from the per-window pair counts, so the
-//! unreachable rule is applied per pair before any roll-up; quantiles come from the ok records
-//! of the scope's entity directly.
+//! target's ToR) and `cluster`; quantiles come from the ok records of the scope's entity
+//! directly.
+//!
+//! Output columns (CSV and Parquet, in this order; JSON has the same names): window_start_ns,
+//! window_start, scope, entity, probes, ok, lost, partial, invalid, refused, unreachable,
+//! loss_ratio, the seven quantiles, sla_violations, then local_drop and ts_source (added last, so
+//! positional readers of earlier reports keep their columns).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -30,10 +37,12 @@ use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::ingest::{Probes, Rnic};
+use crate::ingest::{Fields, NO_TOR, Probes, Rnic, UNKNOWN_RNIC};
 use crate::inspect::utc;
+use crate::probe::{Class, SlaError, TsSources, split_unreachable};
+pub use crate::probe::{DEFAULT_SCOPES, Scope, Sla, Violation};
 
 /// Everything that can go wrong computing or writing a report.
 #[derive(Debug, thiserror::Error)]
@@ -55,169 +64,17 @@ pub enum ReportError {
     #[error("writing the report: {0}")]
     Output(#[from] std::io::Error),
     /// The SLA configuration file is not valid.
-    #[error("{}: {detail}", path.display())]
-    SlaConfig {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong and how to fix it.
-        detail: String,
-    },
+    #[error(transparent)]
+    Sla(#[from] SlaError),
+    /// The probe columns handed over differ in length (a caller's bug, or columns left out).
+    #[error("probe columns differ in length: {0}")]
+    Columns(String),
     /// An option is out of range.
     #[error("{0}")]
     Usage(String),
     /// JSON serialisation failed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
-}
-
-/// Record classes, the `class` column the aggregations count.
-pub mod class {
-    use rocemesh_formats::record::Arrived;
-
-    /// Outcome ok: a loss-free exchange and an RTT sample.
-    pub const OK: u8 = 0;
-    /// Lost before ACK1 came back.
-    pub const LOST: u8 = 1;
-    /// Only ACK2 missing.
-    pub const PARTIAL: u8 = 2;
-    /// Timestamps implausible.
-    pub const INVALID: u8 = 3;
-    /// The peer's host refused (agent down).
-    pub const REFUSED: u8 = 4;
-    /// An outcome byte this build does not know.
-    pub const UNKNOWN: u8 = 5;
-
-    /// The class of a record from its outcome byte and arrival bitmap.
-    pub fn of(outcome: u8, arrived: u8) -> u8 {
-        match outcome {
-            0 => OK,
-            1 if arrived & Arrived::ACK1 != 0 => PARTIAL,
-            1 => LOST,
-            2 => INVALID,
-            3 => REFUSED,
-            _ => UNKNOWN,
-        }
-    }
-}
-
-/// What a row aggregates over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum Scope {
-    /// The whole fleet.
-    Cluster,
-    /// Prober's ToR -> target's ToR.
-    #[value(name = "tor_pair")]
-    TorPair,
-    /// Records whose prober or target hangs off the ToR.
-    Tor,
-    /// Records whose prober or target is the RNIC.
-    Rnic,
-    /// Prober -> target.
-    Pair,
-}
-
-impl Scope {
-    /// The name used in every output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scope::Cluster => "cluster",
-            Scope::TorPair => "tor_pair",
-            Scope::Tor => "tor",
-            Scope::Rnic => "rnic",
-            Scope::Pair => "pair",
-        }
-    }
-}
-
-/// The default scopes: `pair` is left out because it has one row per probed pair and window.
-pub const DEFAULT_SCOPES: [Scope; 3] = [Scope::Cluster, Scope::Tor, Scope::Rnic];
-
-/// SLA thresholds; a row breaking either is a violation.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Sla {
-    /// Highest acceptable loss ratio (0.001 = Pingmesh's 0.1%).
-    #[serde(default = "default_loss_ratio")]
-    pub loss_ratio: f64,
-    /// Highest acceptable network RTT p99, µs (rpingmesh's phase-1 bound is 500).
-    #[serde(default = "default_rtt_p99_us")]
-    pub rtt_p99_us: f64,
-}
-
-fn default_loss_ratio() -> f64 {
-    0.001
-}
-
-fn default_rtt_p99_us() -> f64 {
-    500.0
-}
-
-impl Default for Sla {
-    fn default() -> Self {
-        Sla { loss_ratio: default_loss_ratio(), rtt_p99_us: default_rtt_p99_us() }
-    }
-}
-
-impl Sla {
-    /// Thresholds from a TOML file with the optional keys `loss_ratio` and `rtt_p99_us`
-    /// (missing keys keep their defaults; unknown keys are refused, a typo must not silently
-    /// keep a default).
-    pub fn from_file(path: &Path) -> Result<Sla, ReportError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
-            path: path.to_owned(),
-            what: "read SLA configuration",
-            source,
-        })?;
-        let sla: Sla = toml::from_str(&text).map_err(|e| ReportError::SlaConfig {
-            path: path.to_owned(),
-            detail: format!("{e}; the file holds `loss_ratio = 0.001` and `rtt_p99_us = 500`, both optional"),
-        })?;
-        sla.check().map_err(|detail| ReportError::SlaConfig { path: path.to_owned(), detail })?;
-        Ok(sla)
-    }
-
-    /// Whether both thresholds make sense.
-    pub fn check(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.loss_ratio) {
-            return Err(format!("loss_ratio = {} is not a ratio: use 0 to 1 (0.001 is 0.1%)", self.loss_ratio));
-        }
-        if !self.rtt_p99_us.is_finite() || self.rtt_p99_us < 0.0 {
-            return Err(format!("rtt_p99_us = {} must be a non-negative number of µs", self.rtt_p99_us));
-        }
-        Ok(())
-    }
-
-    fn violations(&self, loss_ratio: Option<f64>, rtt_ns_p99: Option<i64>) -> Vec<Violation> {
-        let mut v = Vec::new();
-        if loss_ratio.is_some_and(|l| l > self.loss_ratio) {
-            v.push(Violation::Loss);
-        }
-        if rtt_ns_p99.is_some_and(|r| r as f64 > self.rtt_p99_us * 1e3) {
-            v.push(Violation::RttP99);
-        }
-        v
-    }
-}
-
-/// Which threshold a row broke.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Violation {
-    /// loss_ratio above [`Sla::loss_ratio`].
-    Loss,
-    /// rtt_ns_p99 above [`Sla::rtt_p99_us`].
-    RttP99,
-}
-
-impl Violation {
-    /// The name used in every output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Violation::Loss => "loss",
-            Violation::RttP99 => "rtt_p99",
-        }
-    }
 }
 
 /// One line of the report: one scope entity in one window (or over the whole range).
@@ -246,6 +103,8 @@ pub struct Row {
     pub invalid: u64,
     /// Refused by the peer's host (agent down).
     pub refused: u64,
+    /// Never left the prober's host (a local reason): neither loss nor a sample.
+    pub local_drop: u64,
     /// Lost probes of pairs that had nothing but losses in the window (dead peer).
     pub unreachable: u64,
     /// lost / (ok + partial + lost); `None` when that is 0.
@@ -264,6 +123,9 @@ pub struct Row {
     pub responder_delay_ns_p50: Option<i64>,
     /// See `responder_delay_ns_p50`.
     pub responder_delay_ns_p99: Option<i64>,
+    /// Timestamp sources of the quantiles' samples: one name (`kernel_software`) or
+    /// `mixed(a+b)`; `None` without ok samples.
+    pub ts_source: Option<String>,
     /// Thresholds broken, empty when within the SLA.
     pub sla_violations: Vec<Violation>,
 }
@@ -449,18 +311,61 @@ const QUANTILES: [(&str, &str, f64); 7] = [
     ("responder_delay_ns", "responder_delay_ns_p99", 0.99),
 ];
 
-/// Counted columns of the pair-count table, summed by every scope.
-const COUNTS: [&str; 7] = ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable"];
+/// Counted columns of the pair-count table, summed by every scope; the `C_*` constants index it.
+const COUNTS: [&str; 8] = ["probes", "ok", "lost", "partial", "invalid", "refused", "unreachable", "local_drop"];
+const C_PROBES: usize = 0;
+const C_OK: usize = 1;
+const C_LOST: usize = 2;
+const C_PARTIAL: usize = 3;
+const C_INVALID: usize = 4;
+const C_REFUSED: usize = 5;
+const C_UNREACHABLE: usize = 6;
+const C_LOCAL_DROP: usize = 7;
 
-/// Name of records whose ToR is unknown, and of ids no dictionary defined.
-const NO_TOR: &str = "(no tor)";
-const UNKNOWN_RNIC: &str = "(unknown rnic)";
+/// The byte [`prepare`] leaves in place of each record's outcome: its [`Class`] in the low three
+/// bits and its timestamp-source code ([`crate::probe::ts_code`]) above them. The source thus
+/// costs no column of its own after `prepare`, and the pair count reads it with the class.
+mod packed {
+    use crate::probe::{Class, ts_code};
+
+    const CLASS_MASK: u8 = 0b111;
+    const TS_SHIFT: u32 = 3;
+
+    /// The byte of a record.
+    #[inline]
+    pub fn pack(class: Class, ts_source: u8) -> u8 {
+        class as u8 | ts_code(ts_source) << TS_SHIFT
+    }
+
+    /// The class's discriminant.
+    #[inline]
+    pub fn class(b: u8) -> u8 {
+        b & CLASS_MASK
+    }
+
+    /// Whether the record is an ok sample.
+    #[inline]
+    pub fn is_ok(b: u8) -> bool {
+        b & CLASS_MASK == Class::Ok as u8
+    }
+
+    /// The record's timestamp-source bit ([`crate::probe::TsSources`]) if it is an ok sample,
+    /// else 0: computed without a branch, on the pair count's hot path.
+    #[inline]
+    pub fn sample_ts_bit(b: u8) -> u64 {
+        u64::from(is_ok(b)) << (b >> TS_SHIFT)
+    }
+}
+
+/// The slot of a pair-count entry that holds the OR of its ok samples' timestamp-source bits
+/// (slots below it count records by class, which stay below it: [`Class::Unknown`] is 6).
+const TS_SLOT: usize = 7;
 
 /// The probe table reduced to what reports need: per-window pair counts, and per record its
 /// class, window index, ends and delays.
 ///
 /// Every group-by runs on one integer key that packs the window's index with the entity's ids
-/// (see [`KeySpace`]): polars groups a single integer column several times faster than a
+/// (see `KeySpace`): polars groups a single integer column several times faster than a
 /// multi-column key, which it row-encodes and hashes as bytes (measured: 0.77 s against 0.07 s
 /// for the pair counts of 10^7 records, when polars still counted them), and the plain-Rust
 /// passes index their tables with it.
@@ -479,8 +384,11 @@ pub struct Prepared {
     /// The windows that hold records, ascending: a window's dense index `d` is its position.
     window_list: Vec<u64>,
     keys: KeySpace,
-    /// d, prober, target (u32), then [`COUNTS`] (u64).
+    /// d, prober, target (u32), then [`COUNTS`] (u64), then `ts_mask` (u8: the
+    /// [`TsSources`] of the pair's ok samples).
     pair_counts: DataFrame,
+    /// Records whose outcome byte this build does not know (counted in `probes` only).
+    pub unknown_outcomes: u64,
     /// class, d, prober, target and the three delays of every record.
     base: DataFrame,
     /// ToR id by RNIC id (the unknown RNIC's is the "no ToR" one).
@@ -520,6 +428,9 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
     let unknown = rnics.len() as u32;
     let keys = KeySpace { rnics: rnic_names.len() as u64, tors: tor_names.len() as u64 };
 
+    if let Some((name, len)) = probes.uneven_column(Fields::Report) {
+        return Err(ReportError::Columns(format!("{name} has {len} values for {records} records")));
+    }
     let Probes {
         t1_unix_ns: mut window,
         network_rtt_ns,
@@ -532,20 +443,24 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         kind,
         outcome: mut class,
         arrived,
+        ts_source,
     } = probes;
     // Reports do not use these (ingest leaves them empty for `analyze report`).
     drop((flow_label, responder_epoch, kind));
     const BLOCK: usize = 1 << 16;
-    // Pass 1: window (in place of t1), class (of outcome), ids clamped to the known ones (ToRs
-    // are looked up from them where a key needs one). Records of one file are in time order, so consecutive records mostly share a window: a range check
-    // replaces the 64-bit division, and only run starts are collected as windows.
+    // Pass 1: window (in place of t1), class and timestamp source (packed in place of the
+    // outcome), ids clamped to the known ones (ToRs are looked up from them where a key needs
+    // one). Records of one file are in time order, so consecutive records mostly share a
+    // window: a range check replaces the 64-bit division, and only run starts are collected as
+    // windows.
     let window_runs: Vec<Vec<u64>> = window
         .par_chunks_mut(BLOCK)
         .zip(class.par_chunks_mut(BLOCK))
         .zip(arrived.par_chunks(BLOCK))
+        .zip(ts_source.par_chunks(BLOCK))
         .zip(prober.par_chunks_mut(BLOCK))
         .zip(target.par_chunks_mut(BLOCK))
-        .map(|((((t, c), a), p), g)| {
+        .map(|(((((t, c), a), ts), p), g)| {
             let (mut lo, mut hi, mut w) = (1u64, 0u64, 0u64);
             let mut runs = Vec::new();
             for i in 0..t.len() {
@@ -556,7 +471,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
                     runs.push(w);
                 }
                 t[i] = w;
-                c[i] = class::of(c[i], a[i]);
+                c[i] = packed::pack(Class::of(c[i], a[i]), ts[i]);
                 p[i] = p[i].min(unknown);
                 g[i] = g[i].min(unknown);
             }
@@ -565,7 +480,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
             runs
         })
         .collect();
-    drop(arrived);
+    drop((arrived, ts_source));
     let mut window_list: Vec<u64> = window_runs.into_iter().flatten().collect();
     window_list.sort_unstable();
     window_list.dedup();
@@ -608,7 +523,8 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
                     }
                     *slot = (key, [0; 8]);
                 }
-                slot.1[usize::from(c[i] & 7)] += 1;
+                slot.1[usize::from(packed::class(c[i]))] += 1;
+                slot.1[TS_SLOT] |= packed::sample_ts_bit(c[i]);
             }
             for (key, counts) in recent {
                 if key != PairTable::EMPTY {
@@ -619,7 +535,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         })
         .reduce(PairTable::default, PairTable::merge);
     drop(window);
-    let pair_counts = pair_counts(pair_table, keys)?;
+    let (pair_counts, unknown_outcomes) = pair_counts(pair_table, keys)?;
 
     let base = DataFrame::new(
         records,
@@ -634,7 +550,19 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         ],
     )?;
     let windows = window_list.first().copied().zip(window_list.last().copied());
-    Ok(Prepared { window_ns, windows, records, rnic_names, tor_names, window_list, keys, pair_counts, base, rnic_tor })
+    Ok(Prepared {
+        window_ns,
+        windows,
+        records,
+        rnic_names,
+        tor_names,
+        window_list,
+        keys,
+        pair_counts,
+        unknown_outcomes,
+        base,
+        rnic_tor,
+    })
 }
 
 /// Record counts per pair key `(d * rnics + prober) * rnics + target` and class: an
@@ -643,7 +571,8 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
 struct PairTable {
     /// Pair keys, [`PairTable::EMPTY`] in free slots; a power of two long (or empty).
     keys: Vec<u64>,
-    /// Counts by [`class`] value, beside `keys`.
+    /// Counts by [`Class`] discriminant, beside `keys`; slot [`TS_SLOT`] is a bitmask, merged
+    /// by OR.
     counts: Vec<[u64; 8]>,
     len: usize,
 }
@@ -662,9 +591,11 @@ impl PairTable {
     }
 
     fn add_counts(&mut self, key: u64, counts: &[u64; 8]) {
-        for (c, n) in self.entry(key).iter_mut().zip(counts) {
+        let entry = self.entry(key);
+        for (c, n) in entry[..TS_SLOT].iter_mut().zip(counts) {
             *c += n;
         }
+        entry[TS_SLOT] |= counts[TS_SLOT];
     }
 
     fn entry(&mut self, key: u64) -> &mut [u64; 8] {
@@ -705,42 +636,38 @@ impl PairTable {
 }
 
 /// Per (window, prober, target): every count, with the unreachable rule applied, from the
-/// record counts per pair and class.
-fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<DataFrame> {
-    // pair key -> [probes, ok, lost_raw, partial, invalid, refused], in key order.
-    let mut pairs: Vec<(u64, [u64; 6])> = table
-        .keys
-        .into_iter()
-        .zip(table.counts)
-        .filter(|(k, _)| *k != PairTable::EMPTY)
-        .map(|(k, c)| {
-            let at = |class: u8| c[usize::from(class)];
-            (
-                k,
-                [
-                    c.iter().sum(),
-                    at(class::OK),
-                    at(class::LOST),
-                    at(class::PARTIAL),
-                    at(class::INVALID),
-                    at(class::REFUSED),
-                ],
-            )
-        })
-        .collect();
+/// record counts per pair and class, and the pair's `ts_mask`; and the records of unknown
+/// outcome over all pairs.
+fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<(DataFrame, u64)> {
+    let mut pairs: Vec<(u64, [u64; 8])> =
+        table.keys.into_iter().zip(table.counts).filter(|(k, _)| *k != PairTable::EMPTY).collect();
     pairs.sort_unstable_by_key(|p| p.0);
     let r = keys.rnics;
     let m = pairs.len();
     let (mut d, mut p, mut t) = (Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m));
-    let mut counts: [Vec<u64>; 7] = Default::default();
+    let mut ts_mask = Vec::with_capacity(m);
+    let mut counts: [Vec<u64>; COUNTS.len()] = Default::default();
+    let mut unknown_outcomes = 0;
     for (k, c) in pairs {
         let (prober, target) = ((k / r % r) as u32, (k % r) as u32);
         d.push((k / r / r) as u32);
         p.push(prober);
         t.push(target);
-        // A dead peer is not packet loss: a pair with only losses is unreachable.
-        let unreachable = if c[1] + c[3] == 0 { c[2] } else { 0 };
-        for (v, x) in counts.iter_mut().zip([c[0], c[1], c[2] - unreachable, c[3], c[4], c[5], unreachable]) {
+        // Only the low bits are ever set (one per timestamp-source code).
+        ts_mask.push(c[TS_SLOT] as u8);
+        let at = |class: Class| c[class as usize];
+        unknown_outcomes += at(Class::Unknown);
+        let (lost, unreachable) = split_unreachable(at(Class::Ok), at(Class::Partial), at(Class::Lost));
+        let mut row = [0u64; COUNTS.len()];
+        row[C_PROBES] = c[..TS_SLOT].iter().sum();
+        row[C_OK] = at(Class::Ok);
+        row[C_LOST] = lost;
+        row[C_PARTIAL] = at(Class::Partial);
+        row[C_INVALID] = at(Class::Invalid);
+        row[C_REFUSED] = at(Class::Refused);
+        row[C_UNREACHABLE] = unreachable;
+        row[C_LOCAL_DROP] = at(Class::LocalDrop);
+        for (v, x) in counts.iter_mut().zip(row) {
             v.push(x);
         }
     }
@@ -752,7 +679,8 @@ fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<DataFrame> {
     for (name, v) in COUNTS.iter().zip(counts) {
         columns.push(UInt64Chunked::from_vec((*name).into(), v).into_column());
     }
-    DataFrame::new(m, columns)
+    columns.push(UInt8Chunked::from_vec("ts_mask".into(), ts_mask).into_column());
+    Ok((DataFrame::new(m, columns)?, unknown_outcomes))
 }
 
 /// Whether rows are per window or over the whole range.
@@ -853,11 +781,9 @@ impl Prepared {
         scopes.dedup();
         let mut rows = Vec::new();
         for scope in scopes {
-            let counts = self
-                .count_input(scope, whole)?
-                .lazy()
-                .group_by([col("key")])
-                .agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
+            let (counts, ts_masks) = self.count_input(scope, whole)?;
+            let counts =
+                counts.lazy().group_by([col("key")]).agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
             let windows = if whole { 1 } else { self.window_list.len() as u64 };
             let quantiles = if self.keys.bound(scope, windows) <= layout_keys_max {
                 self.quantiles_by_key(scope, whole)?
@@ -880,7 +806,7 @@ impl Prepared {
             };
             let df =
                 counts.join(quantiles.lazy(), [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
-            self.collect_rows(scope, &df, sla, &mut rows)?;
+            self.collect_rows(scope, &df, &ts_masks, sla, &mut rows)?;
         }
         rows.sort_by(|a, b| {
             // `false < true`: rows with violations sort first.
@@ -894,13 +820,17 @@ impl Prepared {
         Ok(rows)
     }
 
-    /// The per-window pair counts keyed for `scope` (small: one row per pair, window and end).
-    fn count_input(&self, scope: Scope, whole: bool) -> PolarsResult<DataFrame> {
+    /// The per-window pair counts keyed for `scope` (small: one row per pair, window and end),
+    /// and the timestamp sources of each key's ok samples, ascending by key. polars sums the
+    /// counts; the sources are ORed here, as this build of polars has no bitwise aggregation.
+    fn count_input(&self, scope: Scope, whole: bool) -> PolarsResult<(DataFrame, Vec<(u64, TsSources)>)> {
         let pc = &self.pair_counts;
         let ids = |name: &str| -> PolarsResult<Vec<u32>> {
             Ok(pc.column(name)?.u32()?.iter().map(|v| v.unwrap_or(0)).collect())
         };
         let (d, p, g) = (ids("d")?, ids("prober")?, ids("target")?);
+        let ts_mask: Vec<u8> = pc.column("ts_mask")?.u8()?.iter().map(|v| v.unwrap_or(0)).collect();
+        let mut masks: Vec<(u64, TsSources)> = Vec::new();
         let counts: Vec<Vec<u64>> = COUNTS
             .iter()
             .map(|c| Ok(pc.column(c)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect()))
@@ -912,14 +842,25 @@ impl Prepared {
             for k in std::iter::once(a).chain(b) {
                 key.push(k);
                 rows.push(i as IdxSize);
+                if ts_mask[i] != 0 {
+                    masks.push((k, TsSources(ts_mask[i])));
+                }
             }
         }
+        masks.sort_unstable_by_key(|m| m.0);
+        masks.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 = TsSources(kept.1.0 | next.1.0);
+            }
+            same
+        });
         let rows = IdxCa::from_vec("rows".into(), rows);
         let mut columns = vec![UInt64Chunked::from_vec("key".into(), key).into_column()];
         for (name, v) in COUNTS.iter().zip(counts) {
             columns.push(UInt64Chunked::from_vec((*name).into(), v).take(&rows)?.into_column());
         }
-        DataFrame::new(rows.len(), columns)
+        Ok((DataFrame::new(rows.len(), columns)?, masks))
     }
 
     fn columns(&self) -> PolarsResult<Columns<'_>> {
@@ -953,7 +894,7 @@ impl Prepared {
         // A record's sample keys: none unless ok; in the either-end scopes, a second one for the
         // other end when it differs.
         let key_of = |i: usize| -> Option<(usize, Option<usize>)> {
-            if c.class[i] != class::OK {
+            if !packed::is_ok(c.class[i]) {
                 return None;
             }
             let d = if whole { 0 } else { u64::from(c.d[i]) };
@@ -1092,11 +1033,11 @@ impl Prepared {
             }
             Ok(DataFrame::new(n, columns)?.lazy())
         };
-        let first = shared(column(n, &|i| (c.class[i] == class::OK).then(|| key_of(i).0)))?;
+        let first = shared(column(n, &|i| packed::is_ok(c.class[i]).then(|| key_of(i).0)))?;
         if !matches!(scope, Scope::Rnic | Scope::Tor) {
             return Ok(first);
         }
-        let second_of = |i: usize| (c.class[i] == class::OK).then(|| key_of(i).1).flatten();
+        let second_of = |i: usize| packed::is_ok(c.class[i]).then(|| key_of(i).1).flatten();
         let rows: Vec<IdxSize> =
             (0..n).into_par_iter().filter(|&i| second_of(i).is_some()).map(|i| i as IdxSize).collect();
         let second = if rows.len() > n / 2 {
@@ -1120,7 +1061,14 @@ impl Prepared {
         self.tor_names.get(id as usize).map_or(NO_TOR, String::as_str)
     }
 
-    fn collect_rows(&self, scope: Scope, df: &DataFrame, sla: &Sla, out: &mut Vec<Row>) -> PolarsResult<()> {
+    fn collect_rows(
+        &self,
+        scope: Scope,
+        df: &DataFrame,
+        ts_masks: &[(u64, TsSources)],
+        sla: &Sla,
+        out: &mut Vec<Row>,
+    ) -> PolarsResult<()> {
         let u64s = |name: &str| -> PolarsResult<Vec<u64>> {
             let c = df.column(name)?.cast(&DataType::UInt64)?;
             Ok(c.u64()?.iter().map(|v| v.unwrap_or(0)).collect())
@@ -1148,9 +1096,9 @@ impl Prepared {
                 }
             };
             let c = |j: usize| counts[j][i];
-            let (ok, lost, partial) = (c(1), c(2), c(3));
-            let denominator = ok + partial + lost;
-            let loss_ratio = (denominator > 0).then(|| lost as f64 / denominator as f64);
+            let (ok, lost, partial) = (c(C_OK), c(C_LOST), c(C_PARTIAL));
+            let loss_ratio = crate::probe::loss_ratio(ok, partial, lost);
+            let ts_source = ts_masks.binary_search_by_key(&key[i], |m| m.0).ok().and_then(|at| ts_masks[at].1.label());
             let window = self.window_list.get(d as usize).copied().unwrap_or(0);
             let window_start_ns = window.saturating_mul(self.window_ns);
             out.push(Row {
@@ -1159,13 +1107,14 @@ impl Prepared {
                 scope,
                 entity,
                 ends,
-                probes: c(0),
+                probes: c(C_PROBES),
                 ok,
                 lost,
                 partial,
-                invalid: c(4),
-                refused: c(5),
-                unreachable: c(6),
+                invalid: c(C_INVALID),
+                refused: c(C_REFUSED),
+                local_drop: c(C_LOCAL_DROP),
+                unreachable: c(C_UNREACHABLE),
                 loss_ratio,
                 rtt_ns_p50: q[0][i],
                 rtt_ns_p99: q[1][i],
@@ -1174,6 +1123,7 @@ impl Prepared {
                 prober_delay_ns_p99: q[4][i],
                 responder_delay_ns_p50: q[5][i],
                 responder_delay_ns_p99: q[6][i],
+                ts_source,
                 sla_violations: sla.violations(loss_ratio, q[1][i]),
             });
         }
@@ -1241,6 +1191,10 @@ pub fn frame(rows: &[Row]) -> PolarsResult<DataFrame> {
             q("responder_delay_ns_p50", |r| r.responder_delay_ns_p50),
             q("responder_delay_ns_p99", |r| r.responder_delay_ns_p99),
             s("sla_violations", rows.iter().map(|r| violations_text(&r.sla_violations)).collect()),
+            // Added after the original columns, so positional readers keep theirs.
+            u("local_drop", |r| r.local_drop),
+            StringChunked::from_iter_options("ts_source".into(), rows.iter().map(|r| r.ts_source.as_deref()))
+                .into_column(),
         ],
     )
 }
@@ -1304,9 +1258,10 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
         }
     );
     let entity_width = rows.iter().map(|r| r.entity.chars().count()).max().unwrap_or(6).clamp(6, 60);
+    let ts_width = rows.iter().filter_map(|r| r.ts_source.as_ref().map(String::len)).max().unwrap_or(9).max(9);
     let _ = writeln!(
         s,
-        "{:<20} {:<8} {:<entity_width$} {:>10} {:>10} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  SLA",
+        "{:<20} {:<8} {:<entity_width$} {:>10} {:>10} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<ts_width$}  SLA",
         "window (UTC)",
         "scope",
         "entity",
@@ -1316,6 +1271,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
         "partial",
         "invalid",
         "refused",
+        "local",
         "unreach",
         "loss %",
         "rtt p50",
@@ -1325,6 +1281,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
         "prb p99",
         "rsp p50",
         "rsp p99",
+        "ts source",
     );
     for r in rows {
         let loss = r.loss_ratio.map_or_else(|| "-".into(), |l| format!("{:.3}", l * 100.0));
@@ -1339,7 +1296,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
             .join(", ");
         let _ = writeln!(
             s,
-            "{:<20} {:<8} {:<entity_width$} {:>10} {:>10} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
+            "{:<20} {:<8} {:<entity_width$} {:>10} {:>10} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<ts_width$}  {}",
             r.window_start,
             r.scope.name(),
             r.entity,
@@ -1349,6 +1306,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
             r.partial,
             r.invalid,
             r.refused,
+            r.local_drop,
             r.unreachable,
             loss,
             us(r.rtt_ns_p50),
@@ -1358,6 +1316,7 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
             us(r.prober_delay_ns_p99),
             us(r.responder_delay_ns_p50),
             us(r.responder_delay_ns_p99),
+            r.ts_source.as_deref().unwrap_or("-"),
             sla,
         );
     }
@@ -1367,16 +1326,21 @@ pub fn table(rows: &[Row], meta: &Meta) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rocemesh_formats::record::{Arrived, TsSource};
 
+    /// The packed byte keeps class and timestamp source apart, for every class and source byte.
     #[test]
-    fn classes() {
-        assert_eq!(class::of(0, 7), class::OK);
-        assert_eq!(class::of(1, 1), class::LOST);
-        assert_eq!(class::of(1, 3), class::PARTIAL);
-        assert_eq!(class::of(1, 0), class::LOST);
-        assert_eq!(class::of(2, 7), class::INVALID);
-        assert_eq!(class::of(3, 1), class::REFUSED);
-        assert_eq!(class::of(9, 7), class::UNKNOWN);
+    fn packed_bytes_keep_class_and_source() {
+        for class in Class::ALL {
+            for ts in [0u8, 1, 2, 3, 4, 200] {
+                let b = packed::pack(class, ts);
+                assert_eq!(packed::class(b), class as u8);
+                assert_eq!(packed::is_ok(b), class == Class::Ok);
+                let want = if class == Class::Ok { u64::from(TsSources::of(ts).0) } else { 0 };
+                assert_eq!(packed::sample_ts_bit(b), want, "{class:?} ts {ts}");
+                assert!(packed::sample_ts_bit(b) < 1 << TS_SLOT, "stays out of the other slots' way");
+            }
+        }
     }
 
     #[test]
@@ -1425,7 +1389,8 @@ mod tests {
     }
 
     /// The pair table counts like a map, through growth, merges of tables of either size, and
-    /// keys that collide in the low bits the front cache of `prepare` is indexed by.
+    /// keys that collide in the low bits the front cache of `prepare` is indexed by; its
+    /// timestamp-source slot merges by OR.
     #[test]
     fn pair_table_counts_like_a_map() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -1437,11 +1402,15 @@ mod tests {
             x ^= x << 17;
             // Few keys in the first table, many in the others; multiples of 64 collide.
             let key = if i % 3 == 0 { (x % 50) * 64 } else { x % 30_000 };
-            let class = (x >> 40) as u8 % 8;
+            let class = (x >> 40) as usize % TS_SLOT;
+            let ts = 1u64 << ((x >> 50) % 5);
             let mut one = [0u64; 8];
-            one[usize::from(class)] = 1;
+            one[class] = 1;
+            one[TS_SLOT] = ts;
             tables[(i % 3) as usize].add_counts(key, &one);
-            want.entry(key).or_default()[usize::from(class)] += 1;
+            let w = want.entry(key).or_default();
+            w[class] += 1;
+            w[TS_SLOT] |= ts;
         }
         let [a, b, c] = <[PairTable; 3]>::try_from(tables).ok().expect("three tables");
         let merged = a.merge(b).merge(c);
@@ -1455,18 +1424,6 @@ mod tests {
         got.sort_unstable_by_key(|e| e.0);
         assert_eq!(merged.len, want.len());
         assert_eq!(got, want.into_iter().collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn sla_file_keys() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = dir.path().join("sla.toml");
-        std::fs::write(&p, "loss_ratio = 0.01\n").expect("write");
-        assert_eq!(Sla::from_file(&p).expect("valid"), Sla { loss_ratio: 0.01, rtt_p99_us: 500.0 });
-        std::fs::write(&p, "loss_ration = 0.01\n").expect("write");
-        assert!(matches!(Sla::from_file(&p), Err(ReportError::SlaConfig { .. })));
-        std::fs::write(&p, "loss_ratio = 5\n").expect("write");
-        assert!(matches!(Sla::from_file(&p), Err(ReportError::SlaConfig { .. })));
     }
 
     /// Both ways of grouping samples (laid out by key, hashed) give the same rows, on records
@@ -1500,8 +1457,9 @@ mod tests {
             p.flow_label.push(0);
             p.responder_epoch.push(0);
             p.kind.push(0);
-            p.outcome.push([0, 0, 0, 0, 0, 1, 1, 2, 3, 9][(r >> 50) as usize % 10]);
+            p.outcome.push([0, 0, 0, 0, 0, 1, 1, 2, 3, 4, 9][(r >> 50) as usize % 11]);
             p.arrived.push((r >> 54) as u8 & 7);
+            p.ts_source.push([1, 2, 2, 2, 7][(r >> 58) as usize % 5]);
         }
         let prepared = prepare(p, &rnics, 30_000_000_000).expect("prepare");
         let scopes = [Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair];
@@ -1512,7 +1470,89 @@ mod tests {
             assert_eq!(laid_out, hashed);
             assert!(laid_out.iter().any(|r| r.entity == UNKNOWN_RNIC));
             assert!(laid_out.iter().any(|r| r.entity == NO_TOR));
+            assert!(laid_out.iter().any(|r| r.local_drop > 0));
+            assert!(
+                laid_out.iter().any(|r| r.ts_source.as_deref() == Some("mixed(host_poll+kernel_software+unknown)"))
+            );
         }
+    }
+
+    /// Probes in one window from (prober, target, outcome, arrived, ts_source, rtt).
+    fn probes(recs: &[(u32, u32, u8, u8, u8, i32)]) -> Probes {
+        let mut p = Probes::default();
+        for (i, &(prober, target, outcome, arrived, ts, rtt)) in recs.iter().enumerate() {
+            p.t1_unix_ns.push(1_700_000_010_000_000_000 + i as u64);
+            p.network_rtt_ns.push(rtt);
+            p.prober_delay_ns.push(100);
+            p.responder_delay_ns.push(100);
+            p.prober.push(prober);
+            p.target.push(target);
+            p.outcome.push(outcome);
+            p.arrived.push(arrived);
+            p.ts_source.push(ts);
+        }
+        p
+    }
+
+    fn three_rnics() -> Vec<Rnic> {
+        (0..3).map(|i| Rnic { name: format!("h{i}/d0"), tor: "t0".into(), host: format!("h{i}") }).collect()
+    }
+
+    fn row<'a>(rows: &'a [Row], scope: Scope, entity: &str) -> &'a Row {
+        rows.iter().find(|r| r.scope == scope && r.entity == entity).unwrap_or_else(|| panic!("{entity}: {rows:?}"))
+    }
+
+    /// A row pooling samples of two timestamp sources says so; a row of one source names it;
+    /// a lost probe's source is no sample's, so it labels nothing.
+    #[test]
+    fn rows_name_the_timestamp_sources_of_their_samples() {
+        let all = Arrived::ALL.0;
+        let recs = [
+            (0, 1, 0, all, TsSource::HostPoll as u8, 90_000),
+            (0, 1, 0, all, TsSource::HostPoll as u8, 95_000),
+            (2, 1, 0, all, TsSource::KernelSoftware as u8, 9_000),
+            (2, 0, 1, Arrived::PROBE_SENT, TsSource::Nic as u8, 0),
+        ];
+        let prepared = prepare(probes(&recs), &three_rnics(), 30_000_000_000).expect("prepare");
+        for span in [Span::PerWindow, Span::WholeRange] {
+            let rows = prepared.rows(&[Scope::Cluster, Scope::Rnic, Scope::Pair], span, &Sla::default()).expect("rows");
+            let label = |scope, entity| row(&rows, scope, entity).ts_source.clone();
+            assert_eq!(label(Scope::Rnic, "h0/d0").as_deref(), Some("host_poll"));
+            assert_eq!(label(Scope::Rnic, "h1/d0").as_deref(), Some("mixed(host_poll+kernel_software)"));
+            assert_eq!(label(Scope::Rnic, "h2/d0").as_deref(), Some("kernel_software"));
+            assert_eq!(label(Scope::Pair, "h0/d0->h1/d0").as_deref(), Some("host_poll"));
+            assert_eq!(label(Scope::Pair, "h2/d0->h0/d0"), None, "a lost probe is no sample");
+            assert_eq!(label(Scope::Cluster, "cluster").as_deref(), Some("mixed(host_poll+kernel_software)"));
+        }
+    }
+
+    /// Local drops have their own count and stay out of the loss ratio; a pair with nothing
+    /// else is not unreachable. Unknown outcome bytes count in `probes` only, and are counted.
+    #[test]
+    fn local_drops_and_unknown_outcomes_count_apart() {
+        let (all, sent, ks) = (Arrived::ALL.0, Arrived::PROBE_SENT, TsSource::KernelSoftware as u8);
+        let mut recs = vec![(0, 1, 0, all, ks, 5_000); 6];
+        recs.extend([(0, 1, 1, sent, ks, 0), (0, 1, 4, 0, ks, 0), (0, 1, 4, 0, ks, 0), (0, 1, 200, all, ks, 7)]);
+        recs.extend([(2, 0, 4, 0, ks, 0); 5]);
+        let prepared = prepare(probes(&recs), &three_rnics(), 30_000_000_000).expect("prepare");
+        assert_eq!(prepared.unknown_outcomes, 1);
+        let rows = prepared.rows(&[Scope::Pair, Scope::Cluster], Span::PerWindow, &Sla::default()).expect("rows");
+        let r = row(&rows, Scope::Pair, "h0/d0->h1/d0");
+        assert_eq!((r.probes, r.ok, r.lost, r.local_drop, r.unreachable), (10, 6, 1, 2, 0));
+        assert_eq!(r.loss_ratio, Some(1.0 / 7.0));
+        assert_eq!(r.rtt_ns_p99, Some(5_000), "the unknown byte's delay is no sample");
+        let dropped = row(&rows, Scope::Pair, "h2/d0->h0/d0");
+        assert_eq!((dropped.local_drop, dropped.lost, dropped.unreachable), (5, 0, 0));
+        assert_eq!((dropped.loss_ratio, dropped.sla_violations.len()), (None, 0));
+        assert_eq!(row(&rows, Scope::Cluster, "cluster").local_drop, 7);
+    }
+
+    #[test]
+    fn columns_of_different_lengths_are_refused() {
+        let mut p = probes(&[(0, 1, 0, 7, 2, 5); 3]);
+        p.ts_source.clear();
+        let e = prepare(p, &three_rnics(), 30_000_000_000).expect_err("ts_source is empty");
+        assert!(e.to_string().contains("ts_source has 0 values for 3 records"), "{e}");
     }
 
     #[test]

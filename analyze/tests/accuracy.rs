@@ -4,7 +4,7 @@
 //! scenarios README's rules. Prints the per-kind table; fails below the bars of issue 6.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rocemesh_analyze::ingest::ingest;
 use rocemesh_analyze::inspect::find_segments;
@@ -40,18 +40,50 @@ struct KindRow {
     blamed_network: u32,
 }
 
+/// The scenario files in `dir`, sorted. A test that finds no input must fail rather than pass
+/// having checked nothing, so a missing, unreadable or empty directory is an error naming it.
+fn scenario_paths(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        format!(
+            "{}: cannot read the public scenarios ({e}); they ship with the repository: restore them",
+            dir.display()
+        )
+    })?;
+    let mut paths = Vec::new();
+    for e in entries {
+        let p = e.map_err(|e| format!("{}: cannot list ({e})", dir.display()))?.path();
+        if p.extension().is_some_and(|e| e == "toml") {
+            paths.push(p);
+        }
+    }
+    if paths.is_empty() {
+        return Err(format!("{}: no *.toml scenario in it; restore the public scenarios", dir.display()));
+    }
+    paths.sort();
+    Ok(paths)
+}
+
+/// `ROCEMESH_SUITE_SEEDS` (`9,10`), or the default seeds when it is unset. A value that is not a
+/// seed is an error naming it: dropping it would score fewer seeds than asked for and still pass.
+fn suite_seeds(var: Option<&str>) -> Result<Vec<u64>, String> {
+    let Some(v) = var else { return Ok(vec![1, 2, 3, 4]) };
+    // An empty value splits into one empty field, which is refused like any other non-number.
+    v.split(',')
+        .map(|s| {
+            s.trim().parse().map_err(|_| {
+                format!(
+                    "ROCEMESH_SUITE_SEEDS={v:?}: {:?} is not a seed; give comma-separated integers, e.g. 9,10",
+                    s.trim()
+                )
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn public_scenarios_are_localised() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbeds/scenarios");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        eprintln!("{} is missing: the public scenarios ship with the repository", dir.display());
-        return;
-    };
-    let mut paths: Vec<_> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    paths.sort();
+    let paths = scenario_paths(&dir).unwrap_or_else(|e| panic!("{e}"));
     for p in paths {
         let s = Scenario::load(&p).unwrap();
         let (sc, _) = run(&s);
@@ -61,11 +93,35 @@ fn public_scenarios_are_localised() {
 }
 
 #[test]
+fn a_missing_or_empty_scenario_directory_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("scenarios");
+    let e = scenario_paths(&missing).unwrap_err();
+    assert!(e.contains(&missing.display().to_string()), "{e}");
+    std::fs::create_dir(&missing).unwrap();
+    std::fs::write(missing.join("README.md"), "not a scenario").unwrap();
+    let e = scenario_paths(&missing).unwrap_err();
+    assert!(e.contains(&missing.display().to_string()) && e.contains("no *.toml"), "{e}");
+}
+
+#[test]
+fn an_unparsable_or_empty_seed_list_fails() {
+    assert_eq!(suite_seeds(None), Ok(vec![1, 2, 3, 4]));
+    assert_eq!(suite_seeds(Some(" 9, 10")), Ok(vec![9, 10]));
+    let e = suite_seeds(Some("9,1O")).unwrap_err();
+    assert!(e.contains("\"1O\" is not a seed"), "{e}");
+    assert!(suite_seeds(Some("9,")).unwrap_err().contains("\"\" is not a seed"));
+    assert!(suite_seeds(Some("")).is_err());
+}
+
+#[test]
 fn generated_suite_meets_the_bar() {
-    let seeds: Vec<u64> = std::env::var("ROCEMESH_SUITE_SEEDS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2, 3, 4]);
+    let var = match std::env::var("ROCEMESH_SUITE_SEEDS") {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(e) => panic!("ROCEMESH_SUITE_SEEDS: {e}; give comma-separated integers, e.g. 9,10"),
+    };
+    let seeds = suite_seeds(var.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     let mut rows: BTreeMap<FaultKind, KindRow> = BTreeMap::new();
     let (mut net, mut matching, mut expecting, mut found) = (0, 0, 0, 0);
     let mut failures = String::new();

@@ -45,14 +45,4 @@ pub(crate) fn line_of(text: &str, byte_offset: usize) -> usize {
     text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
-/// What formats accepts in tor, spine, host and device names; `None` when `name` is fine.
-pub(crate) fn name_problem(name: &str) -> Option<String> {
-    if name.is_empty() {
-        return Some("the name is empty".to_owned());
-    }
-    name.chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-        .map(|c| format!("name {name:?} contains {c:?}; names use only A-Z a-z 0-9 . _ : -"))
-}
-
 pub use rocemesh_formats::describe::host_name_problem;

@@ -260,11 +260,7 @@ impl Generator {
                 let gid = r.gid_or_mapped();
                 // The address the agent probes: the IP, unless an explicit GID is not the one
                 // RoCEv2 derives from it (then only the GID reaches the port).
-                let mapped = match r.ip {
-                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                    IpAddr::V6(v6) => v6,
-                };
-                let addr = if gid == mapped { r.ip } else { IpAddr::V6(gid) };
+                let addr = if gid == rocemesh_formats::gid::gid_of(r.ip) { r.ip } else { IpAddr::V6(gid) };
                 own.push(rnics.len());
                 tors[tor].rnics.push(rnics.len());
                 rnics.push(RnicInfo {

@@ -17,10 +17,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
-use rocemesh_formats::inventory::{self, FileError, Host, Inventory, Link, Rnic, Spine, Tor};
+use rocemesh_formats::inventory::{self, FileError, Host, Inventory, Link, NAME_FIX, Rnic, Spine, Tor, name_problem};
 
 use crate::describe::HostDescription;
-use crate::error::{Error, name_problem};
+use crate::error::Error;
 
 /// A host description and the file it came from.
 #[derive(Debug, Clone)]
@@ -115,7 +115,7 @@ impl TorMap {
                     continue;
                 }
                 if let Some(problem) = name_problem(value) {
-                    return Err(FileError::new(path, Some(line), *column, problem, format_fix));
+                    return Err(FileError::new(path, Some(line), *column, problem, NAME_FIX));
                 }
             }
             let rail = match fields.get(3) {
@@ -405,7 +405,7 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
             if let Some(problem) = name_problem(&tor) {
                 return Err(Error::invalid(
                     format!("the ToR name for {}/{} is unusable: {problem}", desc.host, r.device),
-                    "change the ToR map or --tor-name so that ToR names use only A-Z a-z 0-9 . _ : -",
+                    format!("change the ToR map or --tor-name: {NAME_FIX}"),
                 ));
             }
             if by_host.contains_key(tor.as_str()) || hosts.iter().any(|h| h.name == tor) {
@@ -453,7 +453,7 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
                 ip: r.ip,
                 // Only when it is not the one the format derives from `ip`: shorter files, and
                 // an address change cannot leave a stale GID behind.
-                gid: r.gid.filter(|g| *g != mapped(r.ip)),
+                gid: r.gid.filter(|g| *g != rocemesh_formats::gid::gid_of(r.ip)),
                 port: r.port,
                 gid_index: r.gid_index,
             });
@@ -522,13 +522,6 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
         .map_err(|e| Error::invalid(format!("cannot write the inventory as TOML: {e}"), "report this as a ctl bug"))?;
     Inventory::parse(&text, out)?;
     Ok(Imported { inventory, rail_devices, added, replaced, notes })
-}
-
-fn mapped(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    }
 }
 
 fn rail_device_order(described: &[Described], opts: &ImportOptions) -> Result<Vec<String>, Error> {

@@ -59,6 +59,9 @@ enum InventoryCmd {
         inventory: PathBuf,
     },
     /// Build an inventory from `agent describe` output plus where each port is cabled.
+    ///
+    /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
+    /// problems (they are printed; the file is written all the same).
     Import(ImportArgs),
 }
 
@@ -315,10 +318,15 @@ fn inventory_import(args: ImportArgs) -> Result<i32> {
     }
     let report = check::check(&imported.inventory);
     print!("{}", report.summary);
+    for f in &report.findings {
+        println!("{f}");
+    }
     for note in &imported.notes {
         println!("note: {note}");
     }
-    Ok(OK)
+    // The inventory is written all the same: fixing the cabling or the descriptions and importing
+    // again (--base) starts from it, and `ctl inventory check` shows the same problems.
+    Ok(if report.has_problems() { PROBLEMS } else { OK })
 }
 
 fn gen_pinglists(args: GenArgs) -> Result<i32> {

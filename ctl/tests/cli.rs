@@ -41,6 +41,42 @@ fn describe_cluster(dir: &Path) {
     }
 }
 
+/// A scratch directory whose `described/` holds [`describe_cluster`]'s hosts.
+fn described_cluster() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    describe_cluster(&tmp.path().join("described"));
+    tmp
+}
+
+/// A ToR map placing every host of [`describe_cluster`] under `rack<su>`, except su1-n03.
+fn map_without_su1_n03() -> String {
+    let mut map = String::from("host,device,tor\n");
+    for su in 0..2 {
+        for n in 1..=3 {
+            if (su, n) != (1, 3) {
+                map.push_str(&format!("su{su}-n{n:02},*,rack{su}\n"));
+            }
+        }
+    }
+    map
+}
+
+/// `ctl inventory import` of the hosts in `dir/described` into `dir/inv.toml`, with `args`.
+fn import(dir: &Path, args: &[&str]) -> Output {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let (described, out) = (p("described"), p("inv.toml"));
+    let mut all = vec!["inventory", "import", &described, "--out", &out];
+    all.extend_from_slice(args);
+    ctl(&all)
+}
+
+/// [`import`] with `map` as the ToR map (`dir/map.csv`).
+fn import_with_map(dir: &Path, map: &str) -> Output {
+    let path = dir.join("map.csv");
+    std::fs::write(&path, map).unwrap();
+    import(dir, &["--tor-map", path.to_str().unwrap()])
+}
+
 fn read_dir(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -53,25 +89,22 @@ fn read_dir(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 
 #[test]
 fn import_a_rail_optimised_cluster_then_check_and_generate() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = described_cluster();
     let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
-    describe_cluster(&tmp.path().join("described"));
 
-    let out = ctl(&[
-        "inventory",
-        "import",
-        &p("described"),
-        "--out",
-        &p("inv.toml"),
-        "--rail-optimised",
-        "--host-regex",
-        "^su(?P<su>[0-9]+)-",
-        "--tor-name",
-        "su{su}-rail{rail}",
-        "--spines",
-        "4",
-        "--link-all",
-    ]);
+    let out = import(
+        tmp.path(),
+        &[
+            "--rail-optimised",
+            "--host-regex",
+            "^su(?P<su>[0-9]+)-",
+            "--tor-name",
+            "su{su}-rail{rail}",
+            "--spines",
+            "4",
+            "--link-all",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("rail 3: mlx5_3"), "{}", text(&out));
     let inv = Inventory::load(p("inv.toml")).unwrap();
@@ -82,7 +115,7 @@ fn import_a_rail_optimised_cluster_then_check_and_generate() {
     assert_eq!(h.rnics[2].gid, None);
 
     // Importing again over the file needs --force.
-    let again = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--rail-optimised"]);
+    let again = import(tmp.path(), &["--rail-optimised"]);
     assert_eq!(again.status.code(), Some(2), "{}", text(&again));
     assert!(text(&again).contains("--force"), "{}", text(&again));
 
@@ -153,26 +186,16 @@ fn import_a_rail_optimised_cluster_then_check_and_generate() {
 
 #[test]
 fn import_with_a_tor_map_names_what_is_missing() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = described_cluster();
     let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
-    describe_cluster(&tmp.path().join("described"));
-    let mut map = String::from("host,device,tor\n");
-    for su in 0..2 {
-        for n in 1..=3 {
-            if (su, n) != (1, 3) {
-                map.push_str(&format!("su{su}-n{n:02},*,rack{su}\n"));
-            }
-        }
-    }
-    std::fs::write(tmp.path().join("map.csv"), &map).unwrap();
-    let out = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--tor-map", &p("map.csv")]);
+    let mut map = map_without_su1_n03();
+    let out = import_with_map(tmp.path(), &map);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("does not place su1-n03/mlx5_0"), "{}", text(&out));
     assert!(text(&out).contains("su1-n03.toml"), "{}", text(&out));
 
     map.push_str("su1-n03,*,rack1\n");
-    std::fs::write(tmp.path().join("map.csv"), &map).unwrap();
-    let out = ctl(&["inventory", "import", &p("described"), "--out", &p("inv.toml"), "--tor-map", &p("map.csv")]);
+    let out = import_with_map(tmp.path(), &map);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let inv = Inventory::load(p("inv.toml")).unwrap();
     assert_eq!(inv.tors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["rack0", "rack1"]);
@@ -201,4 +224,40 @@ fn check_exit_codes() {
     let out = ctl(&["inventory", "check", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains(&format!("{}:8: host[0].rnic[0].tor", path.display())), "{}", text(&out));
+}
+
+/// Import checks what it wrote as `inventory check` does, and exits as it does: 1 when the
+/// check finds problems, with the problems printed (it exited 0 and printed only the summary).
+#[test]
+fn import_exits_1_when_its_check_finds_problems() {
+    let tmp = described_cluster();
+    let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
+    // One RNIC alone under its ToR: no ToR-mesh probing there.
+    let mut map = map_without_su1_n03();
+    map.push_str("su1-n03,mlx5_0,lonely\n");
+    for k in 1..4 {
+        map.push_str(&format!("su1-n03,mlx5_{k},rack1\n"));
+    }
+    let out = import_with_map(tmp.path(), &map);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("problem: ToR \"lonely\" has a single RNIC (su1-n03/mlx5_0)"), "{}", text(&out));
+    // Written all the same, and `check` agrees.
+    let out = ctl(&["inventory", "check", &p("inv.toml")]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+/// Names are refused by the one rule of `formats` (`inventory::name_problem`), with its fix.
+#[test]
+fn import_refuses_unusable_tor_names_with_the_formats_rule() {
+    let tmp = described_cluster();
+    let out = import_with_map(tmp.path(), "host,device,tor\nsu0-n01,*,rack 0\n");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let expected = rocemesh_formats::inventory::name_problem("rack 0").unwrap();
+    assert!(text(&out).contains(&format!("map.csv:2: tor: {expected}")), "{}", text(&out));
+    assert!(text(&out).contains(rocemesh_formats::inventory::NAME_FIX), "{}", text(&out));
+
+    let out = import(tmp.path(), &["--host-regex", "^(?P<su>su[0-9]+)-", "--tor-name", "{su}|{device}"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("the ToR name for su0-n01/mlx5_0 is unusable"), "{}", text(&out));
+    assert!(text(&out).contains(rocemesh_formats::inventory::NAME_FIX), "{}", text(&out));
 }

@@ -64,8 +64,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::tomlfile::FileError;
-use crate::tomlfile::{self, Document, FieldPath, NAME_FIX, VersionGate};
+use crate::tomlfile::{self, Document, FieldPath, VersionGate};
+pub use crate::tomlfile::{FileError, NAME_FIX, name_problem};
 
 /// The inventory format version this build reads and writes.
 pub const VERSION: u32 = 1;
@@ -151,10 +151,7 @@ impl Rnic {
     /// The GID: the configured one, else what RoCEv2 derives from `ip` (the IPv4-mapped
     /// `::ffff:a.b.c.d`, or the IPv6 address itself).
     pub fn gid_or_mapped(&self) -> Ipv6Addr {
-        self.gid.unwrap_or(match self.ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
-        })
+        self.gid.unwrap_or_else(|| crate::gid::gid_of(self.ip))
     }
 }
 
@@ -315,7 +312,7 @@ impl Inventory {
                 let name = Inventory::rnic_name(&host.name, &rnic.device);
 
                 let device_path = path.key("device");
-                if let Some(problem) = tomlfile::name_problem(&rnic.device) {
+                if let Some(problem) = name_problem(&rnic.device) {
                     return Err(doc.error(&device_path, problem, NAME_FIX));
                 }
                 if let Some(first) = devices.get(rnic.device.as_str()) {
@@ -504,7 +501,7 @@ struct Names<'a> {
 
 impl<'a> Names<'a> {
     fn claim(&mut self, doc: &Document<'_>, name: &'a str, kind: Kind, path: FieldPath) -> Result<(), FileError> {
-        if let Some(problem) = tomlfile::name_problem(name) {
+        if let Some(problem) = name_problem(name) {
             return Err(doc.error(&path, problem, NAME_FIX));
         }
         match self.seen.entry(name) {

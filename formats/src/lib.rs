@@ -3,12 +3,14 @@
 //! Everything that crosses a crate or a machine boundary is defined here and nowhere else:
 //! the probe and path records an agent writes ([`record`]), the segment files they live in
 //! ([`segment`]), the per-host pinglist `ctl` pushes ([`pinglist`]), the fabric inventory
-//! it is generated from ([`inventory`]), and what an agent reports about its host ([`describe`]).
+//! it is generated from ([`inventory`]), what an agent reports about its host ([`describe`]), and
+//! how an address becomes a RoCE GID ([`gid`]).
 //! Each is versioned; a reader refuses what it does not understand with an error that names the
 //! file and what to do about it. [`time`] turns the records' Unix timestamps into dates for the
 //! tables operators read.
 
 pub mod describe;
+pub mod gid;
 pub mod inventory;
 pub mod pinglist;
 pub mod record;

@@ -11,14 +11,15 @@
 //! so the dictionary costs a few hundred KiB per segment while GIDs would cost 32 bytes per probe.
 //!
 //! Delays are kept, not the six raw timestamps: `network_rtt_ns`, `prober_delay_ns` and
-//! `responder_delay_ns` are each computed inside one clock domain by the agent (anchors.md:
-//! rpingmesh's wall-vs-monotonic bug) and are exactly what analysis needs; together with `t1_unix_ns`
-//! they give back T6-T1 = prober_delay + network_rtt + responder_delay and T5-T2.
+//! `responder_delay_ns` are each computed inside one clock domain by the agent (rpingmesh's
+//! wall-vs-monotonic bug; ARCHITECTURE.md, "The probe record") and are exactly what analysis
+//! needs; together with `t1_unix_ns` they give back T6-T1 = prober_delay + network_rtt +
+//! responder_delay and T5-T2.
 
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Which of a probe's three packets were seen by the prober. A lost ACK2 after ACK1 is not a
-/// lost probe: ACK1 proves the forward path and the responder alive (anchors.md).
+/// lost probe: ACK1 proves the forward path and the responder alive (Pingmesh, R-Pingmesh).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Arrived(pub u8);
 
@@ -44,7 +45,9 @@ impl Arrived {
 pub enum Outcome {
     /// Every timestamp present and every derived delay plausible.
     Ok = 0,
-    /// Send error, or not complete by the pinglist's timeout. [`Arrived`] says how far it got.
+    /// Not complete by the pinglist's timeout, or (verbs, `arrived` without `PROBE_SENT`) the
+    /// target's address could not be resolved over the network past the start-up grace period.
+    /// [`Arrived`] says how far it got. This is what analysis counts as network loss.
     Lost = 1,
     /// Timestamps present but a delay negative or absurd (clock step, NIC clock glitch).
     /// Counted, never silently dropped, and never used as a latency sample.
@@ -53,6 +56,11 @@ pub enum Outcome {
     /// up and reachable, its agent is not running. Not packet loss (Pingmesh: a dead peer is not
     /// a network drop); verbs has no such signal, and there a dead agent shows as `Lost`.
     Refused = 3,
+    /// The probe never left this host, for a reason of this host's own: the local stack refused
+    /// the send (no route in the local table, a full socket buffer), no send slot, the RNIC is
+    /// gone, a local table is full, or the target is still being resolved at start-up. Counted
+    /// per reason by the agent; never network loss, never a latency sample.
+    LocalDrop = 4,
 }
 
 impl Outcome {
@@ -63,6 +71,7 @@ impl Outcome {
             1 => Some(Self::Lost),
             2 => Some(Self::Invalid),
             3 => Some(Self::Refused),
+            4 => Some(Self::LocalDrop),
             _ => None,
         }
     }
@@ -378,7 +387,7 @@ impl ArchivedProbeColumns {
 
 /// The description the schema hash is computed from. Any change to a record, a column or the
 /// dictionary entry must change this string (and, if old files must stay readable, the reader).
-pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
@@ -386,6 +395,20 @@ endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
 
 /// FNV-1a of [`SCHEMA`]: written into every segment header and checked by every reader.
 pub const SCHEMA_HASH: u64 = fnv1a64(SCHEMA.as_bytes());
+
+/// Schemas this build reads besides its own, because their bytes mean the same: the schema
+/// before `local_drop` had the same layout and simply never wrote outcome 4. Segments that
+/// agents of the previous release wrote stay readable.
+pub const READABLE_SCHEMA_HASHES: [u64; 2] = [
+    SCHEMA_HASH,
+    fnv1a64(
+        b"outcome{ok=0,lost=1,invalid=2,refused=3};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
+responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
+path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
+endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32",
+    ),
+];
 
 const fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -450,11 +473,20 @@ mod tests {
     fn enums_decode_only_known_values() {
         assert_eq!(Outcome::from_u8(2), Some(Outcome::Invalid));
         assert_eq!(Outcome::from_u8(3), Some(Outcome::Refused));
-        assert_eq!(Outcome::from_u8(4), None);
+        assert_eq!(Outcome::from_u8(4), Some(Outcome::LocalDrop));
+        assert_eq!(Outcome::from_u8(5), None);
         assert_eq!(TsSource::from_u8(3), Some(TsSource::KernelHardware));
         assert_eq!(TsSource::from_u8(9), None);
         assert!(Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK1));
         assert!(!Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK2));
+    }
+
+    #[test]
+    fn the_previous_schema_stays_readable_and_differs_only_by_local_drop() {
+        assert_ne!(READABLE_SCHEMA_HASHES[0], READABLE_SCHEMA_HASHES[1]);
+        // The hash pinned by segments of the previous release (f9b751e).
+        let old = SCHEMA.replace(",local_drop=4}", "}");
+        assert_eq!(fnv1a64(old.as_bytes()), READABLE_SCHEMA_HASHES[1]);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Fault scenarios, format version 1 (`../shared/scenarios/README.md`): a fabric, how it is
+//! Fault scenarios, format version 1 (`testbeds/scenarios/README.md`): a fabric, how it is
 //! probed, what healthy looks like, and the faults injected into it.
 //!
 //! The scenario is the contract between the simulator (`testbeds simulate`), the accuracy
@@ -25,7 +25,7 @@ pub const VERSION: u32 = 1;
 const GATE: VersionGate<'static> = VersionGate {
     format: "scenario",
     supported: VERSION as i64,
-    mismatch_fix: "write the scenario in format version 1 (../shared/scenarios/README.md)",
+    mismatch_fix: "write the scenario in format version 1 (testbeds/scenarios/README.md)",
 };
 
 /// A whole scenario file.

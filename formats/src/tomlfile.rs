@@ -334,10 +334,12 @@ fn descend_value(value: &Spanned<DeValue<'_>>, span: &Range<usize>, path: &mut F
     }
 }
 
-/// Whether `name` may be used as a switch, host or device name. They are joined with `/`
-/// and `|` into entity names (`tor3-h5/mlx5_0`, `tor0|spine1`), so those and anything
-/// that needs quoting elsewhere are refused.
-pub(crate) fn name_problem(name: &str) -> Option<String> {
+/// Whether `name` may be used as a switch, host or device name; `None` when it is fine. They
+/// are joined with `/` and `|` into entity names (`tor3-h5/mlx5_0`, `tor0|spine1`), so those
+/// and anything that needs quoting elsewhere are refused. The one rule for every file and tool
+/// that names them (public as `inventory::name_problem`); the message says what is wrong,
+/// [`NAME_FIX`] how to fix it.
+pub fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         return Some("the name is empty".to_owned());
     }
@@ -347,7 +349,7 @@ pub(crate) fn name_problem(name: &str) -> Option<String> {
 }
 
 /// The fix that goes with [`name_problem`].
-pub(crate) const NAME_FIX: &str =
+pub const NAME_FIX: &str =
     "use only letters, digits, '.', '_', ':' and '-' (names are joined with '/' and '|' into entity names)";
 
 /// Helpers shared by the tests of the file formats.

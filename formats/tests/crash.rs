@@ -12,10 +12,12 @@ use rocemesh_formats::segment::{DamageKind, SegmentError, SegmentReader, WriteMo
 const CHILD_ENV: &str = "ROCEMESH_CRASH_CHILD_DIR";
 const MODE_ENV: &str = "ROCEMESH_CRASH_CHILD_MODE";
 
-/// Not a test of its own: the body the parent re-executes this binary to run as the victim.
-#[test]
-fn crash_child() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+const TEST_NAME: &str = "kill_nine_at_arbitrary_moments_loses_only_the_unwritten_tail";
+
+/// The victim the parent kills: this same test, re-executed with [`CHILD_ENV`] set. It is a mode
+/// of the real test rather than a test of its own, because a separate child #[test] would pass,
+/// having checked nothing, whenever the harness ran it directly.
+fn victim(dir: &str) -> ! {
     let mode = if std::env::var(MODE_ENV).as_deref() == Ok("mmap") { WriteMode::Mmap } else { WriteMode::Pwrite };
     // Small segments so that kills also land in rotation, creation and close.
     let mut w = writer_in(dir.as_ref(), 256, 2 << 20, mode);
@@ -31,17 +33,22 @@ fn crash_child() {
         w.flush().expect("flush");
         std::thread::sleep(Duration::from_micros(500));
     }
+    // Nobody killed it: a stray CHILD_ENV in the environment must not turn the test into a pass.
+    panic!("{CHILD_ENV} is set but no parent killed this victim within 20 s; unset {CHILD_ENV} to run the test");
 }
 
 #[test]
 fn kill_nine_at_arbitrary_moments_loses_only_the_unwritten_tail() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        victim(&dir);
+    }
     let exe = std::env::current_exe().expect("exe");
     let mut total = 0u64;
     let mut torn_seen = 0;
     for round in 0..16u64 {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(&exe)
-            .args(["crash_child", "--exact", "--test-threads=1"])
+            .args([TEST_NAME, "--exact", "--test-threads=1"])
             .env(CHILD_ENV, dir.path())
             .env(MODE_ENV, if round % 2 == 0 { "pwrite" } else { "mmap" })
             .stdout(Stdio::null())
@@ -88,4 +95,17 @@ fn kill_nine_at_arbitrary_moments_loses_only_the_unwritten_tail() {
     }
     assert!(total > 100_000, "the victim wrote too little for the test to mean anything: {total}");
     eprintln!("{total} records recovered over 16 kills, {torn_seen} torn tails seen");
+}
+
+/// The harness lists only tests that check something: no victim-only entry that would pass on
+/// its own (as `crash_child` did when run without its parent).
+#[test]
+fn every_listed_test_checks_something() {
+    let exe = std::env::current_exe().expect("exe");
+    let out = Command::new(&exe).args(["--list", "--format", "terse"]).output().expect("list the tests");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut listed: Vec<&str> = stdout.lines().filter_map(|l| l.strip_suffix(": test")).collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["every_listed_test_checks_something", TEST_NAME]);
 }

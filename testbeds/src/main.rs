@@ -12,10 +12,10 @@ use rocemesh_testbeds::rxevm::{self, PhaseTimes, VmError, VmOptions};
 
 /// Simulate fault scenarios and score fault localisation; run real verbs in a soft-RoCE VM.
 ///
-/// Exit codes: 0 done; 1 `score` ran but the findings fall below --min-precision/--min-recall,
-/// or an `rxe-fabric smoke` check failed; 2 could not run (bad scenario, unwritable output).
-/// `rxe-vm` exits with the guest command's status, or 124 when its timeout killed the VM, or 125
-/// when the VM could not be prepared, did not boot to the command, or died under it.
+/// Exit codes: 0 done; 1 ran and found a problem: `score`'s findings fall below
+/// --min-precision/--min-recall, an `rxe-fabric smoke` or `rxe-lab run` check failed, or the
+/// command `rxe-vm` ran exited nonzero; 2 could not run (bad scenario, unwritable output, or the
+/// VM could not be prepared, did not boot, died, or was killed by its timeout).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -27,7 +27,7 @@ struct Cli {
 enum What {
     /// Write the segments (and inventory.toml) every agent of the scenario's fabric would write.
     Simulate {
-        /// Scenario file, format v1 (../shared/scenarios/README.md).
+        /// Scenario file, format v1 (testbeds/scenarios/README.md).
         scenario: PathBuf,
         /// Output directory: gets inventory.toml and segments/.
         #[arg(long)]
@@ -42,11 +42,12 @@ enum What {
         scenario: PathBuf,
         /// Findings JSON file.
         findings: PathBuf,
-        /// Exit 1 below this precision.
-        #[arg(long, default_value_t = 0.0)]
+        /// Exit 1 below this precision (0 to 1). A simulated scenario's truth is exact, so
+        /// every network finding should match a fault; lower it only to tolerate known misses.
+        #[arg(long, default_value_t = 1.0)]
         min_precision: f64,
-        /// Exit 1 below this recall.
-        #[arg(long, default_value_t = 0.0)]
+        /// Exit 1 below this recall (0 to 1); as --min-precision, 1 by default.
+        #[arg(long, default_value_t = 1.0)]
         min_recall: f64,
     },
     /// Write suite scenario files (random topologies and faults) for a seed.
@@ -66,8 +67,9 @@ enum What {
     /// The guest's root is this machine's root, read-only; the lab directory is shared
     /// read-write at the same path, and gets console.log. The first run installs packages and
     /// downloads a kernel into the cache (--cache, $ROCEMESH_RXE_VM_CACHE, default
-    /// ~/.cache/rocemesh/rxe-vm). Exits with the command's status; 124 if the timeout killed the
-    /// VM; 125 if the VM could not be prepared, did not boot, or died.
+    /// ~/.cache/rocemesh/rxe-vm). Exits 0 if the command exited 0, 1 if it exited nonzero (its
+    /// status is printed), 2 if the VM could not be prepared, did not boot, died, or was killed
+    /// by the timeout.
     #[command(name = "rxe-vm")]
     RxeVm {
         /// Directory shared read-write with the guest at the same path [default: <cache>/lab].
@@ -225,15 +227,10 @@ fn main() {
         Ok(code) => code,
         Err(e) => {
             eprintln!("testbeds: {e:#}");
-            match e.downcast_ref::<VmError>() {
-                Some(vm) => {
-                    if let Some(console) = vm.console() {
-                        eprintln!("--- last lines of {} ---\n{}", console.display(), rxevm::boot::tail(console, 40));
-                    }
-                    vm.exit_code()
-                }
-                None => 2,
+            if let Some(console) = e.downcast_ref::<VmError>().and_then(VmError::console) {
+                eprintln!("--- last lines of {} ---\n{}", console.display(), rxevm::boot::tail(console, 40));
             }
+            2
         }
     };
     std::process::exit(code);
@@ -261,6 +258,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         What::Score { scenario, findings, min_precision, min_recall } => {
+            for (flag, v) in [("--min-precision", min_precision), ("--min-recall", min_recall)] {
+                anyhow::ensure!((0.0..=1.0).contains(&v), "{flag} {v} is not a ratio (fix: give a value from 0 to 1)");
+            }
             let s = Scenario::load(&scenario)?;
             let text = std::fs::read_to_string(&findings).with_context(|| format!("reading {}", findings.display()))?;
             let f = rocemesh_testbeds::parse_findings(&text).with_context(|| findings.display().to_string())?;
@@ -299,7 +299,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             if status != 0 {
                 eprintln!("rxe-vm: the command exited with {status} (console: {}/console.log)", opts.lab.display());
             }
-            Ok(status)
+            Ok(rxevm::exit_code(status))
         }
         What::RxeFabric(f) => fabric(f),
         What::RxeLab { what, lab, bin, window_s, bench_s, flood_pps } => {

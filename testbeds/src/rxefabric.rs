@@ -217,7 +217,7 @@ fn add_rxe(host: &str) -> anyhow::Result<()> {
 
 /// The index of `ip`'s RoCEv2 GID on `device`, once the kernel has listed it.
 pub fn wait_for_gid(device: &str, ip: Ipv4Addr) -> anyhow::Result<u16> {
-    let want = ip.to_ipv6_mapped();
+    let want = rocemesh_formats::gid::gid_of(ip.into());
     let port = format!("/sys/class/infiniband/{device}/ports/1");
     let started = Instant::now();
     loop {

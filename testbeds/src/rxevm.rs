@@ -9,8 +9,8 @@
 //! directory is shared read-write at the same absolute path too, so paths to results are the same
 //! inside and outside. What runs inside, the testbed network, is [`crate::rxefabric`].
 //!
-//! The recipe this follows, and why each step is the way it is, is
-//! `../shared/reference/softroce-testbed.md`.
+//! Why each step is the way it is: each phase's module doc, and ARCHITECTURE.md, "The soft-RoCE
+//! testbed".
 
 pub mod boot;
 pub mod initramfs;
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-pub use boot::{EXIT_TIMEOUT, EXIT_VM_FAILED, VmError};
+pub use boot::VmError;
 
 /// The environment variable that overrides the cache directory.
 pub const CACHE_ENV: &str = "ROCEMESH_RXE_VM_CACHE";
@@ -133,9 +133,15 @@ impl fmt::Display for PhaseTimes {
     }
 }
 
+/// `rxe-vm`'s exit code for the guest command's exit status, by the README's policy: the command
+/// ran and failed is 1 ("found problems"), whatever its status, so that 2 keeps meaning the VM
+/// itself could not run it (a [`VmError`]).
+pub fn exit_code(status: i32) -> i32 {
+    if status == 0 { 0 } else { 1 }
+}
+
 /// Prepares everything (packages, kernel, initramfs), boots the VM, runs the command and returns
-/// its exit status. Errors are [`VmError`]s, whose [`VmError::exit_code`] tells the VM's failure
-/// apart from the command's own status. `times` is filled in as phases complete, also on error.
+/// its exit status. Errors are [`VmError`]s: the VM's own failures, never the command's status. `times` is filled in as phases complete, also on error.
 pub fn run(opts: &VmOptions, times: &mut PhaseTimes) -> Result<i32, VmError> {
     let started = Instant::now();
     let result = run_phases(opts, times);
@@ -177,6 +183,15 @@ fn lock_cache(cache: &Path) -> anyhow::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_guest_command_exits_1_whatever_its_status() {
+        assert_eq!(exit_code(0), 0);
+        // 2 and 124/125 included: only a VmError may mean "could not run".
+        for status in [1, 2, 3, 124, 125, 255] {
+            assert_eq!(exit_code(status), 1, "{status}");
+        }
+    }
 
     #[test]
     fn phase_times_print_missing_phases_as_dashes() {

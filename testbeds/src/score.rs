@@ -1,5 +1,5 @@
 //! Scoring `analyze localize` findings against a scenario's truth, by the rules of
-//! `../shared/scenarios/README.md`: a finding matches a fault when kind and entity agree (a
+//! `testbeds/scenarios/README.md`: a finding matches a fault when kind and entity agree (a
 //! host_stall expects kind `host`) and its span overlaps the fault's span widened by one window
 //! on each side. Precision is over network findings (rnic, tor, link, spine); recall over the
 //! faults that expect one.

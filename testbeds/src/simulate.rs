@@ -214,7 +214,7 @@ fn ip_of(id: u32) -> Ipv4Addr {
 }
 
 fn mapped(id: u32) -> [u8; 16] {
-    ip_of(id).to_ipv6_mapped().octets()
+    rocemesh_formats::gid::gid_bytes(ip_of(id).into())
 }
 
 /// One simulated agent instance's writer and its dictionary ids.

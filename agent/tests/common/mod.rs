@@ -72,15 +72,22 @@ pub fn write_pinglist(
 }
 
 pub fn spawn(config: &Path, duration_s: u64) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_agent"))
-        .args(["run", "--config"])
+    command(config, duration_s).spawn().expect("spawn agent")
+}
+
+/// The agent's command line and environment, for tests that change the process further.
+pub fn command(config: &Path, duration_s: u64) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agent"));
+    c.args(["run", "--config"])
         .arg(config)
         .args(["--duration-s", &duration_s.to_string()])
         .env("RUST_LOG", "info")
+        // Some tests make one agent a lossy peer (ignore_probe_fraction), a hook production
+        // configs refuse.
+        .env("ROCEMESH_TEST_HOOKS", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn agent")
+        .stderr(Stdio::piped());
+    c
 }
 
 /// Wait for an agent; its exit code and stderr.

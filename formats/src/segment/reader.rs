@@ -20,7 +20,9 @@ use super::layout::{
     WriterIdentity, decode_close, decode_frame_header, decode_header, frame_span,
 };
 use super::{FORMAT_VERSION, SegmentError, io_err};
-use crate::record::{ArchivedEndpoint, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, MAX_HOPS, SCHEMA_HASH};
+use crate::record::{
+    ArchivedEndpoint, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, MAX_HOPS, READABLE_SCHEMA_HASHES, SCHEMA_HASH,
+};
 
 /// A sealed segment never decompresses beyond this: a corrupt or hostile `.zst` must not be
 /// able to exhaust memory.
@@ -131,7 +133,7 @@ impl SegmentReader {
             }
             HeaderProblem::Damaged(reason) => SegmentError::BadHeader { path: path.clone(), reason },
         })?;
-        if header.schema_hash != SCHEMA_HASH {
+        if !READABLE_SCHEMA_HASHES.contains(&header.schema_hash) {
             return Err(SegmentError::SchemaMismatch { path, found: header.schema_hash, expected: SCHEMA_HASH });
         }
         let id_bytes = &b[IDENTITY_OFFSET..IDENTITY_OFFSET + header.identity_len as usize];

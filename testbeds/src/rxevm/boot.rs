@@ -19,17 +19,12 @@ use anyhow::{Context, anyhow, bail};
 use super::kernel::Kernel;
 use super::{PhaseTimes, VmOptions};
 
-/// Exit code of `rxe-vm` when the timeout killed the VM (as timeout(1)).
-pub const EXIT_TIMEOUT: i32 = 124;
-/// Exit code of `rxe-vm` when the VM could not be prepared, did not boot to the command, or died
-/// before the command's status was known (as `docker run`'s own failures).
-pub const EXIT_VM_FAILED: i32 = 125;
-
 const MARK: &str = "ROCEMESH-RXE-VM: ";
 /// How long a VM whose command has ended may take to power off before it is killed anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
-/// Why `rxe-vm` could not report the command's own exit status.
+/// Why `rxe-vm` could not report the command's own exit status: every variant is "could not
+/// run" (exit 2), told apart by its message.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
     #[error("preparing the VM failed: {0:#}")]
@@ -46,14 +41,6 @@ pub enum VmError {
 }
 
 impl VmError {
-    /// [`EXIT_TIMEOUT`] for a timeout, else [`EXIT_VM_FAILED`].
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            VmError::TimedOut { .. } => EXIT_TIMEOUT,
-            _ => EXIT_VM_FAILED,
-        }
-    }
-
     /// The console log worth showing, when the VM got as far as booting.
     pub fn console(&self) -> Option<&Path> {
         match self {
