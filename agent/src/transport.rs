@@ -127,7 +127,7 @@ impl std::fmt::Display for DropReason {
                 write!(f, "the local stack refused the send: {}", io::Error::from_raw_os_error(*errno))
             }
             Self::NoSendSlot => f.write_str("no free send slot (every send is waiting for its completion)"),
-            Self::DeviceGone => f.write_str("the RDMA device is gone; probes stay local until it is back"),
+            Self::DeviceGone => f.write_str("the RDMA device is gone (until it comes back)"),
             Self::TableFull => f.write_str("a bounded destination table is full"),
             Self::AddressHandle => f.write_str("the device refused to create an address handle"),
             Self::Resolving => f.write_str("the target's QPN is still being resolved (start-up grace period)"),
