@@ -134,7 +134,7 @@ pub fn check_limits() -> Result<()> {
 /// Run until SIGTERM/SIGINT, `control.stop()`, or `duration` elapses.
 pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardReport>> {
     check_limits()?;
-    install_stop_handler()?;
+    install_signal_handlers()?;
     let pinglist = match Pinglist::load(&cfg.pinglist) {
         Ok(p) => p,
         Err(e) => bail!("{e}\n(the agent will not start on an invalid pinglist; `agent check-config` shows the same)"),
@@ -476,7 +476,7 @@ fn to_sealer(seal_tx: &mpsc::Sender<PathBuf>, path: PathBuf) {
     }
 }
 
-fn install_stop_handler() -> Result<()> {
+fn install_signal_handlers() -> Result<()> {
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         let prev = unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
@@ -554,14 +554,25 @@ const PINGLIST_POLL: Duration = Duration::from_secs(2);
 /// replaces it by rename, so the inode changes with every push.
 fn poll_pinglist(path: &Path, control: &Control) {
     use std::os::unix::fs::MetadataExt;
-    let identity = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.ino(), m.size(), m.mtime_nsec(), m.mtime()));
-    let mut seen = identity(path);
+    let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.ino(), m.size(), m.mtime_nsec(), m.mtime()));
+    let mut seen = identity(path).ok();
+    // Logged when it starts (a file that cannot be looked at is never reloaded), not per poll.
+    let mut failing = false;
     while !control.stopping() {
         std::thread::sleep(PINGLIST_POLL);
-        let now = identity(path);
-        if now.is_some() && now != seen {
-            seen = now;
-            reload_pinglist(path, control);
+        match identity(path) {
+            Ok(now) => {
+                failing = false;
+                if seen != Some(now) {
+                    seen = Some(now);
+                    reload_pinglist(path, control);
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::error!("looking at the pinglist {} failed ({e}); the one in force stays", path.display());
+            }
+            Err(_) => {}
         }
     }
 }

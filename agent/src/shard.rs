@@ -391,10 +391,8 @@ impl<T: Transport> Shard<T> {
         self.expire(now_ns())?;
         if now >= self.next_flush_ns {
             self.next_flush_ns = now + self.params.flush_interval_ns;
-            // A failed write is counted (records_dropped) and the writer starts a fresh file on
-            // the next chunk: log it, keep probing.
             if let Err(e) = self.writer.flush().and_then(|()| self.writer.rotate_if_older(now).map(drop)) {
-                self.errors.record(ERR_WRITE, now, format_args!("segment write failed, records dropped: {e}"));
+                self.write_failed(now, &e);
             }
         }
         Ok(())
@@ -435,34 +433,46 @@ impl<T: Transport> Shard<T> {
             }
             let slot = self.queued_slot[i];
             if slot == NOT_A_PROBE {
-                // An answer to someone else's probe. A refused or unreachable peer is its prober
-                // gone; a local failure is ours, and that prober will record a loss the network
-                // did not cause: say so in our log.
-                if let Fate::Dropped(reason) = fate {
-                    self.errors.record(ERR_ACK_DROPPED, now_ns(), format_args!("an ACK was not sent: {reason}"));
-                }
-                continue;
+                self.not_sent(None, fate)?;
+            } else if self.inflight[slot as usize].seq != 0 {
+                // No send stamp will come for a probe that did not leave.
+                self.tx_pending = self.tx_pending.saturating_sub(1);
+                self.not_sent(Some(slot as usize), fate)?;
             }
-            let slot = slot as usize;
-            if self.inflight[slot].seq == 0 {
-                continue;
-            }
-            // No send stamp will come for a probe that did not leave.
-            self.tx_pending = self.tx_pending.saturating_sub(1);
-            let e = &mut self.inflight[slot];
-            e.arrived &= !Arrived::PROBE_SENT;
-            match fate {
-                Fate::Sent => {}
-                Fate::Refused => e.refused = true,
-                Fate::Unreachable => e.unreachable = true,
-                Fate::Dropped(reason) => {
-                    e.local_drop = Some(reason);
-                    self.drops.record(reason.index(), now_ns(), format_args!("probes stay local: {reason}"));
-                }
-            }
-            self.finalize(slot)?;
         }
         Ok(())
+    }
+
+    /// A packet that did not leave after all, `slot` being its probe's in-flight slot (`None`
+    /// for an answer to someone else's probe): the probe ends with that fate. For an answer, a
+    /// refused or unreachable peer is its prober gone; a local failure is ours, and that prober
+    /// will record a loss the network did not cause: say so in our log.
+    fn not_sent(&mut self, slot: Option<usize>, fate: Fate) -> Result<(), SegmentError> {
+        let Some(slot) = slot else {
+            if let Fate::Dropped(reason) = fate {
+                self.errors.record(ERR_ACK_DROPPED, now_ns(), format_args!("an ACK was not sent: {reason}"));
+            }
+            return Ok(());
+        };
+        let e = &mut self.inflight[slot];
+        e.arrived &= !Arrived::PROBE_SENT;
+        match fate {
+            Fate::Sent => {}
+            Fate::Refused => e.refused = true,
+            Fate::Unreachable => e.unreachable = true,
+            Fate::Dropped(reason) => {
+                e.local_drop = Some(reason);
+                self.drops.record(reason.index(), now_ns(), format_args!("probes stay local: {reason}"));
+            }
+        }
+        self.finalize(slot)
+    }
+
+    /// The writer could not store records: it counted them (records_dropped) and starts a
+    /// fresh file on the next chunk. Its error names the file, the reserve size and what to do:
+    /// it must reach the log.
+    fn write_failed(&mut self, now: u64, e: &SegmentError) {
+        self.errors.record(ERR_WRITE, now, format_args!("segment write failed, records dropped: {e}"));
     }
 
     /// Close the segment writer; returns the closed segments (for sealing).
@@ -519,15 +529,10 @@ impl<T: Transport> Shard<T> {
                     continue;
                 }
                 TxNews::Failed(reason) => {
-                    if p.kind == Kind::Probe
-                        && let Some(slot) = self.slot_of(p.seq)
-                    {
-                        self.inflight[slot].arrived &= !Arrived::PROBE_SENT;
-                        self.inflight[slot].local_drop = Some(reason);
-                        self.drops.record(reason.index(), now_ns(), format_args!("probes stay local: {reason}"));
-                        self.finalize(slot)?;
-                    } else if p.kind != Kind::Probe {
-                        self.errors.record(ERR_ACK_DROPPED, now_ns(), format_args!("an ACK was not sent: {reason}"));
+                    if p.kind != Kind::Probe {
+                        self.not_sent(None, Fate::Dropped(reason))?;
+                    } else if let Some(slot) = self.slot_of(p.seq) {
+                        self.not_sent(Some(slot), Fate::Dropped(reason))?;
                     }
                     continue;
                 }
@@ -787,11 +792,8 @@ impl<T: Transport> Shard<T> {
                 }
             }
         }
-        // The writer counts the records it could not store (records_dropped) and recovers on
-        // the next chunk; the shard keeps probing. Its error names the file, the reserve size
-        // and what to do: it must reach the log.
         if let Err(e) = self.writer.append(&r) {
-            self.errors.record(ERR_WRITE, now_ns(), format_args!("segment write failed, records dropped: {e}"));
+            self.write_failed(now_ns(), &e);
         }
         Ok(())
     }

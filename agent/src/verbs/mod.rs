@@ -5,8 +5,9 @@
 //! - one device context, protection domain and ONE registered region holding every receive
 //!   buffer (pre-posted) and every send buffer, sized at start;
 //! - one UD QP with separate send and receive CQs on one completion channel (event mode waits
-//!   on its descriptor; completions are polled with `ibv_poll_cq`, never the
-//!   `start_poll`/`next_poll` loop that corrupts rxe's CQ on rdma-core 44);
+//!   on its descriptor); a device without completion timestamps (rxe) gets plain CQs polled with
+//!   `ibv_poll_cq`, never the `start_poll`/`next_poll` loop that corrupts rxe's CQ on
+//!   rdma-core 44, which only extended CQs with NIC stamps use;
 //! - address handles cached per (destination GID, flow label), bounded, created once;
 //! - an RDMA CM `RDMA_PS_UDP` listener on the shard's address and port: peers resolve this
 //!   shard's current QPN with a SIDR request (ARCHITECTURE.md, "ctl and agent restarts"), and the
@@ -134,8 +135,8 @@ pub struct VerbsTransport {
     cfg: VerbsConfig,
     res: Option<Resources>,
     cm: Option<Cm>,
-    /// Declared after `cm` is not enough (Drop order is explicit below): resolutions in flight
-    /// hold CM ids of `cm`'s channel and must go first.
+    /// Resolutions in flight hold CM ids of `cm`'s channel: `lose_device` and `Drop` cancel
+    /// them before `cm` goes.
     peers: Peers<CmId>,
     queue: Box<[Queued; SEND_BATCH]>,
     queued: usize,
@@ -498,6 +499,13 @@ impl VerbsTransport {
         self.stats.unreachable += u64::from(d.start_failed + d.given_up);
     }
 
+    /// A CQ poll failed: counted, logged, and the QP checked (a broken CQ is a broken QP).
+    fn poll_failed(&mut self, which: &str, e: PollFailed) {
+        self.stats.poll_errors += 1;
+        self.suspect_qp = Some(0);
+        self.errors.record(ERR_POLL_CQ, now_ns(), format_args!("{which} CQ: {e}"));
+    }
+
     /// What to do with a packet for `to` (after the device check).
     fn route(&mut self, to: &VerbsAddr, now: u64) -> Route {
         if to.qpn != 0 {
@@ -513,9 +521,13 @@ struct PollFailed(i32);
 
 impl std::fmt::Display for PollFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ibv_poll_cq returned {}", self.0)
+        write!(f, "polling the CQ returned {}", self.0)
     }
 }
+
+/// What one poll took: the completions (every one must be handled, whatever follows: a send
+/// slot returns, a receive is re-posted) and, after them, the error that stopped the poll.
+type Polled = (usize, Option<PollFailed>);
 
 /// Up to [`BATCH`] completions with their NIC stamps (ns of the device's clock; 0 where the
 /// CQ has none).
@@ -528,11 +540,11 @@ struct Completions {
 /// Up to [`BATCH`] completions of a live `cq` into `out`: `ibv_poll_cq` for a plain CQ; for an
 /// extended one (created with `clock`'s stamps) the `start_poll`/`next_poll` loop, which only
 /// devices that report completion timestamps get (it corrupts rxe's CQ on rdma-core 44).
-fn poll_cq(cq: *mut ffi::ibv_cq, clock: Option<Clock>, out: &mut Completions) -> Result<usize, PollFailed> {
+fn poll_cq(cq: *mut ffi::ibv_cq, clock: Option<Clock>, out: &mut Completions) -> Polled {
     let Some(clock) = clock else {
         // SAFETY: the caller's CQ is live; `out` has room for BATCH completions.
         let k = unsafe { ffi::ibv_poll_cq(cq, BATCH as i32, out.wc.as_mut_ptr()) };
-        return if k < 0 { Err(PollFailed(k)) } else { Ok(k as usize) };
+        return if k < 0 { (0, Some(PollFailed(k))) } else { (k as usize, None) };
     };
     let cq = cq.cast::<ffi::ibv_cq_ex>();
     let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
@@ -541,10 +553,10 @@ fn poll_cq(cq: *mut ffi::ibv_cq, clock: Option<Clock>, out: &mut Completions) ->
     unsafe {
         let rc = ffi::ibv_start_poll(cq, &raw mut attr);
         if rc == libc::ENOENT {
-            return Ok(0);
+            return (0, None);
         }
         if rc != 0 {
-            return Err(PollFailed(-rc.abs()));
+            return (0, Some(PollFailed(-rc.abs())));
         }
         let mut n = 0;
         loop {
@@ -571,12 +583,13 @@ fn poll_cq(cq: *mut ffi::ibv_cq, clock: Option<Clock>, out: &mut Completions) ->
                 break;
             }
             if rc != 0 {
+                // The `n` completions already taken are consumed: hand them out with the error.
                 ffi::ibv_end_poll(cq);
-                return Err(PollFailed(-rc.abs()));
+                return (n, Some(PollFailed(-rc.abs())));
             }
         }
         ffi::ibv_end_poll(cq);
-        Ok(n)
+        (n, None)
     }
 }
 
@@ -587,14 +600,14 @@ fn take_completions(
     stash: &mut Completions,
     stash_n: &mut usize,
     out: &mut Completions,
-) -> Result<usize, PollFailed> {
+) -> Polled {
     if *stash_n == 0 {
         return poll_cq(cq, clock, out);
     }
     let k = std::mem::take(stash_n);
     out.wc[..k].swap_with_slice(&mut stash.wc[..k]);
     out.ts[..k].swap_with_slice(&mut stash.ts[..k]);
-    Ok(k)
+    (k, None)
 }
 
 impl Drop for VerbsTransport {
@@ -734,16 +747,8 @@ impl Transport for VerbsTransport {
 
     fn recv(&mut self, out: &mut RxBatch<VerbsAddr>) -> io::Result<usize> {
         let Some(r) = self.res.as_mut() else { return Ok(0) };
-        let got =
-            match take_completions(r.recv_cq, r.clock, &mut self.stash_recv, &mut self.stash_recv_n, &mut self.wcs) {
-                Ok(got) => got,
-                Err(e) => {
-                    // The shard counts and logs the error; a broken CQ is a broken QP: check it.
-                    self.stats.poll_errors += 1;
-                    self.suspect_qp = Some(0);
-                    return Err(io::Error::other(format!("receive CQ: {e}")));
-                }
-            };
+        let (got, poll_error) =
+            take_completions(r.recv_cq, r.clock, &mut self.stash_recv, &mut self.stash_recv_n, &mut self.wcs);
         let t = now_ns();
         let mut n = 0;
         let lkey = {
@@ -800,6 +805,9 @@ impl Transport for VerbsTransport {
                 self.lose_device("receive repost failed");
             }
         }
+        if let Some(e) = poll_error {
+            self.poll_failed("receive", e);
+        }
         Ok(n)
     }
 
@@ -808,41 +816,29 @@ impl Transport for VerbsTransport {
         // to the shard with the packet (still in its slot) so the probe ends as a local drop.
         let mut poll_error = None;
         if let Some(r) = self.res.as_mut() {
-            match take_completions(r.send_cq, r.clock, &mut self.stash_send, &mut self.stash_send_n, &mut self.wcs) {
-                Ok(got) => {
-                    for (wc, &ts) in self.wcs.wc[..got].iter().zip(&self.wcs.ts[..got]) {
-                        let slot = wc.wr_id as usize % SEND_DEPTH;
-                        r.send_free.push(slot as u16);
-                        if wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
-                            && r.clock.is_some()
-                            && r.send_want_tx[slot]
-                            && self.stamps_len < STAMP_RING
-                        {
-                            // NIC send stamps (T2, T4) come with the completion, whenever it is
-                            // polled: the stamp is the device's, not the poll's.
-                            let off = Resources::send_slot_offset(slot);
-                            let at = (self.stamps_head + self.stamps_len) % STAMP_RING;
-                            self.stamps[at].0.copy_from_slice(&r.buf[off..off + PACKET_BYTES]);
-                            self.stamps[at].1 = ts;
-                            self.stamps_len += 1;
-                        }
-                        if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-                            self.stats.completion_errors += 1;
-                            self.suspect_qp = Some(wc.status);
-                            let off = Resources::send_slot_offset(slot);
-                            let mut packet = [0u8; PACKET_BYTES];
-                            packet.copy_from_slice(&r.buf[off..off + PACKET_BYTES]);
-                            if self.failed_len < BATCH {
-                                self.failed[self.failed_len] = (packet, wc.status);
-                                self.failed_len += 1;
-                            }
-                        }
+            let got;
+            (got, poll_error) =
+                take_completions(r.send_cq, r.clock, &mut self.stash_send, &mut self.stash_send_n, &mut self.wcs);
+            for (wc, &ts) in self.wcs.wc[..got].iter().zip(&self.wcs.ts[..got]) {
+                let slot = wc.wr_id as usize % SEND_DEPTH;
+                r.send_free.push(slot as u16);
+                let off = Resources::send_slot_offset(slot);
+                let packet = &r.buf[off..off + PACKET_BYTES];
+                if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+                    self.stats.completion_errors += 1;
+                    self.suspect_qp = Some(wc.status);
+                    if self.failed_len < BATCH {
+                        self.failed[self.failed_len].0.copy_from_slice(packet);
+                        self.failed[self.failed_len].1 = wc.status;
+                        self.failed_len += 1;
                     }
-                }
-                Err(e) => {
-                    self.stats.poll_errors += 1;
-                    self.suspect_qp = Some(0);
-                    poll_error = Some(e);
+                } else if r.clock.is_some() && r.send_want_tx[slot] && self.stamps_len < STAMP_RING {
+                    // NIC send stamps (T2, T4) come with the completion, whenever it is polled:
+                    // the stamp is the device's, not the poll's.
+                    let at = (self.stamps_head + self.stamps_len) % STAMP_RING;
+                    self.stamps[at].0.copy_from_slice(packet);
+                    self.stamps[at].1 = ts;
+                    self.stamps_len += 1;
                 }
             }
         }
@@ -864,16 +860,10 @@ impl Transport for VerbsTransport {
             out.news[n] = TxNews::Stamp;
             n += 1;
         }
-        match poll_error {
-            // The stamps already taken are lost with this batch; the shard counts the error and
-            // their probes end invalid (T2 missing), which is what they are.
-            Some(e) if n == 0 => Err(io::Error::other(format!("send CQ: {e}"))),
-            Some(e) => {
-                self.errors.record(ERR_POLL_CQ, now_ns(), format_args!("send CQ: {e}"));
-                Ok(n)
-            }
-            None => Ok(n),
+        if let Some(e) = poll_error {
+            self.poll_failed("send", e);
         }
+        Ok(n)
     }
 
     fn ts_source(&self) -> TsSource {
@@ -949,21 +939,23 @@ impl Transport for VerbsTransport {
         }
         r.armed = true;
         // Completions that arrived before the notification was armed raise no event: poll once
-        // more, and keep what is found for the next recv / tx_timestamps. A failed poll here is
-        // polled again there, where it is counted and reported: do not sleep on it.
+        // more, and keep what is found for the next recv / tx_timestamps. After a failed poll
+        // the shard must not sleep.
+        let (mut recv_error, mut send_error) = (None, None);
         if self.stash_recv_n == 0 {
-            match poll_cq(r.recv_cq, r.clock, &mut self.stash_recv) {
-                Ok(k) => self.stash_recv_n = k,
-                Err(_) => return false,
-            }
+            (self.stash_recv_n, recv_error) = poll_cq(r.recv_cq, r.clock, &mut self.stash_recv);
         }
         if self.stash_send_n == 0 {
-            match poll_cq(r.send_cq, r.clock, &mut self.stash_send) {
-                Ok(k) => self.stash_send_n = k,
-                Err(_) => return false,
-            }
+            (self.stash_send_n, send_error) = poll_cq(r.send_cq, r.clock, &mut self.stash_send);
         }
-        self.stash_recv_n == 0 && self.stash_send_n == 0 && self.failed_len == 0 && self.stamps_len == 0
+        let failed = recv_error.is_some() || send_error.is_some();
+        if let Some(e) = recv_error {
+            self.poll_failed("receive", e);
+        }
+        if let Some(e) = send_error {
+            self.poll_failed("send", e);
+        }
+        !failed && self.stash_recv_n == 0 && self.stash_send_n == 0 && self.failed_len == 0 && self.stamps_len == 0
     }
 
     fn wait_fds(&self, out: &mut [RawFd; 4]) -> usize {
