@@ -9,3 +9,11 @@ pub fn now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut ts) };
     (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
+
+/// CLOCK_MONOTONIC in ns: the clock of the service tracer's events (`bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -24,6 +24,13 @@
 //! ib_port = 1                      # verbs: device port (default 1)
 //! # gid_index = 3                  # verbs: override the GID found from `bind`'s address
 //! traffic_class = 106              # verbs: GRH traffic class, DSCP << 2 | ECN (default 106)
+//!
+//! [service_tracing]                # probe the paths this host's RDMA jobs use (eBPF; root or
+//! enabled = true                   # CAP_BPF + CAP_PERFMON). Off by default.
+//! probe_pps = 5.0                  # per traced connection
+//! max_targets_per_shard = 64       # connections probed at once per RNIC; more are counted, not probed
+//! max_new_targets_per_s = 20       # per RNIC: a connection storm is admitted at this rate
+//! max_events_per_s = 5000          # tracer intake; a storm beyond it is counted and dropped
 //! ```
 
 use std::net::SocketAddr;
@@ -98,7 +105,65 @@ pub struct AgentConfig {
     /// The shards, one per RNIC (UDP: per local address).
     #[serde(rename = "shard")]
     pub shards: Vec<ShardConfig>,
+    /// Service tracing: discover this host's RDMA connections and probe their paths.
+    #[serde(default)]
+    pub service_tracing: ServiceTracing,
 }
+
+/// `[service_tracing]`: the eBPF tracer (`rocemesh-bpf`) reports every RDMA QP of this host that
+/// reaches RTR; the shard whose RNIC owns the QP's local GID probes the remote GID with the
+/// connection's flow label, so along the path its traffic takes, until the QP is destroyed or its
+/// process exits. Without the needed capability or kernel support the agent says why and goes on
+/// probing its pinglist.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceTracing {
+    /// Load the tracer. Needs root, or CAP_BPF and CAP_PERFMON (kernel >= 5.8), and a kernel with
+    /// BTF for the RDMA modules.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Probes per second to each traced connection's remote RNIC.
+    #[serde(default = "default_service_probe_pps")]
+    pub probe_pps: f64,
+    /// Traced connections a shard probes at once; a full table refuses (and counts) new ones.
+    #[serde(default = "default_service_max_targets")]
+    pub max_targets_per_shard: usize,
+    /// New service targets a shard takes per second (a token bucket with this burst): thousands
+    /// of short-lived QPs must not turn into thousands of dictionary entries and probes.
+    #[serde(default = "default_service_new_per_s")]
+    pub max_new_targets_per_s: f64,
+    /// Tracer events the agent reads per second at most; the rest are counted as dropped.
+    #[serde(default = "default_service_events_per_s")]
+    pub max_events_per_s: f64,
+}
+
+impl Default for ServiceTracing {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            probe_pps: default_service_probe_pps(),
+            max_targets_per_shard: default_service_max_targets(),
+            max_new_targets_per_s: default_service_new_per_s(),
+            max_events_per_s: default_service_events_per_s(),
+        }
+    }
+}
+
+fn default_service_probe_pps() -> f64 {
+    5.0
+}
+fn default_service_max_targets() -> usize {
+    64
+}
+fn default_service_new_per_s() -> f64 {
+    20.0
+}
+fn default_service_events_per_s() -> f64 {
+    5_000.0
+}
+
+/// Most service targets per shard: a schedule entry packs the slot into 12 bits.
+pub const MAX_SERVICE_TARGETS: usize = 4096;
 
 /// One shard.
 #[derive(Clone, Debug, Deserialize)]
@@ -258,6 +323,25 @@ impl AgentConfig {
             if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
                 return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
             }
+        }
+        let st = &self.service_tracing;
+        if !(st.probe_pps > 0.0 && st.probe_pps <= 1_000.0) {
+            return Err(format!("service_tracing.probe_pps = {}: use a rate in (0, 1000]", st.probe_pps));
+        }
+        if !(1..=MAX_SERVICE_TARGETS).contains(&st.max_targets_per_shard) {
+            return Err(format!(
+                "service_tracing.max_targets_per_shard = {}: use 1 to {MAX_SERVICE_TARGETS}",
+                st.max_targets_per_shard
+            ));
+        }
+        if !(st.max_new_targets_per_s > 0.0 && st.max_new_targets_per_s <= 10_000.0) {
+            return Err(format!(
+                "service_tracing.max_new_targets_per_s = {}: use a rate in (0, 10000]",
+                st.max_new_targets_per_s
+            ));
+        }
+        if !(st.max_events_per_s >= 1.0 && st.max_events_per_s <= 1_000_000.0) {
+            return Err(format!("service_tracing.max_events_per_s = {}: use 1 to 1000000", st.max_events_per_s));
         }
         if self.event_coalesce_us > MAX_EVENT_COALESCE_US {
             return Err(format!(

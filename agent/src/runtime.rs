@@ -19,7 +19,8 @@ use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enf
 
 use crate::clock::now_ns;
 use crate::config::{AgentConfig, Mode, ShardConfig, TransportKind};
-use crate::shard::{Resolve, Shard, ShardParams, ShardStats, UdpResolver};
+use crate::service::ServiceEvent;
+use crate::shard::{AddError, Resolve, Shard, ShardParams, ShardStats, UdpResolver};
 use crate::transport::{DropReason, Transport};
 use crate::udp::{UdpTransport, unspecified_like};
 use crate::verbs::{VerbsAddr, VerbsConfig, VerbsResolver, VerbsTransport};
@@ -34,6 +35,11 @@ const EVENT_SEND_AHEAD_NS: u64 = 1_000_000;
 const MAX_WAIT: Duration = Duration::from_millis(10);
 
 static STOP_SIGNAL: AtomicBool = AtomicBool::new(false);
+
+/// Whether SIGINT or SIGTERM asked the agent to stop.
+pub fn stop_signalled() -> bool {
+    STOP_SIGNAL.load(Ordering::Relaxed)
+}
 
 extern "C" fn on_stop_signal(_: libc::c_int) {
     STOP_SIGNAL.store(true, Ordering::SeqCst);
@@ -164,9 +170,29 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     }
     spawn_watcher(cfg.pinglist.clone(), control.clone())?;
 
+    // Service tracing: one queue per shard, fed by the tracer thread.
+    let mut service_rx = Vec::new();
+    let mut links = Vec::new();
+    for sc in &cfg.shards {
+        let (tx, rx) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
+        service_rx.push(Some(rx));
+        // A shard probes from the RoCEv2 GID of its bind address (verbs) or from that address.
+        let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
+        links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
+    }
+    let tracer_stop = Arc::new(AtomicBool::new(false));
+    let tracer = if cfg.service_tracing.enabled {
+        let (st, stop) = (cfg.service_tracing.clone(), tracer_stop.clone());
+        Some(crate::tracer::spawn(st, links, stop, cfg.stats_interval_s)?)
+    } else {
+        drop(links);
+        None
+    };
+
     let mut handles = Vec::new();
     for (i, sc) in cfg.shards.iter().enumerate() {
         let (cfg, sc, control, seal_tx) = (cfg.clone(), sc.clone(), control.clone(), seal_tx.clone());
+        let services = service_rx[i].take();
         let params = ShardParams {
             host: cfg.host.clone(),
             device: sc.device.clone(),
@@ -181,6 +207,9 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
                 Mode::Event => EVENT_SEND_AHEAD_NS,
                 Mode::BusyPoll => 0,
             },
+            service_max_targets: cfg.service_tracing.max_targets_per_shard,
+            service_new_per_s: cfg.service_tracing.max_new_targets_per_s,
+            service_interval_ns: (1e9 / cfg.service_tracing.probe_pps) as u64,
         };
         let (device, core) = (sc.device.clone(), sc.core);
         let shards = cfg.shards.len();
@@ -188,7 +217,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             .name(&format!("shard-{i}"))
             .io_memory(GLOMMIO_IO_MEMORY_BYTES)
             .spawn(move || async move {
-                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards).await;
+                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services).await;
                 if r.is_err() {
                     control.failed.store(true, Ordering::SeqCst);
                 }
@@ -218,6 +247,12 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    tracer_stop.store(true, Ordering::SeqCst);
+    if let Some(t) = tracer
+        && t.join().is_err()
+    {
+        tracing::error!("the service tracer thread panicked");
+    }
     if sealer.join().is_err() {
         tracing::error!("the sealer thread panicked");
     }
@@ -234,12 +269,14 @@ async fn shard_main(
     control: &Control,
     seal_tx: &mpsc::Sender<PathBuf>,
     shards: usize,
+    services: Option<mpsc::Receiver<ServiceEvent>>,
 ) -> Result<ShardReport> {
+    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services };
     match sc.transport {
         TransportKind::Udp => {
             let transport = UdpTransport::bind_with_source_ports(sc.bind, sc.source_ports)?;
             let null = unspecified_like(sc.bind.ip());
-            run_shard(cfg, sc, params, control, seal_tx, shards, transport, &UdpResolver, null).await
+            run_shard(ctx, params, transport, &UdpResolver, null).await
         }
         TransportKind::Verbs => {
             let transport = VerbsTransport::open(VerbsConfig {
@@ -251,23 +288,30 @@ async fn shard_main(
                 sysfs: PathBuf::from("/sys"),
             })?;
             tracing::info!(device = %sc.device, qpn = transport.qpn(), "verbs transport ready");
-            run_shard(cfg, sc, params, control, seal_tx, shards, transport, &VerbsResolver, VerbsAddr::NULL).await
+            run_shard(ctx, params, transport, &VerbsResolver, VerbsAddr::NULL).await
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_shard<T: Transport>(
-    cfg: &AgentConfig,
-    sc: &ShardConfig,
-    params: ShardParams,
-    control: &Control,
-    seal_tx: &mpsc::Sender<PathBuf>,
+/// What a shard's loop needs besides its transport.
+struct ShardContext<'a> {
+    cfg: &'a AgentConfig,
+    sc: &'a ShardConfig,
+    control: &'a Control,
+    seal_tx: &'a mpsc::Sender<PathBuf>,
     shards: usize,
+    /// Service targets from the tracer thread (when service tracing is on).
+    services: Option<mpsc::Receiver<ServiceEvent>>,
+}
+
+async fn run_shard<T: Transport>(
+    ctx: ShardContext<'_>,
+    params: ShardParams,
     transport: T,
     resolver: &impl Resolve<T::Addr>,
     null: T::Addr,
 ) -> Result<ShardReport> {
+    let ShardContext { cfg, sc, control, seal_tx, shards, services } = ctx;
     control.ready.fetch_add(1, Ordering::SeqCst);
     let ready_by = now_ns() + 5_000_000_000;
     while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
@@ -306,6 +350,9 @@ async fn run_shard<T: Transport>(
         if g != seen_generation {
             seen_generation = g;
             reload(&mut shard, control, &sc.device, resolver);
+        }
+        if let Some(rx) = &services {
+            take_service_events(&mut shard, rx, &sc.device, resolver);
         }
         if let Err(e) = shard.step() {
             tracing::warn!(device = %sc.device, "segment write failed (records counted as dropped): {e}");
@@ -362,6 +409,45 @@ async fn run_shard<T: Transport>(
     Ok(ShardReport { device, stats })
 }
 
+/// Service events queued by the tracer thread: a bounded number per round, so that a storm
+/// cannot hold up probing (the queue's bound drops the rest, counted by the tracer).
+fn take_service_events<T: Transport>(
+    shard: &mut Shard<T>,
+    rx: &mpsc::Receiver<ServiceEvent>,
+    device: &str,
+    resolver: &impl Resolve<T::Addr>,
+) {
+    for _ in 0..crate::tracer::SHARD_QUEUE {
+        let Ok(ev) = rx.try_recv() else { return };
+        match ev {
+            ServiceEvent::Add(s) => match shard.add_service(&s, resolver) {
+                Ok(name) => {
+                    let delay_ms = crate::clock::monotonic_ns().saturating_sub(s.rtr_mono_ns) as f64 / 1e6;
+                    tracing::info!(
+                        device,
+                        service = %name,
+                        flow_label = s.flow_label,
+                        discovery_delay_ms = format_args!("{delay_ms:.1}"),
+                        "service target added"
+                    );
+                }
+                // Counted in the shard's service stats; a refusal per connection is not news.
+                Err(AddError::Refused(why)) => {
+                    tracing::debug!(device, local_qpn = s.local_qpn, ?why, "service target refused");
+                }
+                Err(AddError::Address(e)) => {
+                    tracing::warn!(device, local_qpn = s.local_qpn, "service target has no address: {e}");
+                }
+            },
+            ServiceEvent::Remove { local_qpn, why } => {
+                if shard.remove_service(local_qpn) {
+                    tracing::info!(device, local_qpn, ?why, "service target removed");
+                }
+            }
+        }
+    }
+}
+
 /// Block until one of the transport's descriptors is readable or `wait` passes.
 fn poll_fds<T: Transport>(t: &T, wait: Duration) {
     let mut fds = [0; 4];
@@ -410,6 +496,11 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         write_errors = s.write_errors,
         inflight_overflow = s.inflight_overflow,
         records_dropped = s.records_dropped,
+        services_active = s.services.active,
+        services_added = s.services.added,
+        services_removed = s.services.removed,
+        services_refused_full = s.services.refused_full,
+        services_refused_rate = s.services.refused_rate,
         "shard stats"
     );
 }

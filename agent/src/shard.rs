@@ -10,15 +10,19 @@
 //! heap, and the responder's pending-ACK2 table. Steady-state probing does not allocate.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 use rocemesh_formats::pinglist::Pinglist;
-use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource, six_timestamp_delays};
+use rocemesh_formats::pinglist::ProbeKind;
+use rocemesh_formats::record::{
+    Arrived, EndpointRole, Outcome, ProbeRecord, ServiceConn, TsSource, six_timestamp_delays,
+};
 use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
+use crate::service::{NewService, Refused, SERVICE_BIT, ServiceStats, ServiceTable, endpoint_name};
 use crate::transport::{DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
 /// Probes sent per step at most, so that a burst of due probes cannot starve the receive path.
@@ -74,6 +78,8 @@ pub struct ShardStats {
     pub inflight_overflow: u64,
     /// Records the segment writer could not store.
     pub records_dropped: u64,
+    /// Traced service connections: probed now, taken, ended, refused.
+    pub services: ServiceStats,
 }
 
 /// What the shard is told at start.
@@ -97,6 +103,12 @@ pub struct ShardParams {
     /// that a burst of probes costs one wake-up and one send call, here and at the responders;
     /// T1 is still taken per probe, so only the schedule's jitter grows. 0 in busy-poll.
     pub send_ahead_ns: u64,
+    /// Traced service connections probed at once (the table is sized at start).
+    pub service_max_targets: usize,
+    /// New service targets admitted per second.
+    pub service_new_per_s: f64,
+    /// Probe interval of each service target.
+    pub service_interval_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -178,6 +190,10 @@ pub struct Shard<T: Transport> {
     generation: u64,
     null_addr: T::Addr,
     draining: bool,
+    services: ServiceTable<T::Addr>,
+    /// Names and ToRs of the pinglist's targets by GID, so that a service target to one of them
+    /// is recorded under the RNIC's inventory name. Rebuilt at each pinglist load.
+    known: HashMap<[u8; 16], (String, String)>,
 }
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
@@ -190,6 +206,19 @@ impl<T: Transport> std::fmt::Debug for Shard<T> {
 pub trait Resolve<A> {
     /// The address of `target`, or why it has none.
     fn resolve(&self, target: &rocemesh_formats::pinglist::Target, default_port: u16) -> Result<A, String>;
+
+    /// The address of the agent on the RNIC with `gid` (a traced connection's remote end),
+    /// listening on `port` (agents of one fleet share their port).
+    fn resolve_gid(&self, gid: [u8; 16], port: u16) -> Result<A, String>;
+}
+
+/// Why a traced connection did not become a service target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddError {
+    /// Table full, admission rate, or already a target.
+    Refused(Refused),
+    /// The remote GID gives no address this transport can probe.
+    Address(String),
 }
 
 /// UDP: the target's address and port.
@@ -204,6 +233,10 @@ impl Resolve<std::net::SocketAddr> for UdpResolver {
     ) -> Result<std::net::SocketAddr, String> {
         Ok(std::net::SocketAddr::new(target.addr, target.port.unwrap_or(default_port)))
     }
+
+    fn resolve_gid(&self, gid: [u8; 16], port: u16) -> Result<std::net::SocketAddr, String> {
+        Ok(std::net::SocketAddr::new(rocemesh_formats::gid::ip_of(&gid), port))
+    }
 }
 
 impl<T: Transport> Shard<T> {
@@ -216,7 +249,16 @@ impl<T: Transport> Shard<T> {
         let drops = ErrorLog::new(params.device.clone(), DropReason::NAMES);
         let mut pending = Vec::with_capacity(PENDING_ACK2_SLOTS);
         pending.resize(PENDING_ACK2_SLOTS, None);
+        let services = ServiceTable::new(
+            params.service_max_targets,
+            params.service_new_per_s,
+            params.service_interval_ns.max(1),
+            null_addr,
+            now_ns(),
+        );
         Self {
+            services,
+            known: HashMap::new(),
             ignore_state: u64::from(params.epoch) | 1,
             next_flush_ns: now_ns() + params.flush_interval_ns,
             params,
@@ -257,6 +299,7 @@ impl<T: Transport> Shard<T> {
         s.tx_stamp_errors = self.errors.count(ERR_TX_STAMPS);
         s.write_errors = self.errors.count(ERR_WRITE);
         s.acks_not_sent = self.errors.count(ERR_ACK_DROPPED);
+        s.services = self.services.stats();
         s
     }
 
@@ -299,7 +342,7 @@ impl<T: Transport> Shard<T> {
         let now = now_ns();
         self.targets.clear();
         self.target_addr.clear();
-        let mut total_rate = 0.0;
+        self.known.clear();
         for (i, t) in pinglist.targets.iter().enumerate().filter(|(_, t)| t.from == self.params.device) {
             let addr = match resolver.resolve(t, self.params.default_port) {
                 Ok(a) => a,
@@ -308,8 +351,9 @@ impl<T: Transport> Shard<T> {
                     continue;
                 }
             };
-            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", rocemesh_formats::gid::gid_bytes(t.addr));
-            total_rate += t.rate_pps;
+            let gid = rocemesh_formats::gid::gid_bytes(t.addr);
+            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", gid);
+            self.known.entry(gid).or_insert_with(|| (t.to.clone(), String::new()));
             self.targets.push(Target {
                 id,
                 kind: t.kind.as_u8(),
@@ -319,7 +363,7 @@ impl<T: Transport> Shard<T> {
             });
             self.target_addr.push(addr);
         }
-        self.transport.plan_labels(self.targets.iter().map(|t| &t.labels[..]));
+        self.plan_labels();
         self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
         self.generation = pinglist.generation;
         // Spread first probes evenly over each target's interval (not all at t = 0).
@@ -329,13 +373,76 @@ impl<T: Transport> Shard<T> {
             let phase = t.interval_ns * i as u64 / n;
             self.schedule.push(Reverse((now + phase, i as u32)));
         }
+        // Service targets outlive pinglists: they end with their connection.
+        for (key, _) in self.services.live() {
+            self.schedule.push(Reverse((now, key)));
+        }
         // In flight at most rate × timeout; twice that, and a power of two for the mask.
-        let need = ((total_rate * self.timeout_ns as f64 / 1e9) * 2.0) as usize + 64;
-        let cap = need.next_power_of_two().max(1024);
+        let cap = self.inflight_needed();
         if cap > self.inflight.len() {
             self.grow_inflight(cap);
         }
         problems
+    }
+
+    fn plan_labels(&mut self) {
+        let services: Vec<u32> = self.services.live().map(|(_, s)| s.flow_label).collect();
+        let pinglist = self.targets.iter().map(|t| &t.labels[..]);
+        self.transport.plan_labels(pinglist.chain(services.chunks(1)));
+    }
+
+    /// Probe a traced connection of this host along its path, from now until
+    /// [`Shard::remove_service`]. Returns the dictionary name it is recorded under.
+    pub fn add_service(&mut self, s: &NewService, resolver: &impl Resolve<T::Addr>) -> Result<String, AddError> {
+        let now = now_ns();
+        self.services.admit(s.local_qpn, now).map_err(AddError::Refused)?;
+        let addr = resolver.resolve_gid(s.remote_gid, self.params.default_port).map_err(AddError::Address)?;
+        let (remote, tor) = match self.known.get(&s.remote_gid) {
+            Some((name, tor)) => (name.clone(), tor.clone()),
+            None => (String::new(), String::new()),
+        };
+        let shown =
+            if remote.is_empty() { rocemesh_formats::gid::ip_of(&s.remote_gid).to_string() } else { remote.clone() };
+        let prober = format!("{}/{}", self.params.host, self.params.device);
+        let name = endpoint_name(&prober, s, &shown);
+        let conn = ServiceConn {
+            pid: s.pid,
+            local_qpn: s.local_qpn,
+            remote_qpn: s.remote_qpn,
+            flow_label: s.flow_label,
+            traffic_class: s.traffic_class,
+            comm: s.comm.clone(),
+            remote,
+        };
+        let id = self.writer.service_endpoint(&name, &tor, s.remote_gid, &conn);
+        let key = self.services.insert(s.local_qpn, id, addr, s.flow_label);
+        self.plan_labels();
+        // First probe at once: the connection is news.
+        self.schedule.push(Reverse((now, key)));
+        let need = self.inflight_needed();
+        if need > self.inflight.len() {
+            self.grow_inflight(need);
+        }
+        Ok(name)
+    }
+
+    /// Stop probing the traced connection with `local_qpn`; false if it was not a target.
+    /// Its schedule entry goes stale and is dropped when due; probes in flight complete.
+    pub fn remove_service(&mut self, local_qpn: u32) -> bool {
+        self.services.remove(local_qpn)
+    }
+
+    /// Service target counters.
+    pub fn service_stats(&self) -> ServiceStats {
+        self.services.stats()
+    }
+
+    /// In-flight slots the current rates need: twice rate × timeout, a power of two.
+    fn inflight_needed(&self) -> usize {
+        let pinglist: f64 = self.targets.iter().map(|t| 1e9 / t.interval_ns as f64).sum();
+        let services = self.services.stats().active as f64 * 1e9 / self.services.interval_ns as f64;
+        let need = (((pinglist + services) * self.timeout_ns as f64 / 1e9) * 2.0) as usize + 64;
+        need.next_power_of_two().max(1024)
     }
 
     fn grow_inflight(&mut self, cap: usize) {
@@ -672,10 +779,16 @@ impl<T: Transport> Shard<T> {
                 break;
             }
             self.schedule.pop();
-            let t = &mut self.targets[ti as usize];
-            let label = t.labels[t.cursor % t.labels.len()];
-            t.cursor = t.cursor.wrapping_add(1);
-            let (id, kind, interval) = (t.id, t.kind, t.interval_ns);
+            let (id, kind, interval, label, addr) = if ti & SERVICE_BIT != 0 {
+                // A removed connection's entry is dropped here, not rescheduled.
+                let Some(s) = self.services.get(ti) else { continue };
+                (s.id, ProbeKind::Service.as_u8(), self.services.interval_ns, s.flow_label, s.addr)
+            } else {
+                let t = &mut self.targets[ti as usize];
+                let label = t.labels[t.cursor % t.labels.len()];
+                t.cursor = t.cursor.wrapping_add(1);
+                (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize])
+            };
             // After a stall, resume the cadence instead of firing the backlog in a burst.
             let next = if due + interval < now { now + interval } else { due + interval };
             self.schedule.push(Reverse((next, ti)));
@@ -690,7 +803,6 @@ impl<T: Transport> Shard<T> {
             }
             let mut b = [0u8; PACKET_BYTES];
             Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }.encode(&mut b);
-            let addr = self.target_addr[ti as usize];
             let t1 = now_ns();
             self.stats.probes_sent += 1;
             // Marked sent now; a flush that could not send it takes the mark back and records

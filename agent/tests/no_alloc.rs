@@ -6,10 +6,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use rocemesh_agent::service::NewService;
 use rocemesh_agent::shard::{Shard, ShardParams, UdpResolver};
 use rocemesh_agent::udp::{UdpTransport, unspecified_like};
 use rocemesh_formats::pinglist::{Pinglist, ProbeKind, Target};
-use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity};
+use rocemesh_formats::segment::{SegmentReader, SegmentWriter, WriterConfig, WriterIdentity};
 
 struct Counting;
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -35,7 +36,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn shard(dir: &std::path::Path, device: &str, epoch: u32) -> Shard<UdpTransport> {
+fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> Shard<UdpTransport> {
     // With source ports: epoll and the per-socket grouping must not allocate either.
     let t = UdpTransport::bind_with_source_ports("127.0.0.1:0".parse().expect("addr"), 8).expect("bind");
     let w = SegmentWriter::new(WriterConfig::new(dir.join(device)), WriterIdentity::default()).expect("writer");
@@ -44,10 +45,13 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32) -> Shard<UdpTransport>
         device: device.into(),
         tor: "t".into(),
         epoch,
-        default_port: 0,
+        default_port,
         flush_interval_ns: 50_000_000,
         ignore_probe_fraction: 0.0,
         send_ahead_ns: 0,
+        service_max_targets: 4,
+        service_new_per_s: 10.0,
+        service_interval_ns: 1_000_000,
     };
     Shard::new(params, t, w, unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }
@@ -55,9 +59,10 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32) -> Shard<UdpTransport>
 #[test]
 fn probing_and_answering_do_not_allocate_after_warm_up() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut prober = shard(dir.path(), "a", 0xA);
-    let mut responder = shard(dir.path(), "b", 0xB);
+    let mut responder = shard(dir.path(), "b", 0xB, 0);
     let target_port = responder.transport().local_addr().port();
+    // Service targets are probed on the prober's default port, which agents of a fleet share.
+    let mut prober = shard(dir.path(), "a", 0xA, target_port);
     let targets = (0..50)
         .map(|i| Target {
             from: "a".into(),
@@ -72,6 +77,23 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
         .collect();
     let pl = Pinglist { version: 1, host: "h".into(), generation: 1, generated_unix_ns: 0, timeout_ms: 500, targets };
     prober.load(&pl, &UdpResolver);
+    // Two traced connections to the responder's host (1,000 probes/s each), and one that ends
+    // before the measured span.
+    let localhost = rocemesh_formats::gid::gid_bytes(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    for qpn in [17, 18, 19] {
+        let s = NewService {
+            local_qpn: qpn,
+            remote_qpn: qpn + 100,
+            pid: 4242,
+            comm: "ib_write_bw".into(),
+            remote_gid: localhost,
+            flow_label: qpn * 1000,
+            traffic_class: 106,
+            rtr_mono_ns: 0,
+        };
+        prober.add_service(&s, &UdpResolver).expect("room for three");
+    }
+    assert!(prober.remove_service(19));
     let run = |prober: &mut Shard<UdpTransport>, responder: &mut Shard<UdpTransport>, d: Duration| {
         let until = Instant::now() + d;
         while Instant::now() < until {
@@ -88,4 +110,28 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
     assert!(completed > 20_000, "the measured span must see real traffic: {completed} probes, {:?}", prober.stats());
     assert_eq!(prober.stats().lost, 0, "{:?}", prober.stats());
     assert_eq!(allocations, 0, "allocations over {completed} completed probes");
+    assert_eq!(prober.service_stats().active, 2);
+
+    // The service probes are in the segment: kind service, to the connections' entries, with
+    // their flow labels.
+    let files = prober.finish().expect("finish");
+    let mut by_label = std::collections::BTreeMap::new();
+    for f in &files {
+        let r = SegmentReader::open(f).expect("open");
+        for c in r.probe_chunks() {
+            for i in 0..c.len() {
+                let row = c.row(i);
+                if row.kind != ProbeKind::Service.as_u8() {
+                    continue;
+                }
+                let e = &r.dictionary()[row.target as usize];
+                let conn = e.service.as_ref().expect("a service probe targets a service entry");
+                assert_eq!(row.flow_label, conn.flow_label);
+                assert_eq!(e.addr, localhost);
+                *by_label.entry(row.flow_label).or_insert(0u64) += u64::from(row.outcome == 0);
+            }
+        }
+    }
+    assert_eq!(by_label.keys().copied().collect::<Vec<_>>(), [17_000, 18_000], "{by_label:?}");
+    assert!(by_label.values().all(|&n| n > 1_000), "{by_label:?}");
 }

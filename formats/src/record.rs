@@ -203,6 +203,11 @@ pub enum EndpointRole {
     Rnic = 0,
     /// A switch seen in path traces.
     Switch = 1,
+    /// A traced service connection (an RDMA QP of a job on this host, discovered by the `bpf`
+    /// tracer): its probes follow the connection's own GIDs and flow label. `name` is unique per
+    /// connection, `tor` and `addr` are the remote end's, and [`Endpoint::service`] says which
+    /// connection it is.
+    Service = 2,
 }
 
 /// One entry of a segment's dictionary: who a compact id in the records stands for.
@@ -219,6 +224,49 @@ pub struct Endpoint {
     pub tor: String,
     /// GID or IPv4-mapped IPv6 address (16 bytes, network order); all zero when unknown.
     pub addr: [u8; 16],
+    /// For [`EndpointRole::Service`]: the connection. `None` for every other role.
+    pub service: Option<ServiceConn>,
+}
+
+/// The RDMA connection a [`EndpointRole::Service`] endpoint stands for: enough for an operator to
+/// find the job (pid, command) and the QP pair (`rdma resource show qp lqpn N`).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct ServiceConn {
+    /// Process that brought the QP to RTR (the thread group id).
+    pub pid: u32,
+    /// Local QP number.
+    pub local_qpn: u32,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// The connection's flow label as its RoCEv2 packets carry it (the kernel's
+    /// `rdma_calc_flow_label` when the application left it 0); the service probes use it.
+    pub flow_label: u32,
+    /// GRH traffic class of the connection.
+    pub traffic_class: u8,
+    /// The process's command (`comm`, at most 15 bytes).
+    pub comm: String,
+    /// The remote RNIC's entity name (`host/device`) when the agent could name it from its
+    /// pinglist; empty otherwise (`analyze --inventory` resolves `addr`).
+    pub remote: String,
+}
+
+/// The dictionary entry of schemas before [`ServiceConn`] (dictionary frames of kind 1): kept so
+/// that segments written by earlier agents stay readable.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct EndpointV1 {
+    pub id: u32,
+    pub role: u8,
+    pub name: String,
+    pub tor: String,
+    pub addr: [u8; 16],
+}
+
+impl From<EndpointV1> for Endpoint {
+    fn from(e: EndpointV1) -> Self {
+        Endpoint { id: e.id, role: e.role, name: e.name, tor: e.tor, addr: e.addr, service: None }
+    }
 }
 
 /// A chunk of probe records, column-wise. Every column has the same length.
@@ -391,16 +439,26 @@ pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
-endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
+endpoint{id:u32,role:u8{rnic=0,switch=1,service=2},name:str,tor:str,addr:[u8;16],\
+service:opt<service_conn{pid:u32,local_qpn:u32,remote_qpn:u32,flow_label:u32,traffic_class:u8,comm:str,remote:str}>};\
+rkyv0.8/le/align/pw32";
 
 /// FNV-1a of [`SCHEMA`]: written into every segment header and checked by every reader.
 pub const SCHEMA_HASH: u64 = fnv1a64(SCHEMA.as_bytes());
 
-/// Schemas this build reads besides its own, because their bytes mean the same: the schema
-/// before `local_drop` had the same layout and simply never wrote outcome 4. Segments that
-/// agents of the previous release wrote stay readable.
-pub const READABLE_SCHEMA_HASHES: [u64; 2] = [
+/// Schemas this build reads besides its own. Their probe and path layouts are this one's; their
+/// dictionary frames are [`EndpointV1`] (frame kind 1), which the reader converts. The schema
+/// before `local_drop` simply never wrote outcome 4. Segments that agents of earlier releases
+/// wrote stay readable.
+pub const READABLE_SCHEMA_HASHES: [u64; 3] = [
     SCHEMA_HASH,
+    fnv1a64(
+        b"outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
+responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
+path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
+endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32",
+    ),
     fnv1a64(
         b"outcome{ok=0,lost=1,invalid=2,refused=3};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
@@ -482,11 +540,17 @@ mod tests {
     }
 
     #[test]
-    fn the_previous_schema_stays_readable_and_differs_only_by_local_drop() {
-        assert_ne!(READABLE_SCHEMA_HASHES[0], READABLE_SCHEMA_HASHES[1]);
-        // The hash pinned by segments of the previous release (f9b751e).
-        let old = SCHEMA.replace(",local_drop=4}", "}");
-        assert_eq!(fnv1a64(old.as_bytes()), READABLE_SCHEMA_HASHES[1]);
+    fn earlier_schemas_stay_readable_and_differ_only_by_the_dictionary_and_local_drop() {
+        let distinct: std::collections::HashSet<_> = READABLE_SCHEMA_HASHES.iter().collect();
+        assert_eq!(distinct.len(), READABLE_SCHEMA_HASHES.len());
+        // The hashes pinned by segments of earlier releases: before service endpoints (8bf8c11),
+        // and before local_drop as well (f9b751e).
+        let v1_endpoint = "endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
+        let (head, _) = SCHEMA.split_once("endpoint{").expect("endpoint in the schema");
+        let before_services = format!("{head}{v1_endpoint}");
+        assert_eq!(fnv1a64(before_services.as_bytes()), READABLE_SCHEMA_HASHES[1]);
+        let before_local_drop = before_services.replace(",local_drop=4}", "}");
+        assert_eq!(fnv1a64(before_local_drop.as_bytes()), READABLE_SCHEMA_HASHES[2]);
     }
 
     #[test]

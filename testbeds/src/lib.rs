@@ -9,6 +9,7 @@
 mod fabric;
 pub mod rxefabric;
 pub mod rxelab;
+pub mod rxeservices;
 pub mod rxevm;
 pub mod score;
 pub mod simulate;

@@ -194,6 +194,15 @@ enum Fabric {
         #[arg(long, default_value_t = 60)]
         timeout_s: u64,
     },
+    /// A connection storm (run in HOST's namespace): RC QPs on HOST's RNIC brought to RTR towards
+    /// PEER's GID and destroyed, one after another. Prints what it did as JSON.
+    Storm {
+        host: String,
+        peer: String,
+        /// QPs to create and destroy.
+        #[arg(long, default_value_t = 1000)]
+        qps: u32,
+    },
     /// UD latency (ib_send_lat -c UD) and message rate (ib_send_bw -c UD) from CLIENT to SERVER.
     Perftest {
         #[arg(long)]
@@ -373,6 +382,13 @@ fn fabric(f: Fabric) -> anyhow::Result<i32> {
                 "{client} -> {server}: {} UD round trips in {:.3} s, {:.1} usec each",
                 p.iterations, p.seconds, p.usec_per_iter
             );
+        }
+        Fabric::Storm { host, peer, qps } => {
+            let inv = rxefabric::current()?;
+            let (h, p) = (rxefabric::host(&inv, &host)?, rxefabric::host(&inv, &peer)?);
+            let gid_index = u8::try_from(h.gid_index).context("GID index above 255")?;
+            let storm = rxefabric::storm::run(&h.device, gid_index, rocemesh_formats::gid::gid_bytes(p.ip), qps)?;
+            println!("{}", serde_json::to_string(&storm)?);
         }
         Fabric::Perftest { server, client, iters, size, json } => {
             let opts = PerftestOptions { iters, size, ..PerftestOptions::default() };

@@ -16,6 +16,7 @@
 
 pub mod perftest;
 pub mod proc;
+pub mod storm;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -452,6 +453,37 @@ fn wait_listening(ns: &str, port: u16, server: &mut Running, deadline: Instant) 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A running RC connection between two fabric hosts: perftest's `ib_send_lat` (RC, its default)
+/// for `duration_s`, QPs exchanged over TCP `port`. Both ends run as SCHED_IDLE (`chrt --idle`):
+/// perftest busy-polls its CQ, and under TCG two spinning pairs would starve the agents (and
+/// analyze would rightly see the hosts stall). rxe's own work runs in the kernel, unaffected.
+/// (`ib_send_lat -e`, which sleeps on CQ events, wedged rxe: "rxe_cq_post: queue full".)
+#[derive(Debug)]
+pub struct RcPair {
+    pub server: Running,
+    pub client: Running,
+}
+
+pub fn start_rc(server: &str, client: &str, port: u16, duration_s: u64) -> anyhow::Result<RcPair> {
+    let inv = current()?;
+    let (s, c) = (host(&inv, server)?, host(&inv, client)?);
+    let args = |h: &FabricHost, extra: Option<IpAddr>| -> Vec<String> {
+        let mut a: Vec<String> = ["netns", "exec", &h.name, "chrt", "--idle", "0", "ib_send_lat", "-d", &h.device]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["-x".into(), h.gid_index.to_string(), "-D".into(), duration_s.to_string()]);
+        a.extend(["-p".into(), port.to_string()]);
+        a.extend(extra.map(|ip| ip.to_string()));
+        a
+    };
+    let mut srv = Running::spawn("ip", &args(&s, None))?;
+    wait_listening(&s.name, port, &mut srv, Instant::now() + Duration::from_secs(30))
+        .with_context(|| format!("ib_send_lat server in {}", s.name))?;
+    let cli = Running::spawn("ip", &args(&c, Some(s.ip)))?;
+    Ok(RcPair { server: srv, client: cli })
 }
 
 /// UD ping-pong from `client` to `server` with `ibv_ud_pingpong`.

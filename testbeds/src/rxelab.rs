@@ -23,6 +23,7 @@ use rocemesh_formats::segment::SegmentReader;
 use serde::Serialize;
 
 use crate::rxefabric::{self, Layout};
+use crate::rxeservices;
 
 /// The agents' UDP/RDMA CM service port (perftest's tools use [`rxefabric::TOOL_PORT`]).
 pub const AGENT_PORT: u16 = 18_600;
@@ -95,6 +96,62 @@ pub struct LabResult {
     pub checks: Vec<Check>,
     pub records: u64,
     pub findings: serde_json::Value,
+    pub services: ServicesRun,
+}
+
+/// What the service-tracing part measured besides its checks.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServicesRun {
+    /// How each perftest end exited.
+    pub perftest: Vec<String>,
+    pub storm: rxeservices::StormResult,
+    pub tracer_cpu: TracerCpu,
+}
+
+/// The tracer's cost when loaded and idle: agent CPU over the clean phase (no QP events), agents
+/// with the tracer against agents without, in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TracerCpu {
+    pub seconds: f64,
+    /// Mean CPU per agent, percent of one core.
+    pub traced_cpu_percent: f64,
+    pub untraced_cpu_percent: f64,
+    pub per_agent: Vec<(String, bool, f64)>,
+}
+
+impl TracerCpu {
+    fn new(before: &[(String, u64)], after: &[(String, u64)], seconds: f64) -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let per_agent: Vec<(String, bool, f64)> = after
+            .iter()
+            .filter_map(|(h, a)| {
+                let b = before.iter().find(|(hb, _)| hb == h)?.1;
+                let pct = a.saturating_sub(b) as f64 / hz / seconds * 100.0;
+                Some((h.clone(), !UNTRACED.contains(&h.as_str()), pct))
+            })
+            .collect();
+        let mean = |traced: bool| {
+            let v: Vec<f64> = per_agent.iter().filter(|a| a.1 == traced).map(|a| a.2).collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        TracerCpu { seconds, traced_cpu_percent: mean(true), untraced_cpu_percent: mean(false), per_agent }
+    }
+}
+
+/// Run the storm in `host`'s namespace (`testbeds rxe-fabric storm`), towards `peer`'s GID.
+fn storm_in(testbeds: &Path, host: &str, peer: &str, qps: u32) -> anyhow::Result<rxefabric::storm::Storm> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", host])
+        .arg(testbeds)
+        .args(["rxe-fabric", "storm", host, peer, "--qps", &qps.to_string()])
+        .output()
+        .context("running testbeds rxe-fabric storm")?;
+    if !out.status.success() {
+        bail!("the QP storm failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("the storm printed no result: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 impl LabResult {
@@ -167,7 +224,16 @@ struct AgentSpec<'a> {
     flush_interval_ms: u64,
     rust_log: &'a str,
     duration_s: Option<u64>,
+    /// Load the eBPF service tracer (`[service_tracing]`).
+    service_tracing: bool,
 }
+
+/// `[service_tracing]` of the lab's agents: the bounds the storm check holds them to.
+const SERVICE_PROBE_PPS: f64 = 5.0;
+const SERVICE_MAX_TARGETS: u64 = 64;
+const SERVICE_NEW_PER_S: f64 = 20.0;
+/// Hosts whose agents run without the tracer: the CPU baseline of the tracer's cost.
+const UNTRACED: [&str; 2] = ["tor1-h0", "tor2-h0"];
 
 /// Write the agent's configuration and start it in its host's namespace, logging to
 /// `<dir>/<host>.log`.
@@ -188,6 +254,14 @@ fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child>
         ip = s.ip,
         core = s.core,
     );
+    let text = if s.service_tracing {
+        format!(
+            "{text}\n[service_tracing]\nenabled = true\nprobe_pps = {SERVICE_PROBE_PPS}\n\
+             max_targets_per_shard = {SERVICE_MAX_TARGETS}\nmax_new_targets_per_s = {SERVICE_NEW_PER_S}\n"
+        )
+    } else {
+        text
+    };
     std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
     let log = std::fs::File::create(dir.join(format!("{}.log", s.host)))?;
     let mut cmd = Command::new("ip");
@@ -235,6 +309,17 @@ impl Agents {
             }
         }
         self.children.clear();
+    }
+}
+
+impl Agents {
+    fn pid(&self, host: &str) -> Option<u32> {
+        self.children.iter().find(|(h, _)| h == host).map(|(_, c)| c.id())
+    }
+
+    /// CPU time of each agent so far, in clock ticks.
+    fn cpu_ticks(&self) -> Vec<(String, u64)> {
+        self.children.iter().map(|(h, c)| (h.clone(), rxeservices::cpu_ticks(c.id()))).collect()
     }
 }
 
@@ -300,6 +385,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
             flush_interval_ms: 200,
             rust_log: "info,rocemesh_agent=debug",
             duration_s: None,
+            service_tracing: !UNTRACED.contains(&h.name.as_str()),
         };
         let child = start_agent(&bin("agent"), &spec, &lab.join("agents"))?;
         agents.children.push((h.name.clone(), child));
@@ -320,8 +406,12 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     // Warm-up: agents start, resolve each other's QPNs over RDMA CM.
     let t0 = align(w);
     let clean_from = t0 + w;
+    sleep_until(clean_from);
+    let cpu_before = agents.cpu_ticks();
     sleep_until(clean_from + fw);
+    let cpu_after = agents.cpu_ticks();
     phase("clean", "", "", clean_from, clean_from + fw);
+    let tracer_cpu = TracerCpu::new(&cpu_before, &cpu_after, (fw as f64) / 1e9);
 
     let killed = "tor0-h1";
     let killed_rnic = format!("{killed}/{}", rxefabric::device_name(killed));
@@ -331,6 +421,10 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     rxefabric::rnic_heal(killed)?;
     phase("rnic_killed", &killed_rnic, "rnic", t, now_ns());
     let gap_from = now_ns();
+    // Two real RC connections through the uplink fault to come: A across the lossy uplink, B not.
+    let rc_s = (2 * w + fw) / 1_000_000_000 + 5;
+    let pair_a = rxefabric::start_rc("tor0-h0", "tor1-h1", rxefabric::TOOL_PORT, rc_s)?;
+    let pair_b = rxefabric::start_rc("tor0-h1", "tor2-h1", rxefabric::TOOL_PORT + 1, rc_s)?;
     sleep_until(gap_from + 2 * w);
     phase("gap1", "", "", gap_from, now_ns());
 
@@ -341,6 +435,13 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     rxefabric::uplink_heal(lossy)?;
     phase("uplink_loss", &format!("{lossy}|{}", rxefabric::SPINE), "link", t, now_ns());
     let gap_from = now_ns();
+    let mut perftest = Vec::new();
+    for (name, pair) in [("A", pair_a), ("B", pair_b)] {
+        let left = Duration::from_secs(rc_s + 30);
+        let (c, s) = (pair.client.finish(left), pair.server.finish(Duration::from_secs(10)));
+        perftest.push(format!("{name}: client {}, server {}", c.describe(), s.describe()));
+    }
+    let perftest_ended_ns = now_ns();
     sleep_until(gap_from + 2 * w);
     phase("gap2", "", "", gap_from, now_ns());
 
@@ -354,6 +455,17 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     phase("rdma_deleted", &removed_rnic, "rnic", t, back);
     sleep_until(back + fw);
     phase("recovered", "", "", back, now_ns());
+
+    // A connection storm on a traced host: 1,000 RC QPs to RTR and destroyed.
+    let storm_host = "tor1-h1";
+    let storm_pid = agents.pid(storm_host);
+    let rss_before = storm_pid.map_or(0, rxeservices::rss_kib);
+    let storm_from = now_ns();
+    let storm = storm_in(&bin("testbeds"), storm_host, "tor1-h0", 1_000)?;
+    let rss_after = storm_pid.map_or(0, rxeservices::rss_kib);
+    let storm_to = now_ns();
+    sleep_until(storm_to + w);
+    phase("storm", "", "", storm_from, now_ns());
     agents.stop();
     copy_tree(&local_segments(), &lab.join("segments"))?;
 
@@ -369,8 +481,38 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     std::fs::write(lab.join("localize.stderr"), &out.stderr)?;
     let findings: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))?;
-    let checks = verdicts(&phases, &records, &findings, removed, &removed_rnic, w);
-    let result = LabResult { phases, checks, records: records.len() as u64, findings };
+    let mut checks = verdicts(&phases, &records, &findings, removed, &removed_rnic, w);
+    let lossy_link = format!("{lossy}|{}", rxefabric::SPINE);
+    checks.extend(rxeservices::connection_checks(
+        &lab.join("agents"),
+        &lab.join("segments"),
+        &findings,
+        &lossy_link,
+        perftest_ended_ns,
+    )?);
+    let storm_log = std::fs::read_to_string(lab.join("agents").join(format!("{storm_host}.log"))).unwrap_or_default();
+    let per_s = |from: u64, to: u64| {
+        let n = records
+            .iter()
+            .filter(|r| r.prober.starts_with(&format!("{storm_host}/")) && r.t1_ns >= from && r.t1_ns < to)
+            .count();
+        n as f64 / ((to - from) as f64 / 1e9)
+    };
+    let storm = rxeservices::StormResult {
+        host: storm_host.into(),
+        qps: storm.qps,
+        seconds: storm.seconds,
+        rss_kib_before: rss_before,
+        rss_kib_after: rss_after,
+        services_added: rxeservices::max_stat(&storm_log, "services_added"),
+        services_refused_rate: rxeservices::max_stat(&storm_log, "services_refused_rate"),
+        services_active_max: rxeservices::max_stat(&storm_log, "services_active"),
+        probes_per_s_storm: per_s(storm_from, storm_to.max(storm_from + 1)),
+        probes_per_s_clean: per_s(clean_from, clean_from + fw),
+    };
+    checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
+    let services = ServicesRun { perftest, storm, tracer_cpu };
+    let result = LabResult { phases, checks, records: records.len() as u64, findings, services };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
     Ok(result)
 }
@@ -615,6 +757,7 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
                 flush_interval_ms: 1_000,
                 rust_log: "info",
                 duration_s: Some(seconds + 4),
+                service_tracing: false,
             };
             let child = start_agent(&opts.bin.join("agent"), &spec, &dir)?;
             agents.children.push((host.clone(), child));

@@ -983,6 +983,10 @@ impl crate::shard::Resolve<VerbsAddr> for VerbsResolver {
             port: target.port.unwrap_or(default_port),
         })
     }
+
+    fn resolve_gid(&self, gid: [u8; 16], port: u16) -> Result<VerbsAddr, String> {
+        Ok(VerbsAddr { gid, qpn: 0, port })
+    }
 }
 
 #[cfg(test)]

@@ -30,20 +30,25 @@ const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"RMCK");
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
-    /// New dictionary entries (an rkyv `Vec<Endpoint>`), ids continuing the previous ones.
-    Dictionary = 1,
+    /// New dictionary entries of earlier schemas (an rkyv `Vec<EndpointV1>`), ids continuing the
+    /// previous ones. Read, never written.
+    DictionaryV1 = 1,
     /// A chunk of probe records (an rkyv `ProbeColumns`).
     Probes = 2,
     /// A chunk of path traces (an rkyv `Vec<PathRecord>`).
     Paths = 3,
+    /// New dictionary entries (an rkyv `Vec<Endpoint>`, with service connections), ids
+    /// continuing the previous ones.
+    Dictionary = 4,
 }
 
 impl FrameKind {
     fn from_u8(v: u8) -> Option<Self> {
         match v {
-            1 => Some(Self::Dictionary),
+            1 => Some(Self::DictionaryV1),
             2 => Some(Self::Probes),
             3 => Some(Self::Paths),
+            4 => Some(Self::Dictionary),
             _ => None,
         }
     }

@@ -21,7 +21,8 @@ use super::layout::{
 };
 use super::{FORMAT_VERSION, SegmentError, io_err};
 use crate::record::{
-    ArchivedEndpoint, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, MAX_HOPS, READABLE_SCHEMA_HASHES, SCHEMA_HASH,
+    ArchivedEndpoint, ArchivedEndpointV1, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, EndpointV1, MAX_HOPS,
+    READABLE_SCHEMA_HASHES, SCHEMA_HASH,
 };
 
 /// A sealed segment never decompresses beyond this: a corrupt or hostile `.zst` must not be
@@ -380,12 +381,19 @@ impl Scan<'_> {
                 let v = rkyv::access::<ArchivedVec<ArchivedEndpoint>, rancor::Error>(payload)
                     .map_err(|e| format!("dictionary: {e}"))?;
                 for (i, e) in v.iter().enumerate() {
-                    let want = self.dictionary.len() as u32;
-                    if e.id.to_native() != want {
-                        return Err(format!("dictionary entry {i} has id {} where {want} was expected", e.id));
-                    }
+                    self.check_next_id(i, e.id.to_native())?;
                     let e = rkyv::deserialize::<Endpoint, rancor::Error>(e).map_err(|e| format!("dictionary: {e}"))?;
                     self.dictionary.push(e);
+                }
+            }
+            FrameKind::DictionaryV1 => {
+                let v = rkyv::access::<ArchivedVec<ArchivedEndpointV1>, rancor::Error>(payload)
+                    .map_err(|e| format!("dictionary: {e}"))?;
+                for (i, e) in v.iter().enumerate() {
+                    self.check_next_id(i, e.id.to_native())?;
+                    let e =
+                        rkyv::deserialize::<EndpointV1, rancor::Error>(e).map_err(|e| format!("dictionary: {e}"))?;
+                    self.dictionary.push(e.into());
                 }
             }
             FrameKind::Paths => {
@@ -398,6 +406,12 @@ impl Scan<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Dictionary ids are dense: entry `i` of a frame must continue the previous frames' ids.
+    fn check_next_id(&self, i: usize, id: u32) -> Result<(), String> {
+        let want = self.dictionary.len() as u32;
+        if id == want { Ok(()) } else { Err(format!("dictionary entry {i} has id {id} where {want} was expected")) }
     }
 
     fn torn(&mut self, off: usize, records_lost: Option<u32>, detail: String) {

@@ -2,7 +2,10 @@ use std::path::{Path, PathBuf};
 
 use super::layout::{FRAME_HEADER_BYTES, HEADER_BYTES, encode_header};
 use super::*;
-use crate::record::{Arrived, EndpointRole, Outcome, PathRecord, ProbeRecord, SCHEMA_HASH, TsSource};
+use crate::record::{
+    Arrived, Endpoint, EndpointRole, EndpointV1, Outcome, PathRecord, ProbeRecord, READABLE_SCHEMA_HASHES, SCHEMA_HASH,
+    ServiceConn, TsSource,
+};
 
 const T0: u64 = 1_700_000_000_000_000_000;
 
@@ -201,6 +204,102 @@ fn other_version_and_other_schema_are_refused_clearly() {
         "{e}"
     );
     assert!(e.to_string().contains("different rocemesh build"));
+}
+
+fn conn(i: u32) -> ServiceConn {
+    ServiceConn {
+        pid: 4242 + i,
+        local_qpn: 0x11 + i,
+        remote_qpn: 0x22 + i,
+        flow_label: 0xABCDE,
+        traffic_class: 106,
+        comm: "ib_write_bw".into(),
+        remote: if i.is_multiple_of(2) { format!("tor1-h{i}/mlx5_0") } else { String::new() },
+    }
+}
+
+#[test]
+fn service_endpoints_round_trip_open_and_sealed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 10);
+    let a = w.service_endpoint("svc tor0-h1/mlx5_0 qp 17", "tor1", [7; 16], &conn(0));
+    let b = w.service_endpoint("svc tor0-h1/mlx5_0 qp 18", "", [8; 16], &conn(1));
+    assert_eq!((a, b), (4, 5));
+    assert_eq!(w.service_endpoint("svc tor0-h1/mlx5_0 qp 17", "tor1", [7; 16], &conn(0)), a, "defined once");
+    for i in 0..25 {
+        w.append(&ProbeRecord { target: if i % 2 == 0 { a } else { b }, kind: 2, ..rec(i) }).expect("append");
+    }
+    let closed = w.finish().expect("finish");
+    for sealed in [false, true] {
+        let path = if sealed { seal(&closed[0], 3).expect("seal").sealed_path } else { closed[0].clone() };
+        let r = SegmentReader::open(&path).expect("open");
+        assert!(r.damage().is_empty(), "{:?}", r.damage());
+        let d = r.dictionary();
+        assert_eq!(d.len(), 6);
+        assert!(d[..4].iter().all(|e| e.service.is_none() && e.role == EndpointRole::Rnic as u8));
+        assert_eq!(d[4].role, EndpointRole::Service as u8);
+        assert_eq!((d[4].tor.as_str(), d[4].addr), ("tor1", [7; 16]));
+        assert_eq!(d[4].service, Some(conn(0)));
+        assert_eq!(d[5].service, Some(conn(1)));
+        assert_eq!(all_records(&r).iter().filter(|x| x.target == b).count(), 12);
+    }
+}
+
+/// The frame bound the writer reserves before serialising must hold for any entry, strings of
+/// every small length included (rkyv inlines strings of up to 8 bytes).
+#[test]
+fn dictionary_bound_holds() {
+    for len in 0..40 {
+        let s = "x".repeat(len);
+        for service in [None, Some(ServiceConn { comm: s.clone(), remote: s.clone(), ..conn(0) })] {
+            let entries: Vec<Endpoint> = (0..3)
+                .map(|id| Endpoint {
+                    id,
+                    role: 2,
+                    name: s.clone(),
+                    tor: s.clone(),
+                    addr: [1; 16],
+                    service: service.clone(),
+                })
+                .collect();
+            let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&entries).expect("serialise");
+            assert!(layout::frame_span(bytes.len()) <= super::writer::dictionary_bound(&entries), "len {len}");
+        }
+    }
+}
+
+/// Segments of earlier releases carry dictionary frames of kind 1 (no service field) under their
+/// own schema hash: they open, and their entries have no service.
+#[test]
+fn earlier_dictionary_frames_stay_readable() {
+    let (_d, path) = one_segment(30, 10);
+    let full = std::fs::read(&path).expect("read");
+    let r = SegmentReader::open(&path).expect("open");
+    let entries = r.dictionary().to_vec();
+    let records = all_records(&r);
+    drop(r);
+    // Rebuild the file: old schema hash, the dictionary as a kind-1 frame, the probe frames as
+    // they were; unclosed, as an old agent that crashed leaves it.
+    let mut bytes = vec![0u8; HEADER_BYTES];
+    let id_len = u32::from_le_bytes(full[12..16].try_into().expect("4 bytes")) as usize;
+    encode_header(&mut bytes, 5, READABLE_SCHEMA_HASHES[1], &full[48..48 + id_len]);
+    let v1: Vec<EndpointV1> = entries
+        .iter()
+        .map(|e| EndpointV1 { id: e.id, role: e.role, name: e.name.clone(), tor: e.tor.clone(), addr: e.addr })
+        .collect();
+    let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&v1).expect("serialise");
+    let mut frame = vec![0u8; layout::frame_span(payload.len())];
+    frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+    layout::seal_frame_header(&mut frame, layout::FrameKind::DictionaryV1, v1.len() as u32, 0, payload.len());
+    bytes.extend_from_slice(&frame);
+    let first_len = u32::from_le_bytes(full[HEADER_BYTES + 8..HEADER_BYTES + 12].try_into().expect("4")) as usize;
+    bytes.extend_from_slice(&full[HEADER_BYTES + layout::frame_span(first_len)..]);
+    let old = path.with_file_name("old.rseg");
+    std::fs::write(&old, &bytes).expect("write");
+    let r = SegmentReader::open(&old).expect("an earlier release's segment opens");
+    assert_eq!(r.dictionary(), &entries[..]);
+    assert!(r.dictionary().iter().all(|e| e.service.is_none()));
+    assert_eq!(all_records(&r), records);
 }
 
 /// Every complete chunk survives, whatever byte the last chunk was cut at; the cut is reported.

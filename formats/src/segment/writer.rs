@@ -23,7 +23,7 @@ use super::layout::{
     WriterIdentity, decode_frame_header, encode_close, encode_header, frame_span, seal_frame_header,
 };
 use super::{SegmentError, io_err};
-use crate::record::{Endpoint, EndpointRole, PathRecord, ProbeColumns, ProbeRecord, SCHEMA_HASH};
+use crate::record::{Endpoint, EndpointRole, PathRecord, ProbeColumns, ProbeRecord, SCHEMA_HASH, ServiceConn};
 
 /// Path records are rare; flushing them every this many keeps their frames small.
 const PATH_CHUNK_RECORDS: usize = 1024;
@@ -293,9 +293,32 @@ impl SegmentWriter {
             return id;
         }
         let id = self.dictionary.len() as u32;
-        self.dictionary.push(Endpoint { id, role: role as u8, name: name.to_owned(), tor: tor.to_owned(), addr });
+        self.dictionary.push(Endpoint {
+            id,
+            role: role as u8,
+            name: name.to_owned(),
+            tor: tor.to_owned(),
+            addr,
+            service: None,
+        });
         self.dictionary_ids.insert(name.to_owned(), id);
         id
+    }
+
+    /// The id records use for a traced service connection called `name` (unique per connection),
+    /// defining it on first use. Called when the connection becomes a target, not per probe.
+    pub fn service_endpoint(&mut self, name: &str, tor: &str, addr: [u8; 16], conn: &ServiceConn) -> u32 {
+        if let Some(&id) = self.dictionary_ids.get(name) {
+            return id;
+        }
+        let id = self.endpoint(EndpointRole::Service, name, tor, addr);
+        self.dictionary[id as usize].service = Some(conn.clone());
+        id
+    }
+
+    /// Dictionary entries defined so far (every segment repeats them all).
+    pub fn dictionary_len(&self) -> usize {
+        self.dictionary.len()
     }
 
     /// Append one probe record. Writes a chunk when `chunk_records` have accumulated.
@@ -554,11 +577,20 @@ impl Drop for SegmentWriter {
     }
 }
 
-fn dictionary_bound(entries: &[Endpoint]) -> usize {
+/// Size of an archived [`Endpoint`] without its strings' bytes.
+const ARCHIVED_ENDPOINT_BYTES: usize = size_of::<crate::record::ArchivedEndpoint>();
+
+pub(crate) fn dictionary_bound(entries: &[Endpoint]) -> usize {
     if entries.is_empty() {
         return 0;
     }
-    let body: usize = entries.iter().map(|e| 48 + e.name.len() + e.tor.len()).sum();
+    // The archived entry is fixed-size (the service option is inline) plus its strings' bytes,
+    // each padded to rkyv's alignment; `dictionary_bound_holds` checks it.
+    let strings = |e: &Endpoint| {
+        let conn = e.service.as_ref().map_or(0, |c| c.comm.len() + c.remote.len() + 16);
+        e.name.len() + e.tor.len() + 16 + conn
+    };
+    let body: usize = entries.iter().map(|e| ARCHIVED_ENDPOINT_BYTES + strings(e)).sum();
     frame_span(body + 64)
 }
 
