@@ -497,6 +497,7 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         inflight_overflow = s.inflight_overflow,
         records_dropped = s.records_dropped,
         services_active = s.services.active,
+        services_peak = s.services.peak_active,
         services_added = s.services.added,
         services_removed = s.services.removed,
         services_refused_full = s.services.refused_full,

@@ -85,6 +85,8 @@ impl TokenBucket {
 pub struct ServiceStats {
     /// Connections being probed now.
     pub active: u64,
+    /// The most connections probed at once since start.
+    pub peak_active: u64,
     /// Connections taken since start.
     pub added: u64,
     /// Connections that ended (destroyed or their process gone).
@@ -169,6 +171,7 @@ impl<A: Copy> ServiceTable<A> {
         *s = Slot { local_qpn, id, addr, flow_label, generation: s.generation, live: true };
         self.stats.added += 1;
         self.stats.active += 1;
+        self.stats.peak_active = self.stats.peak_active.max(self.stats.active);
         key(usize::from(i), s.generation)
     }
 
@@ -253,6 +256,7 @@ mod tests {
         assert_eq!(t.get(k2).map(|s| s.local_qpn), Some(2));
         let s = t.stats();
         assert_eq!((s.active, s.added, s.removed, s.refused_full, s.duplicates), (2, 3, 1, 1, 2));
+        assert_eq!(s.peak_active, 2);
         assert_eq!(t.live().count(), 2);
     }
 

@@ -383,3 +383,26 @@ fn segment_write_errors_reach_the_log_once_and_the_agent_keeps_probing() {
     assert!(final_stat(&err_b, "ok") >= 100, "{err_b}");
     assert_eq!(final_stat(&err_b, "lost"), 0, "{err_b}");
 }
+
+#[test]
+fn service_tracing_without_the_kernel_hook_says_why_once_and_probing_goes_on() {
+    // This host (and CI's) has BPF but no RDMA modules: the tracer cannot attach. Whatever the
+    // reason here (no ib_core BTF as root, a missing capability otherwise), the agent must name
+    // it once and probe its pinglist as if tracing were off.
+    let root = tempfile::tempdir().expect("tempdir");
+    let tracing = "\n[service_tracing]\nenabled = true\n";
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 39, i, 2, 50.0, "event", tracing)).collect();
+    let (a, b) = (spawn(&configs[0], 3), spawn(&configs[1], 3));
+    let (code, err) = finish(a);
+    let (code_b, err_b) = finish(b);
+    assert_eq!((code, code_b), (0, 0), "{err}\n{err_b}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("service tracing is off")).collect();
+    assert_eq!(lines.len(), 1, "said once: {lines:#?}");
+    assert!(
+        lines[0].contains("ib_core") || lines[0].contains("CAP_BPF"),
+        "the reason names the missing module or capability: {}",
+        lines[0]
+    );
+    assert!(final_stat(&err, "ok") >= 50, "{err}");
+    assert_eq!(final_stat(&err, "lost"), 0, "{err}");
+}

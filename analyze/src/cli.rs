@@ -1,5 +1,5 @@
-//! The `report`, `export` and `html` subcommands: their arguments, and the path from segment
-//! files to output with the exit codes of [`crate::exit`]. Input problems (damaged or
+//! The `report`, `export`, `html` and `localize` subcommands: their arguments, and the path
+//! from segment files to output with the exit codes of [`crate::exit`]. Input problems (damaged or
 //! unreadable files) are listed on stderr and make the exit code 1; the output is still written
 //! from what could be read.
 
@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use crate::export::{self, Compression};
 use crate::html::{self, HtmlReport};
+use rocemesh_formats::inventory::Inventory;
+
 use crate::ingest::{self, Dataset, Fields};
 use crate::report::{self, DEFAULT_SCOPES, Format, Meta, Scope, Sla, Span};
 use crate::{exit, inspect};
@@ -45,7 +47,8 @@ impl SlaArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
     /// Scopes to report, comma-separated: cluster, tor_pair, tor, rnic (records where the RNIC
-    /// is prober or target), pair (one row per probed pair and window: large).
+    /// is prober or target), pair (one row per probed pair and window: large), service (one row
+    /// per traced job connection and window, over its own probes; adds the connection's columns).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = DEFAULT_SCOPES)]
     pub scope: Vec<Scope>,
     /// Window length, seconds; windows are aligned on the wall clock (floor(t1 / window)).
@@ -59,6 +62,10 @@ pub struct ReportArgs {
     /// Write here instead of standard output (required for parquet).
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// The fabric's inventory (ctl's file): names the remote RNIC of traced connections whose
+    /// agent did not know it, from the remote GID.
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
@@ -92,18 +99,66 @@ pub struct HtmlArgs {
     pub window_s: u64,
     #[command(flatten)]
     pub sla: SlaArgs,
+    /// The fabric's inventory (ctl's file): single-spine paths for localisation, and the remote
+    /// RNIC of traced connections whose agent did not know it.
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
 }
 
-/// Finds and reads the inputs; `Err(code)` when there is nothing to read (already said why).
-pub fn load(command: &str, inputs: &[PathBuf]) -> Result<Dataset, i32> {
-    load_fields(command, inputs, Fields::All)
+/// `analyze localize`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LocalizeArgs {
+    /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// `table` (findings with their evidence, then the traced services they touch) or `json`
+    /// (the findings shape `testbeds score` reads: testbeds/scenarios/README.md, plus `services`).
+    #[arg(long, default_value = "table")]
+    pub format: String,
+    /// Also write the JSON document to this file (whatever --format prints).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Window length in seconds; windows are wall-clock aligned so all agents' coincide.
+    #[arg(long, default_value_t = 30)]
+    pub window_s: u64,
+    /// Quiet windows after which a finding closes (hysteresis: a flap stays one finding).
+    #[arg(long, default_value_t = 3)]
+    pub close_after_quiet_windows: u64,
+    /// The fabric's inventory (ctl's file). Probes between ToRs that share exactly one spine
+    /// then vote on that path's links and spine even without path traces, and traced
+    /// connections whose agent did not know the remote RNIC get it from the remote GID.
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
+    /// SLA a traced service's own probes are judged by (its loss ratio marks a bad window).
+    #[command(flatten)]
+    pub sla: SlaArgs,
 }
 
-/// [`load`] of some of the probe columns.
-fn load_fields(command: &str, inputs: &[PathBuf], fields: Fields) -> Result<Dataset, i32> {
+/// Finds and reads the inputs; `Err(code)` when there is nothing to read (already said why).
+pub fn load(command: &str, inputs: &[PathBuf]) -> Result<Dataset, i32> {
+    load_fields(command, inputs, Fields::All, None)
+}
+
+/// Reads `--inventory` if given; `Err(code)` when it cannot be used (already said why).
+fn load_inventory(command: &str, path: Option<&Path>) -> Result<Option<Inventory>, i32> {
+    path.map(Inventory::load).transpose().map_err(|e| {
+        eprintln!("analyze {command}: {e}");
+        exit::USAGE
+    })
+}
+
+/// [`load`] of some of the probe columns, resolving traced services through `inventory`.
+/// Services whose remote RNIC nothing resolved are said on stderr (they are kept, under an RNIC
+/// named after the remote GID).
+fn load_fields(
+    command: &str,
+    inputs: &[PathBuf],
+    fields: Fields,
+    inventory: Option<&Inventory>,
+) -> Result<Dataset, i32> {
     let files = match inspect::find_segments(inputs) {
         Err(e) => {
             eprintln!("analyze {command}: cannot list {inputs:?}: {e}");
@@ -117,10 +172,21 @@ fn load_fields(command: &str, inputs: &[PathBuf], fields: Fields) -> Result<Data
         }
         Ok(f) => f,
     };
-    let ds = ingest::ingest_fields(&files, true, fields);
+    let ds = ingest::ingest_with(&files, true, fields, inventory);
     for p in &ds.problems {
         let what = if p.skipped { "skipped" } else { "damaged, read in part" };
         eprintln!("analyze {command}: {}: {what}: {}", p.path.display(), p.problem);
+    }
+    let unresolved: Vec<String> =
+        ds.unresolved_services().map(|s| format!("{} (remote {})", s.name, ds.rnics[s.remote as usize].name)).collect();
+    if !unresolved.is_empty() {
+        let hint = if inventory.is_none() { "; --inventory may name them" } else { "" };
+        eprintln!(
+            "analyze {command}: {} of {} traced services have a remote GID no agent, inventory or dictionary names, counted under an RNIC named after it{hint}: {}",
+            unresolved.len(),
+            ds.services.len(),
+            unresolved.join(", ")
+        );
     }
     Ok(ds)
 }
@@ -149,17 +215,32 @@ pub fn report(args: &ReportArgs) -> i32 {
         eprintln!("analyze report: --format parquet needs --output FILE");
         return exit::USAGE;
     }
+    let inv = match load_inventory("report", args.inventory.as_deref()) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
     let start = Instant::now();
-    let mut ds = match load_fields("report", &args.inputs, Fields::Report) {
+    let mut ds = match load_fields("report", &args.inputs, Fields::Report, inv.as_ref()) {
         Ok(ds) => ds,
         Err(code) => return code,
     };
     let read_s = start.elapsed().as_secs_f64();
-    let meta =
-        Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    let meta = Meta {
+        window_s: args.window_s,
+        sla,
+        files: ds.files,
+        records: ds.probes.len(),
+        problems: problems(&ds),
+        scopes: args.scope.clone(),
+    };
     let mut run = || -> Result<(), report::ReportError> {
         let t = Instant::now();
-        let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
+        let prepared = report::prepare_with(
+            std::mem::take(&mut ds.probes),
+            &ds.rnics,
+            &ds.services,
+            args.window_s * 1_000_000_000,
+        )?;
         let prepare_s = t.elapsed().as_secs_f64();
         say_unknown_outcomes("report", &prepared);
         let t = Instant::now();
@@ -215,8 +296,8 @@ pub fn export(args: &ExportArgs) -> i32 {
     }
 }
 
-/// Runs `analyze html`; returns the exit code. Findings are left to `analyze localize` until it
-/// is wired in here.
+/// Runs `analyze html`; returns the exit code. It runs localisation itself, for the findings
+/// and the traced services they touch.
 pub fn html(args: &HtmlArgs) -> i32 {
     let sla = match args.sla.resolve() {
         Ok(s) => s,
@@ -225,16 +306,31 @@ pub fn html(args: &HtmlArgs) -> i32 {
             return exit::USAGE;
         }
     };
-    let mut ds = match load("html", &args.inputs) {
+    let inv = match load_inventory("html", args.inventory.as_deref()) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
+    let mut ds = match load_fields("html", &args.inputs, Fields::All, inv.as_ref()) {
         Ok(ds) => ds,
         Err(code) => return code,
     };
-    let meta =
-        Meta { window_s: args.window_s, sla, files: ds.files, records: ds.probes.len(), problems: problems(&ds) };
+    if let Some(inv) = &inv {
+        ds.add_single_paths(inv);
+    }
+    let meta = Meta {
+        window_s: args.window_s,
+        sla,
+        files: ds.files,
+        records: ds.probes.len(),
+        problems: problems(&ds),
+        scopes: vec![Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair],
+    };
     let has_problems = !meta.problems.is_empty();
     // Localisation reads the probe columns in place, so it runs before they move into polars.
-    let opts = crate::localize::Options { window_s: args.window_s, ..crate::localize::Options::default() };
-    let findings: Vec<html::FindingRow> = crate::localize::localize(&ds, &opts)
+    let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
+    let localization = crate::localize::localize(&ds, &opts);
+    let services = localization.services;
+    let findings: Vec<html::FindingRow> = localization
         .findings
         .into_iter()
         .map(|f| html::FindingRow {
@@ -248,7 +344,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
     let run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
         say_unknown_outcomes("html", &prepared);
-        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings))?;
+        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings), Some(&services))?;
         write_file(&args.output, page.as_bytes())
     };
     match run() {
@@ -269,42 +365,56 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
 }
 
 /// Runs `analyze localize`; returns the exit code.
-pub fn localize(
-    inputs: &[PathBuf],
-    format: &str,
-    window_s: u64,
-    close_after_quiet_windows: u64,
-    inventory: Option<&std::path::Path>,
-) -> i32 {
+pub fn localize(args: &LocalizeArgs) -> i32 {
+    let format = args.format.as_str();
     if format != "table" && format != "json" {
         eprintln!("analyze localize: --format {format} is not supported; use table or json");
         return exit::USAGE;
     }
-    let inv = match inventory.map(rocemesh_formats::inventory::Inventory::load).transpose() {
-        Ok(inv) => inv,
+    let sla = match args.sla.resolve() {
+        Ok(s) => s,
         Err(e) => {
-            eprintln!("analyze localize: {e}");
+            eprintln!("analyze localize: SLA: {e}");
             return exit::USAGE;
         }
     };
-    let mut ds = match load("localize", inputs) {
+    let inv = match load_inventory("localize", args.inventory.as_deref()) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
+    let mut ds = match load_fields("localize", &args.inputs, Fields::All, inv.as_ref()) {
         Ok(ds) => ds,
         Err(code) => return code,
     };
     if let Some(inv) = &inv {
         ds.add_single_paths(inv);
     }
-    let opts = crate::localize::Options { window_s, close_after_quiet_windows, ..crate::localize::Options::default() };
+    let opts = crate::localize::Options {
+        window_s: args.window_s,
+        close_after_quiet_windows: args.close_after_quiet_windows,
+        sla,
+        ..crate::localize::Options::default()
+    };
     let result = crate::localize::localize(&ds, &opts);
-    if format == "json" {
-        match serde_json::to_string_pretty(&result) {
-            Ok(s) => println!("{s}"),
+    if format == "json" || args.json.is_some() {
+        let text = match serde_json::to_string_pretty(&result) {
+            Ok(s) => s,
             Err(e) => {
                 eprintln!("analyze localize: cannot encode findings: {e}");
                 return exit::USAGE;
             }
+        };
+        if let Some(path) = &args.json
+            && let Err(e) = std::fs::write(path, format!("{text}\n"))
+        {
+            eprintln!("analyze localize: {}: write the JSON findings: {e}", path.display());
+            return exit::USAGE;
         }
-    } else {
+        if format == "json" {
+            println!("{text}");
+        }
+    }
+    if format == "table" {
         print!("{}", crate::localize::render_table(&result));
     }
     outcome(!ds.problems.is_empty())

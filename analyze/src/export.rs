@@ -8,14 +8,16 @@
 //! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
 //! written, so memory stays at the ingested table plus one row group whatever the input size.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
-//! dictionary-encodes them, so they cost a few bits per row on disk.
+//! dictionary-encodes them, so they cost a few bits per row on disk. A traced service's probe
+//! has its remote RNIC as target and the connection's dictionary name in the last column,
+//! `service` (null for every other probe).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
 
-use crate::ingest::{Dataset, Fields, NO_TOR, UNKNOWN_RNIC};
+use crate::ingest::{Dataset, Fields, NO_SERVICE, NO_TOR, UNKNOWN_RNIC};
 use crate::probe::Class;
 
 /// Rows per Parquet row group: large enough for good compression and few footers, small
@@ -107,6 +109,7 @@ pub fn write_parquet(
     let tor_names = StringChunked::from_iter_values("tor".into(), tor_names.into_iter());
     let unknown = (rnic_names.len() - 1) as IdxSize;
     let class_names = StringChunked::from_iter_values("class".into(), Class::ALL.iter().map(|c| c.name()));
+    let service_names = StringChunked::from_iter_values("service".into(), ds.services.iter().map(|s| s.name.as_str()));
 
     let file = std::fs::File::create(path).map_err(|source| ExportError::Io {
         path: path.to_owned(),
@@ -130,6 +133,13 @@ pub fn write_parquet(
         let class = IdxCa::from_vec(
             "idx".into(),
             p.outcome[a..b].iter().zip(&p.arrived[a..b]).map(|(&o, &r)| Class::of(o, r) as IdxSize).collect(),
+        );
+        let service = IdxCa::from_iter_options(
+            "idx".into(),
+            (a..b).map(|i| {
+                let s = p.service_of(i);
+                (s != NO_SERVICE && (s as usize) < ds.services.len()).then_some(s as IdxSize)
+            }),
         );
         DataFrame::new(
             b - a,
@@ -156,6 +166,7 @@ pub fn write_parquet(
                 Int32Chunked::from_slice("responder_delay_ns".into(), &p.responder_delay_ns[a..b]).into_column(),
                 UInt8Chunked::from_slice("ts_source".into(), &p.ts_source[a..b]).into_column(),
                 names(&class_names, &class, "class")?,
+                names(&service_names, &service, "service")?,
             ],
         )
     };

@@ -1,6 +1,6 @@
 //! `analyze html`: one self-contained HTML page for operators: ToR x ToR and RNIC x RNIC
 //! heatmaps of loss ratio and RTT p99 over the whole range, the SLA violations, and the
-//! findings of `analyze localize`.
+//! findings of `analyze localize` with the traced service connections they touch.
 //!
 //! Self-contained means inline CSS and JS and nothing fetched: the page is mailed, attached to
 //! tickets and opened on bastions without internet access. The heatmaps are drawn by a few
@@ -12,12 +12,15 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::inspect::utc;
+use crate::localize::ServiceImpact;
 use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
 pub const MAX_HEATMAP_AXIS: usize = 256;
 /// At most this many violation rows are listed; the page says how many there were.
 pub const MAX_VIOLATION_ROWS: usize = 2000;
+/// At most this many services are listed (worst first); the page says how many there were.
+pub const MAX_SERVICE_ROWS: usize = 2000;
 
 /// One finding of `analyze localize`, as the page shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -140,8 +143,12 @@ fn pct(r: Option<f64>) -> String {
     r.map_or_else(|| "–".into(), |v| format!("{:.3}%", v * 100.0))
 }
 
-/// The page. `findings` is `None` when localisation was not run.
-pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> Result<String, ReportError> {
+/// The page. `findings` and `services` are `None` when localisation was not run.
+pub fn render(
+    report: &HtmlReport,
+    findings: Option<&[FindingRow]>,
+    services: Option<&[ServiceImpact]>,
+) -> Result<String, ReportError> {
     let m = &report.meta;
     let mut h = String::with_capacity(1 << 16);
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
@@ -211,6 +218,7 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> Result<St
         }
     }
     h.push_str("</section>\n");
+    render_services(&mut h, services);
 
     // Heatmaps.
     let mut maps = Vec::new();
@@ -287,6 +295,73 @@ pub fn render(report: &HtmlReport, findings: Option<&[FindingRow]>) -> Result<St
     let data = serde_json::to_string(&maps)?.replace('<', "\\u003c");
     let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
     Ok(h)
+}
+
+/// The "Services" section: traced connections ranked by impact, with the findings on their path.
+fn render_services(h: &mut String, services: Option<&[ServiceImpact]>) {
+    h.push_str("<section><h2>Services</h2>");
+    let services = match services {
+        None => {
+            h.push_str("<p>services: run <code>analyze localize</code></p></section>\n");
+            return;
+        }
+        Some([]) => {
+            h.push_str("<p>No traced service connections in the data.</p></section>\n");
+            return;
+        }
+        Some(s) => s,
+    };
+    h.push_str(
+        "<p class=\"note\">Traced RDMA connections of jobs, probed along their own flow label. Grade high: its own \
+         probes broke the SLA loss ratio or were slow; medium: a finding lay on its path while its probes stayed \
+         clean; low: some loss or slow probes below that; none: clean.</p>",
+    );
+    if services.len() > MAX_SERVICE_ROWS {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">Showing the worst {MAX_SERVICE_ROWS} of {} services; \
+             <code>analyze localize --format json</code> lists them all.</p>",
+            services.len()
+        );
+    }
+    h.push_str(
+        "<table><tr><th>rank</th><th>grade</th><th>service</th><th>prober</th><th>remote</th><th>lost/probes</th>\
+         <th>RTT p99 µs</th><th>affected by</th></tr>",
+    );
+    for s in services.iter().take(MAX_SERVICE_ROWS) {
+        let mut affected: Vec<String> = s
+            .affected_by
+            .iter()
+            .map(|a| {
+                let confirmed = if a.confirmed { " (confirmed)" } else { "" };
+                escape(&format!("{} {} from {}{confirmed}", a.kind, a.entity, utc(a.start_ns)))
+            })
+            .collect();
+        if let Some(note) = &s.note {
+            affected.push(format!("<i>{}</i>", escape(note)));
+        }
+        let grade = s.grade.name();
+        let class = if grade == "high" { " class=\"bad\"" } else { "" };
+        let remote = if s.remote_resolution == crate::ingest::Resolution::Unresolved {
+            format!("{} (unresolved)", escape(&s.remote))
+        } else {
+            escape(&s.remote)
+        };
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td{class}>{grade}</td><td title=\"{}\">{}</td><td>{}</td><td>{remote}</td><td>{}/{}</td>\
+             <td>{}</td><td>{}</td></tr>",
+            s.rank,
+            escape(&s.name),
+            escape(&s.label),
+            escape(&s.prober),
+            s.lost,
+            s.probes,
+            us(s.rtt_ns_p99),
+            affected.join("<br>")
+        );
+    }
+    h.push_str("</table></section>\n");
 }
 
 const LEGEND: &str = "<p class=\"legend\"><span style=\"background:#1a9850\"></span>0 / well within \
@@ -391,6 +466,7 @@ mod tests {
             responder_delay_ns_p99: None,
             ts_source: Some("kernel_software".into()),
             sla_violations: Vec::new(),
+            service: None,
         }
     }
 
@@ -413,13 +489,20 @@ mod tests {
         r.ts_source = Some("mixed(host_poll+kernel_software)".into());
         r.sla_violations = vec![crate::probe::Violation::Loss];
         let rep = HtmlReport {
-            meta: Meta { window_s: 30, sla: Sla::default(), files: 1, records: 1, problems: Vec::new() },
+            meta: Meta {
+                window_s: 30,
+                sla: Sla::default(),
+                files: 1,
+                records: 1,
+                problems: Vec::new(),
+                scopes: Vec::new(),
+            },
             range_ns: Some((0, 30_000_000_000)),
             tor_pairs: Vec::new(),
             rnic_pairs: vec![r.clone()],
             violations: vec![r],
         };
-        let page = render(&rep, None).expect("render");
+        let page = render(&rep, None, None).expect("render");
         assert!(page.contains("<th>local drop</th>") && page.contains("<td>42</td>"), "local drops shown");
         assert!(page.contains("<td>mixed(host_poll+kernel_software)</td>"), "timestamp sources shown");
         assert!(page.contains("0,1,0.5,2,10,0,42"), "heatmap cells carry local drops: {page}");
@@ -428,13 +511,20 @@ mod tests {
     #[test]
     fn names_cannot_break_out() {
         let rep = HtmlReport {
-            meta: Meta { window_s: 30, sla: Sla::default(), files: 1, records: 1, problems: vec!["<b>".into()] },
+            meta: Meta {
+                window_s: 30,
+                sla: Sla::default(),
+                files: 1,
+                records: 1,
+                problems: vec!["<b>".into()],
+                scopes: Vec::new(),
+            },
             range_ns: Some((0, 30_000_000_000)),
             tor_pairs: vec![row("</script><script>alert(1)</script>", "t", Some(0.0))],
             rnic_pairs: Vec::new(),
             violations: Vec::new(),
         };
-        let page = render(&rep, None).expect("render");
+        let page = render(&rep, None, None).expect("render");
         assert!(!page.contains("</script><script>alert"));
         assert!(!page.contains("<b>"));
         assert!(page.contains("findings: run <code>analyze localize</code>"));

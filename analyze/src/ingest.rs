@@ -9,6 +9,16 @@
 //!
 //! Ingest also keeps what only the file structure tells: which agent instance wrote which file
 //! (restarts), and each prober's send-time gaps (a frozen host's timers fire late).
+//!
+//! Traced service connections (dictionary entries of role `Service`) become [`Service`]s. Their
+//! probes travel the fabric to the connection's remote RNIC, so the target column holds that
+//! RNIC's fleet id, and every analysis by RNIC (report scopes, localisation evidence) counts them
+//! there; the [`Probes::service`] column keeps which connection each one probed. The remote RNIC
+//! is, in this order ([`Resolution`]): the name the agent wrote (`ServiceConn::remote`); the
+//! inventory RNIC whose GID (or IPv4-mapped address) is the entry's address; an RNIC entry of any
+//! file's dictionary with that address; else an RNIC named after the GID (`gid:::ffff:10.0.1.2`),
+//! which the outputs list as unresolved. The per-file tables that map segment ids do this
+//! resolution once per dictionary entry, so the per-record copy stays a table lookup.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,8 +26,10 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use polars::prelude::*;
 use rayon::prelude::*;
-use rocemesh_formats::record::EndpointRole;
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::record::{EndpointRole, ServiceConn};
 use rocemesh_formats::segment::SegmentReader;
+use serde::Serialize;
 
 /// The probe columns, all the same length, ids fleet-wide (see [`Dataset::rnics`]).
 #[derive(Debug, Default)]
@@ -48,6 +60,10 @@ pub struct Probes {
     /// Timestamp source byte (`formats::record::TsSource`): delays of different sources are
     /// not comparable ([`crate::probe::TsSources`]).
     pub ts_source: Vec<u8>,
+    /// The traced connection a service probe probed ([`Dataset::services`] index), [`NO_SERVICE`]
+    /// for every other probe. Empty when no file defines a service (then no probe is one): fleets
+    /// without traced connections pay nothing for it. Read for every [`Fields`].
+    pub service: Vec<u32>,
 }
 
 impl Probes {
@@ -59,6 +75,12 @@ impl Probes {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.t1_unix_ns.is_empty()
+    }
+
+    /// The service id of record `i` ([`NO_SERVICE`] when it probed no traced connection).
+    #[inline]
+    pub fn service_of(&self, i: usize) -> u32 {
+        self.service.get(i).copied().unwrap_or(NO_SERVICE)
     }
 
     /// The first column read for `fields` whose length is not [`Probes::len`], with its
@@ -81,10 +103,14 @@ impl Probes {
                 ("kind", self.kind.len()),
             ]);
         }
+        // The service column is empty when no probe is a service probe.
+        if !self.service.is_empty() {
+            lengths.push(("service", self.service.len()));
+        }
         lengths.into_iter().find(|&(_, len)| len != self.len())
     }
 
-    fn zeroed(n: usize, fields: Fields) -> Probes {
+    fn zeroed(n: usize, fields: Fields, services: bool) -> Probes {
         let all = if fields == Fields::All { n } else { 0 };
         Probes {
             t1_unix_ns: vec![0; n],
@@ -99,12 +125,14 @@ impl Probes {
             outcome: vec![0; n],
             arrived: vec![0; n],
             ts_source: vec![0; n],
+            service: if services { vec![NO_SERVICE; n] } else { Vec::new() },
         }
     }
 
     /// A polars frame over the same memory (the vectors are moved, not copied).
     pub fn into_frame(self) -> PolarsResult<DataFrame> {
         let n = self.len();
+        let service = if self.service.is_empty() { vec![NO_SERVICE; n] } else { self.service };
         DataFrame::new(
             n,
             vec![
@@ -120,6 +148,7 @@ impl Probes {
                 UInt8Chunked::from_vec("outcome".into(), self.outcome).into_column(),
                 UInt8Chunked::from_vec("arrived".into(), self.arrived).into_column(),
                 UInt8Chunked::from_vec("ts_source".into(), self.ts_source).into_column(),
+                UInt32Chunked::from_vec("service".into(), service).into_column(),
             ],
         )
     }
@@ -146,6 +175,79 @@ pub struct Rnic {
     pub tor: String,
     /// Its host: the part of the name before the last `/` (the whole name if none).
     pub host: String,
+}
+
+/// The service id of probes that probed no traced connection ([`Probes::service`]).
+pub const NO_SERVICE: u32 = u32::MAX;
+
+/// How a service's remote RNIC was found (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// The agent named it (`ServiceConn::remote`).
+    Agent,
+    /// The inventory RNIC with the connection's remote GID.
+    Inventory,
+    /// A dictionary's RNIC entry with the connection's remote GID.
+    Dictionary,
+    /// Nothing knew the GID: the remote is an RNIC named after it (`gid:...`).
+    Unresolved,
+}
+
+impl Resolution {
+    /// The name used in every output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resolution::Agent => "agent",
+            Resolution::Inventory => "inventory",
+            Resolution::Dictionary => "dictionary",
+            Resolution::Unresolved => "unresolved",
+        }
+    }
+}
+
+/// A traced service connection (a dictionary entry of role `Service`), fleet-wide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// The dictionary name (unique per connection; opaque).
+    pub name: String,
+    /// Fleet id of the RNIC that probes it (the writer of the files that define it);
+    /// `u32::MAX` when no file names its writer.
+    pub prober: u32,
+    /// Fleet id of the remote RNIC its probes are attributed to.
+    pub remote: u32,
+    /// How `remote` was found.
+    pub resolution: Resolution,
+    /// The remote GID (16 bytes, network order; all zero when the agent did not know it).
+    pub addr: [u8; 16],
+    /// The connection: process, QP numbers, flow label.
+    pub conn: ServiceConn,
+}
+
+impl Service {
+    /// A readable label: `ib_write_bw[4242] qp 17->18 tor0-h0/rxe0->tor1-h0/rxe0`.
+    pub fn label(&self, rnics: &[Rnic]) -> String {
+        let name = |id: u32| rnics.get(id as usize).map_or(UNKNOWN_RNIC, |r| r.name.as_str());
+        let comm = if self.conn.comm.is_empty() { "?" } else { self.conn.comm.as_str() };
+        format!(
+            "{comm}[{}] qp {}->{} {}->{}",
+            self.conn.pid,
+            self.conn.local_qpn,
+            self.conn.remote_qpn,
+            name(self.prober),
+            name(self.remote)
+        )
+    }
+}
+
+/// The RNIC name of a remote GID nothing resolved: `gid:::ffff:10.0.1.2`, or for a zero GID
+/// (the agent did not know it) one per connection.
+fn gid_name(addr: &[u8; 16], service: &str) -> String {
+    if *addr == [0; 16] {
+        format!("gid:unknown ({service})")
+    } else {
+        format!("gid:{}", std::net::Ipv6Addr::from(*addr))
+    }
 }
 
 /// One agent instance's file: who wrote it and when.
@@ -187,6 +289,8 @@ pub struct Dataset {
     pub rnics: Vec<Rnic>,
     /// Switch names by switch id (from path traces).
     pub switches: Vec<String>,
+    /// Traced service connections by service id ([`Probes::service`]).
+    pub services: Vec<Service>,
     /// Traced paths: (src RNIC, dst RNIC, flow label) -> switch ids in order.
     pub paths: HashMap<(u32, u32, u32), Vec<u32>>,
     /// Paths the inventory alone determines, for probes without a trace: (src ToR, dst ToR) ->
@@ -204,6 +308,11 @@ impl Dataset {
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)
+    }
+
+    /// Services whose remote RNIC nothing resolved ([`Resolution::Unresolved`]).
+    pub fn unresolved_services(&self) -> impl Iterator<Item = &Service> {
+        self.services.iter().filter(|s| s.resolution == Resolution::Unresolved)
     }
 
     /// Paths that need no trace: in a two-tier fabric, traffic between two ToRs crosses one
@@ -270,6 +379,12 @@ pub fn ingest(files: &[PathBuf], progress: bool) -> Dataset {
 
 /// [`ingest`] of some of the probe columns; the others are left empty.
 pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Dataset {
+    ingest_with(files, progress, fields, None)
+}
+
+/// [`ingest_fields`], resolving services' remote RNICs through `inventory` where the agent did
+/// not name them (see the module documentation).
+pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory: Option<&Inventory>) -> Dataset {
     let bar = if progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = ProgressBar::with_draw_target(Some(files.len() as u64 * 2), ProgressDrawTarget::stderr());
         // The template is a constant that parses; were it ever broken, the plain bar loses
@@ -293,9 +408,13 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
     let mut ds = Dataset { files: files.len(), ..Dataset::default() };
     let mut rnic_ids: HashMap<String, u32> = HashMap::new();
     let mut switch_ids: HashMap<String, u32> = HashMap::new();
+    let mut service_ids: HashMap<String, u32> = HashMap::new();
+    // The ToR each service's entry gave its remote end, by service id.
+    let mut service_tors: Vec<String> = Vec::new();
+    // RNIC entries' non-zero addresses (the first name seen for each), for resolving services.
+    let mut rnic_by_addr: HashMap<[u8; 16], u32> = HashMap::new();
     let mut readers = Vec::new();
-    // Per file: segment id -> fleet id (RNICs) and -> switch id (switches).
-    let mut remaps: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
+    let mut remaps: Vec<Remap> = Vec::new();
     for (path, r) in opened {
         let reader = match r {
             Ok(r) => r,
@@ -313,7 +432,12 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
         }
         let dict = reader.dictionary();
         let max_id = dict.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
-        let (mut rn, mut sw) = (vec![u32::MAX; max_id], vec![u32::MAX; max_id]);
+        let mut m = Remap {
+            prober: vec![u32::MAX; max_id],
+            target: vec![u32::MAX; max_id],
+            switch: vec![u32::MAX; max_id],
+            service: Vec::new(),
+        };
         for e in dict {
             if e.role == EndpointRole::Switch as u8 {
                 let next = switch_ids.len() as u32;
@@ -321,35 +445,57 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
                     ds.switches.push(e.name.clone());
                     next
                 });
-                sw[e.id as usize] = id;
-            } else {
-                let next = rnic_ids.len() as u32;
-                let id = *rnic_ids.entry(e.name.clone()).or_insert_with(|| {
-                    let host = e.name.rsplit_once('/').map_or(e.name.as_str(), |(h, _)| h).to_owned();
-                    ds.rnics.push(Rnic { name: e.name.clone(), tor: e.tor.clone(), host });
+                m.switch[e.id as usize] = id;
+            } else if e.role == EndpointRole::Service as u8 {
+                // Resolved below, once every dictionary's RNICs are known.
+                let next = service_ids.len() as u32;
+                let id = *service_ids.entry(e.name.clone()).or_insert_with(|| {
+                    ds.services.push(Service {
+                        name: e.name.clone(),
+                        prober: u32::MAX,
+                        remote: u32::MAX,
+                        resolution: Resolution::Unresolved,
+                        addr: e.addr,
+                        conn: e.service.clone().unwrap_or_default(),
+                    });
+                    service_tors.push(e.tor.clone());
                     next
                 });
-                // A prober's dictionary may name a target without its ToR (agents know only
-                // their own): the RNIC's own files, or any entry that has one, fill it in.
-                if ds.rnics[id as usize].tor.is_empty() && !e.tor.is_empty() {
-                    ds.rnics[id as usize].tor = e.tor.clone();
+                if m.service.is_empty() {
+                    m.service = vec![NO_SERVICE; max_id];
                 }
-                rn[e.id as usize] = id;
+                m.service[e.id as usize] = id;
+            } else {
+                let id = rnic_id(&mut ds.rnics, &mut rnic_ids, &e.name, &e.tor);
+                if e.addr != [0; 16] {
+                    rnic_by_addr.entry(e.addr).or_insert(id);
+                }
+                m.prober[e.id as usize] = id;
+                m.target[e.id as usize] = id;
             }
         }
-        remaps.push((rn, sw));
+        remaps.push(m);
         readers.push((path, reader));
+    }
+    resolve_services(&mut ds, &mut rnic_ids, &service_tors, &rnic_by_addr, inventory);
+    for m in &mut remaps {
+        for (t, &s) in m.target.iter_mut().zip(&m.service) {
+            if s != NO_SERVICE {
+                *t = ds.services[s as usize].remote;
+            }
+        }
     }
     // Path traces (few: one per traced (pair, label)). A trace naming an id its file's
     // dictionary lacks (or an RNIC where a switch belongs) cannot be placed: it is left out and
     // the file reported.
-    for ((path, reader), (rn, sw)) in readers.iter().zip(&remaps) {
+    // A trace toward a service entry is the path to its remote RNIC.
+    for ((path, reader), m) in readers.iter().zip(&remaps) {
         let mut unplaced = 0u64;
         for p in reader.path_records() {
             let map = |v: u32, m: &Vec<u32>| m.get(v as usize).copied().unwrap_or(u32::MAX);
-            let (src, dst) = (map(p.src.to_native(), rn), map(p.dst.to_native(), rn));
+            let (src, dst) = (map(p.src.to_native(), &m.target), map(p.dst.to_native(), &m.target));
             let n = (p.hop_count.to_native() as usize).min(p.hops.len());
-            let hops: Vec<u32> = p.hops[..n].iter().map(|h| map(h.to_native(), sw)).collect();
+            let hops: Vec<u32> = p.hops[..n].iter().map(|h| map(h.to_native(), &m.switch)).collect();
             if src != u32::MAX && dst != u32::MAX && !hops.contains(&u32::MAX) {
                 ds.paths.insert((src, dst, p.flow_label.to_native()), hops);
             } else {
@@ -366,20 +512,27 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
     }
     let counts: Vec<usize> = readers.iter().map(|(_, r)| r.probe_chunks().map(|c| c.len()).sum()).collect();
     let total: usize = counts.iter().sum();
-    let mut probes = Probes::zeroed(total, fields);
+    let mut probes = Probes::zeroed(total, fields, !ds.services.is_empty());
     {
         let mut slices = split(&mut probes, &counts);
         let filled: Vec<(AgentFile, u64)> = readers
             .par_iter()
             .zip(remaps.par_iter())
             .zip(slices.par_iter_mut())
-            .map(|(((_, reader), (rn, _)), out)| {
-                let agent = fill(reader, rn, out, &rnic_ids, fields);
+            .map(|(((_, reader), m), out)| {
+                let agent = fill(reader, m, out, &rnic_ids, fields);
                 bar.inc(1);
                 agent
             })
             .collect();
-        for ((path, _), (agent, unknown_ids)) in readers.iter().zip(filled) {
+        for (((path, _), m), (agent, unknown_ids)) in readers.iter().zip(&remaps).zip(filled) {
+            // A service's prober is the writer of the files that define it.
+            for &s in m.service.iter().filter(|&&s| s != NO_SERVICE) {
+                let svc = &mut ds.services[s as usize];
+                if svc.prober == u32::MAX {
+                    svc.prober = agent.rnic;
+                }
+            }
             if unknown_ids > 0 {
                 ds.problems.push(FileProblem {
                     path: path.clone(),
@@ -397,6 +550,77 @@ pub fn ingest_fields(files: &[PathBuf], progress: bool, fields: Fields) -> Datas
     ds
 }
 
+/// One file's dictionary ids mapped to fleet-wide ids.
+struct Remap {
+    /// As a prober: RNIC entries only (a service entry is no prober).
+    prober: Vec<u32>,
+    /// As a target: RNIC entries, and service entries as their remote RNIC.
+    target: Vec<u32>,
+    /// Switch entries.
+    switch: Vec<u32>,
+    /// Service entries' service ids ([`NO_SERVICE`] elsewhere); empty when the file has none.
+    service: Vec<u32>,
+}
+
+/// The fleet id of the RNIC `name`, defining it (with `tor`) on first sight. A dictionary may
+/// name an RNIC without its ToR (agents know only their own): the RNIC's own files, or any entry
+/// that has one, fill it in.
+fn rnic_id(rnics: &mut Vec<Rnic>, ids: &mut HashMap<String, u32>, name: &str, tor: &str) -> u32 {
+    let next = ids.len() as u32;
+    let id = *ids.entry(name.to_owned()).or_insert_with(|| {
+        let host = name.rsplit_once('/').map_or(name, |(h, _)| h).to_owned();
+        rnics.push(Rnic { name: name.to_owned(), tor: tor.to_owned(), host });
+        next
+    });
+    if rnics[id as usize].tor.is_empty() && !tor.is_empty() {
+        rnics[id as usize].tor = tor.to_owned();
+    }
+    id
+}
+
+/// Finds every service's remote RNIC (see the module documentation), defining it as an RNIC
+/// when no dictionary did.
+fn resolve_services(
+    ds: &mut Dataset,
+    rnic_ids: &mut HashMap<String, u32>,
+    service_tors: &[String],
+    rnic_by_addr: &HashMap<[u8; 16], u32>,
+    inventory: Option<&Inventory>,
+) {
+    // The inventory's RNICs by GID, and by the IPv4-mapped address where the GID differs.
+    let mut inv_by_addr: HashMap<[u8; 16], (String, String)> = HashMap::new();
+    let mut inv_tor: HashMap<String, String> = HashMap::new();
+    for h in inventory.iter().flat_map(|inv| &inv.hosts) {
+        for r in &h.rnics {
+            let name = Inventory::rnic_name(&h.name, &r.device);
+            for addr in [r.gid_or_mapped().octets(), rocemesh_formats::gid::gid_bytes(r.ip)] {
+                inv_by_addr.entry(addr).or_insert_with(|| (name.clone(), r.tor.clone()));
+            }
+            inv_tor.insert(name, r.tor.clone());
+        }
+    }
+    let mut services = std::mem::take(&mut ds.services);
+    for (s, tor) in services.iter_mut().zip(service_tors) {
+        let known = s.addr != [0; 16];
+        let (name, how, inv) = if !s.conn.remote.is_empty() {
+            (s.conn.remote.clone(), Resolution::Agent, None)
+        } else if let Some((name, tor)) = inv_by_addr.get(&s.addr).filter(|_| known) {
+            (name.clone(), Resolution::Inventory, Some(tor.clone()))
+        } else if let Some(&id) = rnic_by_addr.get(&s.addr).filter(|_| known) {
+            (ds.rnics[id as usize].name.clone(), Resolution::Dictionary, None)
+        } else {
+            (gid_name(&s.addr, &s.name), Resolution::Unresolved, None)
+        };
+        let tor = match inv.or_else(|| inv_tor.get(&name).cloned()) {
+            Some(t) if tor.is_empty() => t,
+            _ => tor.clone(),
+        };
+        s.remote = rnic_id(&mut ds.rnics, rnic_ids, &name, &tor);
+        s.resolution = how;
+    }
+    ds.services = services;
+}
+
 /// One file's share of every column.
 struct Slices<'a> {
     t1: &'a mut [u64],
@@ -411,6 +635,7 @@ struct Slices<'a> {
     outcome: &'a mut [u8],
     arrived: &'a mut [u8],
     ts_source: &'a mut [u8],
+    service: &'a mut [u32],
 }
 
 fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
@@ -427,6 +652,7 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
         outcome: &mut p.outcome,
         arrived: &mut p.arrived,
         ts_source: &mut p.ts_source,
+        service: &mut p.service,
     };
     let mut out = Vec::with_capacity(counts.len());
     for &n in counts {
@@ -452,24 +678,26 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
             outcome: cut!(outcome),
             arrived: cut!(arrived),
             ts_source: cut!(ts_source),
+            service: cut!(service),
         });
     }
     out
 }
 
 /// Copies one file's records into its slices; returns what the file says about its agent, and
-/// how many prober or target ids its dictionary does not define as RNICs (remapped to
-/// `u32::MAX`, the unknown RNIC of reports).
+/// how many prober or target ids its dictionary does not define as RNICs or services (remapped
+/// to `u32::MAX`, the unknown RNIC of reports). A service probe's target becomes its remote
+/// RNIC and its service id goes to the service column: table lookups, nothing allocated.
 fn fill(
     reader: &SegmentReader,
-    rn: &[u32],
+    m: &Remap,
     out: &mut Slices<'_>,
     rnic_ids: &HashMap<String, u32>,
     fields: Fields,
 ) -> (AgentFile, u64) {
     let mut at = 0;
     let mut unknown_ids = 0u64;
-    let remap = |v: u32| rn.get(v as usize).copied().unwrap_or(u32::MAX);
+    let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
     for c in reader.probe_chunks() {
         let n = c.len();
         let r = at..at + n;
@@ -486,12 +714,18 @@ fn fill(
             *o = v.to_native();
         }
         for (o, v) in out.prober[r.clone()].iter_mut().zip(c.prober.iter()) {
-            *o = remap(v.to_native());
+            *o = remap(&m.prober, v.to_native());
             unknown_ids += u64::from(*o == u32::MAX);
         }
         for (o, v) in out.target[r.clone()].iter_mut().zip(c.target.iter()) {
-            *o = remap(v.to_native());
+            *o = remap(&m.target, v.to_native());
             unknown_ids += u64::from(*o == u32::MAX);
+        }
+        // The column exists when some file defines a service; it was made all NO_SERVICE.
+        if !out.service.is_empty() && !m.service.is_empty() {
+            for (o, v) in out.service[r.clone()].iter_mut().zip(c.target.iter()) {
+                *o = m.service.get(v.to_native() as usize).copied().unwrap_or(NO_SERVICE);
+            }
         }
         if fields == Fields::All {
             for (o, v) in out.label[r.clone()].iter_mut().zip(c.flow_label.iter()) {

@@ -32,14 +32,49 @@
 //!    evidence names the timestamp source(s) whose baseline its probes were judged against.
 //! 6. `hysteresis`: a finding holds from its first bad window until
 //!    `close_after_quiet_windows` quiet windows pass, so a flap is one finding with a flap count.
+//! 7. `service_impacts`: which traced service connections (RDMA QPs of jobs, probed along their
+//!    own GIDs and flow label; [`crate::ingest::Service`]) the findings touch, ranked by impact.
+//!
+//! Service probes are evidence like any other: they count at the connection's remote RNIC, and
+//! between two ToRs they vote on the links and spine of the path (traced, or the one the
+//! inventory allows) like inter-ToR probes. Per connection, localisation then reports:
+//!
+//! - its own figures: windows probed, probes (every record), lost (no ACK1; no unreachable rule
+//!   here: a connection whose peer vanished is hurt), loss ratio over ok + partial + lost, RTT
+//!   p99 (nearest rank over its ok probes) and how far that p99 lies above the slow threshold of
+//!   its timestamp source's baseline (`rtt_ns_p99_excess`, 0 when below).
+//! - its *bad windows*: windows in which its own probes lost more than the SLA's loss ratio
+//!   ([`Options::sla`], strictly above, as the report), or were slow as localisation judges
+//!   elements (at least [`Options::lost_min`] probes and [`Options::slow_ratio_min`] of its ok
+//!   probes above its source's slow threshold).
+//! - its *path*: the prober RNIC, its host and ToR; the links and spines between the two ToRs
+//!   (the traced forward and reverse paths of (prober, remote, flow label) when traced, else the
+//!   inventory's single path between the ToRs; unknown otherwise, `fabric_path_known` says so);
+//!   the remote's ToR, host and RNIC.
+//! - `affected_by`: every finding whose (kind, entity) is on that path and whose time overlaps a
+//!   window the connection was probed in; `confirmed` when it overlaps one of its bad windows.
+//!
+//! Impact grade and rank (rank 1 = worst):
+//! - `high`: its own probes were bad in at least one window. Confirmed impact when a finding on
+//!   its path overlaps a bad window; otherwise the note says that no finding on its path explains
+//!   it (or that those on its path do not overlap its bad windows).
+//! - `medium`: a finding on its path overlapped its probed time, but its own probes stayed
+//!   within the SLA and the baseline (exposure).
+//! - `low`: no finding on its path, and some of its probes were lost or slow, below the bad-window
+//!   thresholds.
+//! - `none`: clean, and no finding on its path.
+//!
+//! Within a grade: more lost probes first, then more bad windows, then a larger RTT p99 excess,
+//! then by name.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::ingest::{Dataset, Probes};
-use crate::probe::{Class, TS_CODES, TsSources, ts_code, ts_name};
+use crate::ingest::{Dataset, NO_SERVICE, Probes, Resolution, UNKNOWN_RNIC};
+use crate::probe::{Class, Sla, TS_CODES, TsSources, ts_code, ts_name};
+use crate::report::nearest_rank_index;
 
 /// Tunables. The defaults are starting points, checked against the generated scenario suite
 /// (`analyze/tests/accuracy.rs`), not fitted to the public examples.
@@ -64,6 +99,8 @@ pub struct Options {
     /// [`HOST_NOISE_OVER_FLEET_P99`] times the fleet's p99 host delay (of the same timestamp
     /// source) where that is higher.
     pub host_delay_noise_ns: i64,
+    /// The SLA a traced service's own probes are judged by (its loss ratio marks a bad window).
+    pub sla: Sla,
 }
 
 impl Default for Options {
@@ -77,6 +114,7 @@ impl Default for Options {
             slow_factor: 3.0,
             slow_margin_ns: 30_000.0,
             host_delay_noise_ns: 1_000_000,
+            sla: Sla::default(),
         }
     }
 }
@@ -158,6 +196,127 @@ pub struct Localization {
     pub inter_tor_without_path: u64,
     /// Records that were no evidence.
     pub not_evidence: NotEvidence,
+    /// Traced service connections, worst first (see the module documentation for the rule).
+    pub services: Vec<ServiceImpact>,
+    /// Names of the services whose remote RNIC nothing resolved (no agent name, no inventory or
+    /// dictionary entry with its GID): their remote is an RNIC named after the GID.
+    pub unresolved_services: Vec<String>,
+}
+
+/// How hard a finding hits a traced service (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grade {
+    /// Its own probes were bad.
+    High,
+    /// A finding lay on its path; its own probes stayed clean.
+    Medium,
+    /// No finding on its path; a few lost or slow probes below the thresholds.
+    Low,
+    /// Clean, nothing on its path.
+    None,
+}
+
+impl Grade {
+    /// The name used in every output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Grade::High => "high",
+            Grade::Medium => "medium",
+            Grade::Low => "low",
+            Grade::None => "none",
+        }
+    }
+}
+
+/// A finding on a service's path while it was probed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AffectedBy {
+    /// The finding's entity.
+    pub entity: String,
+    /// The finding's kind (rnic, tor, link, spine, host).
+    pub kind: String,
+    /// The finding's start, Unix ns.
+    pub start_ns: u64,
+    /// The finding's end; `None` = still holding at the end of the data.
+    pub end_ns: Option<u64>,
+    /// Whether it overlaps a window in which the service's own probes were bad.
+    pub confirmed: bool,
+    /// The finding's evidence.
+    pub evidence: String,
+}
+
+/// A window in which a service's own probes were bad.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BadWindow {
+    /// Start of the window, Unix ns.
+    pub start_ns: u64,
+    /// Its probes with a known fate in the network (ok + partial + lost).
+    pub valid: u64,
+    /// Lost (no ACK1).
+    pub lost: u64,
+    /// Ok probes above their timestamp source's slow threshold.
+    pub slow: u64,
+    /// Which threshold, in words.
+    pub why: String,
+}
+
+/// One traced service connection and what the findings did to it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServiceImpact {
+    /// 1 = the worst.
+    pub rank: u64,
+    /// Impact grade.
+    pub grade: Grade,
+    /// The dictionary name (unique per connection).
+    pub name: String,
+    /// Readable: `comm[pid] qp local->remote prober->remote`.
+    pub label: String,
+    /// The RNIC that probes it.
+    pub prober: String,
+    /// The remote RNIC its probes reach.
+    pub remote: String,
+    /// How `remote` was found.
+    pub remote_resolution: Resolution,
+    /// Process that owns the QP.
+    pub pid: u32,
+    /// Its command.
+    pub comm: String,
+    /// Local QP number.
+    pub local_qpn: u32,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// The connection's flow label.
+    pub flow_label: u32,
+    /// The connection's traffic class.
+    pub traffic_class: u8,
+    /// First and last probe sent, Unix ns; `None` when never probed.
+    pub first_ns: Option<u64>,
+    /// See `first_ns`.
+    pub last_ns: Option<u64>,
+    /// Windows in which it was probed.
+    pub windows: u64,
+    /// Its probe records.
+    pub probes: u64,
+    /// Lost (no ACK1).
+    pub lost: u64,
+    /// lost / (ok + partial + lost); `None` when that is 0.
+    pub loss_ratio: Option<f64>,
+    /// Network RTT p99 of its ok probes, ns.
+    pub rtt_ns_p99: Option<i64>,
+    /// How far that p99 lies above its timestamp source's slow threshold, ns (0 when below).
+    pub rtt_ns_p99_excess: Option<i64>,
+    /// Windows in which its own probes were bad.
+    pub bad_windows: Vec<BadWindow>,
+    /// What its packets cross, `kind:name`, from the prober to the remote.
+    pub path: Vec<String>,
+    /// Whether the links and spines between its two ToRs are known (traced, or the inventory's
+    /// single path; trivially when both ends share a ToR).
+    pub fabric_path_known: bool,
+    /// Findings on its path while it was probed.
+    pub affected_by: Vec<AffectedBy>,
+    /// Why the grade, where the figures alone do not say.
+    pub note: Option<String>,
 }
 
 /// Runs localisation over a dataset (probe columns still in place).
@@ -180,6 +339,7 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
     blame(&evidence, &base, opts, &mut held);
     let last_window = tally.windows.iter().next_back().copied();
     let findings = hysteresis(held, window_ns, last_window, opts.close_after_quiet_windows);
+    let services = service_impacts(ds, &tally.services, &findings, &base, opts, window_ns);
     let mut baselines: Vec<Baseline> = base.by_code.iter().flatten().cloned().collect();
     baselines.sort_by_key(|b| std::cmp::Reverse(b.samples));
     let (rtt_ns_p50, slow_threshold_ns) =
@@ -193,6 +353,8 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         baselines,
         inter_tor_without_path: evidence.without_path,
         not_evidence: tally.not_evidence,
+        services,
+        unresolved_services: ds.unresolved_services().map(|s| s.name.clone()).collect(),
     }
 }
 
@@ -410,6 +572,39 @@ struct Tally {
     /// Windows holding records.
     windows: BTreeSet<u32>,
     not_evidence: NotEvidence,
+    /// By service id: the service's own probes.
+    services: Vec<ServiceTally>,
+}
+
+/// One traced service's own probes.
+#[derive(Debug, Clone)]
+struct ServiceTally {
+    /// Every record.
+    probes: u64,
+    /// First and last T1.
+    first_ns: u64,
+    last_ns: u64,
+    /// The prober of its first record.
+    prober: u32,
+    /// Counters per window (every record counted, evidence or not).
+    windows: BTreeMap<u32, Acc>,
+    /// Its ok probes' RTTs, and how far each lies above its source's slow threshold.
+    rtt: Vec<i32>,
+    excess: Vec<i64>,
+}
+
+impl Default for ServiceTally {
+    fn default() -> Self {
+        ServiceTally {
+            probes: 0,
+            first_ns: u64::MAX,
+            last_ns: 0,
+            prober: u32::MAX,
+            windows: BTreeMap::new(),
+            rtt: Vec::new(),
+            excess: Vec::new(),
+        }
+    }
 }
 
 /// Stage 2: one pass over the records: counters per key, host-delay stalls, and when each
@@ -417,11 +612,42 @@ struct Tally {
 fn tally(ds: &Dataset, base: &Baselines, restarts: &HashMap<u32, Vec<(u64, u64)>>, window_ns: u64) -> Tally {
     let p = &ds.probes;
     let rnics = ds.rnics.len();
-    let mut t = Tally::default();
+    let mut t = Tally { services: vec![ServiceTally::default(); ds.services.len()], ..Tally::default() };
     let mut acc: HashMap<Key, Acc> = HashMap::new();
     let mut local_drops: Vec<u64> = vec![0; rnics];
     for i in 0..p.len() {
         let (pr, tg) = (p.prober[i], p.target[i]);
+        let class = Class::of(p.outcome[i], p.arrived[i]);
+        let service = p.service_of(i);
+        if let Some(s) = t.services.get_mut(service as usize) {
+            let t1 = p.t1_unix_ns[i];
+            s.probes += 1;
+            (s.first_ns, s.last_ns) = (s.first_ns.min(t1), s.last_ns.max(t1));
+            if s.prober == u32::MAX {
+                s.prober = pr;
+            }
+            let a = s.windows.entry((t1 / window_ns) as u32).or_default();
+            match class {
+                Class::Ok => {
+                    let slow_ns = base.slow_ns(p.ts_source[i]);
+                    let rtt = p.network_rtt_ns[i];
+                    a.ok += 1;
+                    a.valid += 1;
+                    if f64::from(rtt) > slow_ns {
+                        a.slow += 1;
+                        a.slow_ts |= TsSources::of(p.ts_source[i]).0;
+                    }
+                    s.rtt.push(rtt);
+                    s.excess.push(i64::from(rtt) - slow_ns.ceil() as i64);
+                }
+                Class::Lost => {
+                    a.valid += 1;
+                    a.lost += 1;
+                }
+                Class::Partial => a.valid += 1,
+                _ => {}
+            }
+        }
         if pr as usize >= rnics || tg as usize >= rnics {
             t.not_evidence.unknown_rnic += 1;
             continue;
@@ -429,7 +655,7 @@ fn tally(ds: &Dataset, base: &Baselines, restarts: &HashMap<u32, Vec<(u64, u64)>
         let w = (p.t1_unix_ns[i] / window_ns) as u32;
         t.windows.insert(w);
         let mut a = Acc::default();
-        match Class::of(p.outcome[i], p.arrived[i]) {
+        match class {
             Class::Ok => {
                 let ts = p.ts_source[i];
                 a.ok = 1;
@@ -478,7 +704,9 @@ fn tally(ds: &Dataset, base: &Baselines, restarts: &HashMap<u32, Vec<(u64, u64)>
             }
         }
         let key = (w, pr, tg, p.flow_label[i]);
-        if p.kind[i] == 1 {
+        // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
+        let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
+        if p.kind[i] == 1 || (service != NO_SERVICE && !tp.is_empty() && !tt.is_empty() && tp != tt) {
             t.inter_keys.insert(key);
         }
         acc.entry(key).or_default().add(&a);
@@ -736,6 +964,200 @@ fn hysteresis(held: Held, window_ns: u64, last_window: Option<u32>, close_after_
     findings
 }
 
+/// Stage 7: every traced service with its own figures, bad windows, path and the findings on
+/// it, graded and ranked (the rule is in the module documentation).
+fn service_impacts(
+    ds: &Dataset,
+    tallies: &[ServiceTally],
+    findings: &[Finding],
+    base: &Baselines,
+    opts: &Options,
+    window_ns: u64,
+) -> Vec<ServiceImpact> {
+    let name = |id: u32| ds.rnics.get(id as usize).map_or(UNKNOWN_RNIC, |r| r.name.as_str()).to_owned();
+    let mut out: Vec<(ServiceImpact, i64)> = Vec::with_capacity(ds.services.len());
+    for (s, t) in ds.services.iter().zip(tallies) {
+        let prober = if s.prober == u32::MAX { t.prober } else { s.prober };
+        let (path, fabric_path_known) = service_path(ds, prober, s.remote, s.conn.flow_label);
+        let mut bad_windows = Vec::new();
+        let mut bad: BTreeSet<u32> = BTreeSet::new();
+        for (&w, a) in &t.windows {
+            let mut why = Vec::new();
+            if a.valid > 0 && f64::from(a.lost) > opts.sla.loss_ratio * f64::from(a.valid) {
+                why.push(format!(
+                    "loss {}/{} ({:.1}%) above the SLA's {}%",
+                    a.lost,
+                    a.valid,
+                    f64::from(a.lost) * 100.0 / f64::from(a.valid),
+                    opts.sla.loss_ratio * 100.0
+                ));
+            }
+            if a.slow >= opts.lost_min && f64::from(a.slow) >= opts.slow_ratio_min * f64::from(a.ok) {
+                why.push(format!("{}/{} probes slow{}", a.slow, a.ok, slow_sources(TsSources(a.slow_ts), base)));
+            }
+            if !why.is_empty() {
+                bad.insert(w);
+                bad_windows.push(BadWindow {
+                    start_ns: u64::from(w) * window_ns,
+                    valid: u64::from(a.valid),
+                    lost: u64::from(a.lost),
+                    slow: u64::from(a.slow),
+                    why: why.join("; "),
+                });
+            }
+        }
+        // A finding covers windows [start, end) (end = None: to the end of the data).
+        let mut affected_by = Vec::new();
+        for f in findings {
+            if !path.iter().any(|(k, e)| *k == f.kind && *e == f.entity) {
+                continue;
+            }
+            let (lo, hi) = (f.start_ns / window_ns, f.end_ns.map_or(u64::MAX, |e| e.div_ceil(window_ns)));
+            let within = |w: &u32| (lo..hi).contains(&u64::from(*w));
+            if !t.windows.keys().any(within) {
+                continue;
+            }
+            affected_by.push(AffectedBy {
+                entity: f.entity.clone(),
+                kind: f.kind.clone(),
+                start_ns: f.start_ns,
+                end_ns: f.end_ns,
+                confirmed: bad.iter().any(within),
+                evidence: f.evidence.clone(),
+            });
+        }
+        let lost: u64 = t.windows.values().map(|a| u64::from(a.lost)).sum();
+        let slow: u64 = t.windows.values().map(|a| u64::from(a.slow)).sum();
+        let valid: u64 = t.windows.values().map(|a| u64::from(a.valid)).sum();
+        let mut notes = Vec::new();
+        let grade = if !bad_windows.is_empty() {
+            if affected_by.is_empty() {
+                notes.push("no finding on its path explains it".to_owned());
+            } else if !affected_by.iter().any(|a| a.confirmed) {
+                notes.push("no finding on its path overlaps its bad windows".to_owned());
+            }
+            Grade::High
+        } else if !affected_by.is_empty() {
+            notes.push("a finding lies on its path; its own probes stayed within the SLA and the baseline".to_owned());
+            Grade::Medium
+        } else if lost + slow > 0 {
+            Grade::Low
+        } else {
+            Grade::None
+        };
+        if s.resolution == Resolution::Unresolved {
+            notes.push("remote RNIC unresolved: only the prober's side of its path is known".into());
+        }
+        let p99 = |v: &[i64]| -> Option<i64> {
+            let mut v = v.to_vec();
+            let at = nearest_rank_index(v.len(), 0.99);
+            (!v.is_empty()).then(|| *v.select_nth_unstable(at).1)
+        };
+        let rtt: Vec<i64> = t.rtt.iter().map(|&r| i64::from(r)).collect();
+        let excess = p99(&t.excess).map(|e| e.max(0));
+        out.push((
+            ServiceImpact {
+                rank: 0,
+                grade,
+                name: s.name.clone(),
+                label: s.label(&ds.rnics),
+                prober: name(prober),
+                remote: name(s.remote),
+                remote_resolution: s.resolution,
+                pid: s.conn.pid,
+                comm: s.conn.comm.clone(),
+                local_qpn: s.conn.local_qpn,
+                remote_qpn: s.conn.remote_qpn,
+                flow_label: s.conn.flow_label,
+                traffic_class: s.conn.traffic_class,
+                first_ns: (t.probes > 0).then_some(t.first_ns),
+                last_ns: (t.probes > 0).then_some(t.last_ns),
+                windows: t.windows.len() as u64,
+                probes: t.probes,
+                lost,
+                loss_ratio: (valid > 0).then(|| lost as f64 / valid as f64),
+                rtt_ns_p99: p99(&rtt),
+                rtt_ns_p99_excess: excess,
+                bad_windows,
+                path: path.iter().map(|(k, e)| format!("{k}:{e}")).collect(),
+                fabric_path_known,
+                affected_by,
+                note: (!notes.is_empty()).then(|| notes.join("; ")),
+            },
+            excess.unwrap_or(0),
+        ));
+    }
+    out.sort_by(|(a, ae), (b, be)| {
+        (a.grade, std::cmp::Reverse(a.lost), std::cmp::Reverse(a.bad_windows.len()), std::cmp::Reverse(*ae), &a.name)
+            .cmp(&(
+                b.grade,
+                std::cmp::Reverse(b.lost),
+                std::cmp::Reverse(b.bad_windows.len()),
+                std::cmp::Reverse(*be),
+                &b.name,
+            ))
+    });
+    out.into_iter()
+        .enumerate()
+        .map(|(i, (mut s, _))| {
+            s.rank = i as u64 + 1;
+            s
+        })
+        .collect()
+}
+
+/// What a service's packets cross, as (kind, entity) from the prober to the remote: RNIC, host
+/// and ToR of the prober; the links and spines of the traced forward and reverse paths of
+/// (prober, remote, label), else of the inventory's single path between the two ToRs; the
+/// remote's ToR, host and RNIC. The flag says whether the part between the ToRs is known.
+fn service_path(ds: &Dataset, prober: u32, remote: u32, label: u32) -> (Vec<(&'static str, String)>, bool) {
+    let mut v: Vec<(&'static str, String)> = Vec::new();
+    let push = |v: &mut Vec<(&'static str, String)>, kind: &'static str, name: &str| {
+        if !name.is_empty() && !v.iter().any(|(k, n)| *k == kind && n == name) {
+            v.push((kind, name.to_owned()));
+        }
+    };
+    let (a, b) = (ds.rnics.get(prober as usize), ds.rnics.get(remote as usize));
+    if let Some(a) = a {
+        push(&mut v, "rnic", &a.name);
+        push(&mut v, "host", &a.host);
+        push(&mut v, "tor", &a.tor);
+    }
+    let traced: Vec<&Vec<u32>> = [ds.paths.get(&(prober, remote, label)), ds.paths.get(&(remote, prober, label))]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut known = !traced.is_empty();
+    let mut hops = traced;
+    if let (Some(a), Some(b)) = (a, b)
+        && hops.is_empty()
+        && !a.tor.is_empty()
+        && !b.tor.is_empty()
+    {
+        if a.tor == b.tor {
+            known = true;
+        } else {
+            hops =
+                [ds.tor_paths.get(&(a.tor.clone(), b.tor.clone())), ds.tor_paths.get(&(b.tor.clone(), a.tor.clone()))]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+            known = !hops.is_empty();
+        }
+    }
+    for h in hops {
+        for (kind, name) in path_elements(&ds.switches, h) {
+            push(&mut v, kind, &name);
+        }
+    }
+    if let Some(b) = b {
+        push(&mut v, "tor", &b.tor);
+        push(&mut v, "host", &b.host);
+        push(&mut v, "rnic", &b.name);
+    }
+    (v, known)
+}
+
 fn path_elements(switches: &[String], hops: &[u32]) -> Vec<(&'static str, String)> {
     let names: Vec<&str> = hops.iter().filter_map(|&h| switches.get(h as usize).map(String::as_str)).collect();
     let mut out = Vec::new();
@@ -925,7 +1347,58 @@ pub fn render_table(l: &Localization) -> String {
             f.evidence
         );
     }
+    render_services(&mut s, l);
     s
+}
+
+/// The services section of [`render_table`].
+fn render_services(s: &mut String, l: &Localization) {
+    if l.services.is_empty() {
+        let _ = writeln!(s, "\nno traced service connections in the data");
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n{} traced service connections, worst first ({} high, {} medium)",
+        l.services.len(),
+        l.services.iter().filter(|x| x.grade == Grade::High).count(),
+        l.services.iter().filter(|x| x.grade == Grade::Medium).count()
+    );
+    if !l.unresolved_services.is_empty() {
+        let _ = writeln!(
+            s,
+            "services whose remote RNIC no agent, inventory or dictionary names ({}; listed under their GID): {}",
+            l.unresolved_services.len(),
+            l.unresolved_services.join(", ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{:>4} {:<6} {:>13} {:>7} {:>11}  {:<60} affected by",
+        "rank", "grade", "lost/probes", "bad win", "rtt p99 us", "service"
+    );
+    for x in &l.services {
+        let affected: Vec<String> = x
+            .affected_by
+            .iter()
+            .map(|a| format!("{} {}{}", a.kind, a.entity, if a.confirmed { " (confirmed)" } else { "" }))
+            .collect();
+        let mut tail = affected.join(", ");
+        if let Some(note) = &x.note {
+            tail = if tail.is_empty() { format!("({note})") } else { format!("{tail} ({note})") };
+        }
+        let _ = writeln!(
+            s,
+            "{:>4} {:<6} {:>13} {:>7} {:>11}  {:<60} {}",
+            x.rank,
+            x.grade.name(),
+            format!("{}/{}", x.lost, x.probes),
+            x.bad_windows.len(),
+            x.rtt_ns_p99.map_or_else(|| "-".into(), |v| format!("{:.1}", v as f64 / 1e3)),
+            x.label,
+            tail
+        );
+    }
 }
 
 #[cfg(test)]
@@ -1189,6 +1662,43 @@ mod tests {
             evidence,
             "h4/d0: 100/100 probes crossing it slow (100.0%); slow against the host_poll baseline (RTT above 330.0 us)"
         );
+    }
+
+    /// A service's path: both ends' RNIC, host and ToR, and between the ToRs the traced paths of
+    /// its own flow label, else the inventory's single path, else nothing known.
+    #[test]
+    fn service_paths_come_from_traces_then_the_inventory() {
+        let mut ds = dataset(4, 1, &[]);
+        ds.switches = vec!["t0".into(), "s0".into(), "t1".into(), "s1".into()];
+        ds.tor_paths.insert(("t0".into(), "t1".into()), vec![0, 1, 2]);
+        ds.tor_paths.insert(("t1".into(), "t0".into()), vec![2, 1, 0]);
+        // h0 -> h1 label 7 is traced through s1.
+        ds.paths.insert((0, 1, 7), vec![0, 3, 2]);
+        ds.paths.insert((1, 0, 7), vec![2, 3, 0]);
+        let names = |(v, known): (Vec<(&'static str, String)>, bool)| -> (Vec<String>, bool) {
+            (v.into_iter().map(|(k, n)| format!("{k}:{n}")).collect(), known)
+        };
+        let ends = |mid: &[&str]| -> Vec<String> {
+            let mut v = vec!["rnic:h0/d0", "host:h0", "tor:t0"];
+            v.extend_from_slice(mid);
+            v.extend(["tor:t1", "host:h1", "rnic:h1/d0"]);
+            v.into_iter().map(String::from).collect()
+        };
+        assert_eq!(
+            names(service_path(&ds, 0, 1, 7)),
+            (ends(&["link:t0|s1", "link:t1|s1", "spine:s1"]), true),
+            "its own label's trace"
+        );
+        assert_eq!(
+            names(service_path(&ds, 0, 1, 8)),
+            (ends(&["link:t0|s0", "link:t1|s0", "spine:s0"]), true),
+            "untraced label: the inventory's path"
+        );
+        ds.tor_paths.clear();
+        assert_eq!(names(service_path(&ds, 0, 1, 8)), (ends(&[]), false), "nothing known between the ToRs");
+        let same_tor = names(service_path(&ds, 0, 2, 8));
+        assert_eq!(same_tor.0, ["rnic:h0/d0", "host:h0", "tor:t0", "host:h2", "rnic:h2/d0"]);
+        assert!(same_tor.1, "under one ToR nothing lies between");
     }
 
     #[test]

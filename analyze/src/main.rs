@@ -22,27 +22,11 @@ enum What {
     /// noisy to count as evidence (the method: ARCHITECTURE.md, "Localisation", and the module
     /// documentation of analyze/src/localize.rs). Probes dropped on the prober's own host are
     /// never evidence; RTTs are judged against the fleet baseline of their own timestamp source.
-    Localize {
-        /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
-        #[arg(required = true)]
-        inputs: Vec<PathBuf>,
-        /// `table` (findings with their evidence) or `json` (the findings shape `testbeds score`
-        /// reads: testbeds/scenarios/README.md).
-        #[arg(long, default_value = "table")]
-        format: String,
-        /// Window length in seconds; windows are wall-clock aligned so all agents' coincide.
-        #[arg(long, default_value_t = 30)]
-        window_s: u64,
-        /// Quiet windows after which a finding closes (hysteresis: a flap stays one finding).
-        #[arg(long, default_value_t = 3)]
-        close_after_quiet_windows: u64,
-        /// The fabric's inventory (ctl's file). Probes between ToRs that share exactly one spine
-        /// then vote on that path's links and spine even without path traces.
-        #[arg(long)]
-        inventory: Option<PathBuf>,
-    },
-    /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair): probe counts, loss
-    /// ratio and delay quantiles; rows breaking the SLA first.
+    /// Traced service connections (jobs' RDMA QPs) are then ranked by how the findings on their
+    /// path and their own probes say they were hurt.
+    Localize(rocemesh_analyze::cli::LocalizeArgs),
+    /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair, traced service
+    /// connection): probe counts, loss ratio and delay quantiles; rows breaking the SLA first.
     ///
     /// Every row counts probes, ok, lost, partial (only ACK2 missing), invalid, refused,
     /// local_drop (never left the prober's host: not loss) and unreachable (a dead peer);
@@ -86,9 +70,7 @@ fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
     let code = match cli.what {
-        What::Localize { inputs, format, window_s, close_after_quiet_windows, inventory } => {
-            rocemesh_analyze::cli::localize(&inputs, &format, window_s, close_after_quiet_windows, inventory.as_deref())
-        }
+        What::Localize(args) => rocemesh_analyze::cli::localize(&args),
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),
         What::Html(args) => rocemesh_analyze::cli::html(&args),

@@ -190,6 +190,9 @@ pub enum Scope {
     Rnic,
     /// Prober -> target.
     Pair,
+    /// One traced service connection (an RDMA QP of a job): its own probes only, which follow
+    /// the connection's GIDs and flow label. Every other scope counts them at the remote RNIC.
+    Service,
 }
 
 impl Scope {
@@ -201,6 +204,7 @@ impl Scope {
             Scope::Tor => "tor",
             Scope::Rnic => "rnic",
             Scope::Pair => "pair",
+            Scope::Service => "service",
         }
     }
 }

@@ -24,12 +24,22 @@
 //! target, a self-probe once: a broken RNIC hurts both directions), `tor` (every record whose
 //! prober or target hangs off the ToR, a ToR-local record once), `tor_pair` (prober's ToR ->
 //! target's ToR) and `cluster`; quantiles come from the ok records of the scope's entity
-//! directly.
+//! directly. A service probe (a traced connection's, see [`crate::ingest::Service`]) counts in
+//! those scopes at its remote RNIC, like any probe to that RNIC.
+//!
+//! The `service` scope has one row per (window, traced connection) over that connection's own
+//! probes, with the same counts and quantiles; the unreachable rule applies per (window,
+//! connection), which is one prober, one target and one flow label. Its `entity` is a readable
+//! label (`ib_write_bw[4242] qp 17->18 tor0-h0/rxe0->tor1-h0/rxe0`) and its rows carry the
+//! connection's fields ([`ServiceColumns`]). Service probes are few (a bounded rate per
+//! connection), so they are gathered and counted directly rather than through the pair table.
 //!
 //! Output columns (CSV and Parquet, in this order; JSON has the same names): window_start_ns,
 //! window_start, scope, entity, probes, ok, lost, partial, invalid, refused, unreachable,
 //! loss_ratio, the seven quantiles, sla_violations, then local_drop and ts_source (added last, so
-//! positional readers of earlier reports keep their columns).
+//! positional readers of earlier reports keep their columns); when the `service` scope is
+//! reported, then service, prober, remote, remote_resolution, pid, comm, local_qpn, remote_qpn,
+//! flow_label (null in rows of other scopes; JSON has them in service rows only).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -39,7 +49,7 @@ use polars::prelude::*;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::ingest::{Fields, NO_TOR, Probes, Rnic, UNKNOWN_RNIC};
+use crate::ingest::{Fields, NO_SERVICE, NO_TOR, Probes, Rnic, Service, UNKNOWN_RNIC};
 use crate::inspect::utc;
 use crate::probe::{Class, SlaError, TsSources, split_unreachable};
 pub use crate::probe::{DEFAULT_SCOPES, Scope, Sla, Violation};
@@ -128,6 +138,50 @@ pub struct Row {
     pub ts_source: Option<String>,
     /// Thresholds broken, empty when within the SLA.
     pub sla_violations: Vec<Violation>,
+    /// For the `service` scope: which connection.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceColumns>,
+}
+
+/// The identifying columns of a `service` row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceColumns {
+    /// The connection's dictionary name.
+    pub service: String,
+    /// The RNIC that probes it (the connection's local end).
+    pub prober: String,
+    /// The remote RNIC its probes reach.
+    pub remote: String,
+    /// How `remote` was found: agent, inventory, dictionary or unresolved.
+    pub remote_resolution: &'static str,
+    /// Process that owns the QP.
+    pub pid: u32,
+    /// Its command.
+    pub comm: String,
+    /// Local QP number.
+    pub local_qpn: u32,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// The connection's flow label (its probes carry it).
+    pub flow_label: u32,
+}
+
+impl ServiceColumns {
+    /// The columns of `s` with names from `rnics`.
+    pub fn of(s: &Service, rnics: &[Rnic]) -> ServiceColumns {
+        let name = |id: u32| rnics.get(id as usize).map_or(UNKNOWN_RNIC, |r| r.name.as_str()).to_owned();
+        ServiceColumns {
+            service: s.name.clone(),
+            prober: name(s.prober),
+            remote: name(s.remote),
+            remote_resolution: s.resolution.name(),
+            pid: s.conn.pid,
+            comm: s.conn.comm.clone(),
+            local_qpn: s.conn.local_qpn,
+            remote_qpn: s.conn.remote_qpn,
+            flow_label: s.conn.flow_label,
+        }
+    }
 }
 
 /// The 0-based index of the q-quantile among `n` sorted samples (nearest rank, 1-based rank
@@ -393,6 +447,10 @@ pub struct Prepared {
     base: DataFrame,
     /// ToR id by RNIC id (the unknown RNIC's is the "no ToR" one).
     rnic_tor: Vec<u32>,
+    /// Service id of every record ([`Probes::service`]; empty when none is a service probe).
+    service: Vec<u32>,
+    /// Label and columns of each service, by service id.
+    services: Vec<(String, ServiceColumns)>,
 }
 
 /// Sizes of the id spaces packed into group keys: a window index `d` and one or two ids, as
@@ -406,8 +464,20 @@ struct KeySpace {
 }
 
 /// Reduces the probe columns (moved in, and reused in place: at 10^8 records every extra
-/// column costs hundreds of MiB) to [`Prepared`].
+/// column costs hundreds of MiB) to [`Prepared`]. Service probes count at their remote RNIC;
+/// the `service` scope needs [`prepare_with`].
 pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepared, ReportError> {
+    prepare_with(probes, rnics, &[], window_ns)
+}
+
+/// [`prepare`], with the traced connections ([`crate::ingest::Dataset::services`]) that the
+/// `service` scope's rows name.
+pub fn prepare_with(
+    probes: Probes,
+    rnics: &[Rnic],
+    services: &[Service],
+    window_ns: u64,
+) -> Result<Prepared, ReportError> {
     if window_ns == 0 {
         return Err(ReportError::Usage("the window must be at least 1 s".into()));
     }
@@ -444,6 +514,7 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         outcome: mut class,
         arrived,
         ts_source,
+        service,
     } = probes;
     // Reports do not use these (ingest leaves them empty for `analyze report`).
     drop((flow_label, responder_epoch, kind));
@@ -562,6 +633,8 @@ pub fn prepare(probes: Probes, rnics: &[Rnic], window_ns: u64) -> Result<Prepare
         unknown_outcomes,
         base,
         rnic_tor,
+        service,
+        services: services.iter().map(|s| (s.label(rnics), ServiceColumns::of(s, rnics))).collect(),
     })
 }
 
@@ -655,19 +728,8 @@ fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<(DataFrame, u64
         t.push(target);
         // Only the low bits are ever set (one per timestamp-source code).
         ts_mask.push(c[TS_SLOT] as u8);
-        let at = |class: Class| c[class as usize];
-        unknown_outcomes += at(Class::Unknown);
-        let (lost, unreachable) = split_unreachable(at(Class::Ok), at(Class::Partial), at(Class::Lost));
-        let mut row = [0u64; COUNTS.len()];
-        row[C_PROBES] = c[..TS_SLOT].iter().sum();
-        row[C_OK] = at(Class::Ok);
-        row[C_LOST] = lost;
-        row[C_PARTIAL] = at(Class::Partial);
-        row[C_INVALID] = at(Class::Invalid);
-        row[C_REFUSED] = at(Class::Refused);
-        row[C_UNREACHABLE] = unreachable;
-        row[C_LOCAL_DROP] = at(Class::LocalDrop);
-        for (v, x) in counts.iter_mut().zip(row) {
+        unknown_outcomes += c[Class::Unknown as usize];
+        for (v, x) in counts.iter_mut().zip(counts_of(&c)) {
             v.push(x);
         }
     }
@@ -681,6 +743,23 @@ fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<(DataFrame, u64
     }
     columns.push(UInt8Chunked::from_vec("ts_mask".into(), ts_mask).into_column());
     Ok((DataFrame::new(m, columns)?, unknown_outcomes))
+}
+
+/// The [`COUNTS`] of one (window, prober, target) from its records per [`Class`] (slots below
+/// [`TS_SLOT`]), with the unreachable rule applied.
+fn counts_of(c: &[u64; 8]) -> [u64; COUNTS.len()] {
+    let at = |class: Class| c[class as usize];
+    let (lost, unreachable) = split_unreachable(at(Class::Ok), at(Class::Partial), at(Class::Lost));
+    let mut row = [0u64; COUNTS.len()];
+    row[C_PROBES] = c[..TS_SLOT].iter().sum();
+    row[C_OK] = at(Class::Ok);
+    row[C_LOST] = lost;
+    row[C_PARTIAL] = at(Class::Partial);
+    row[C_INVALID] = at(Class::Invalid);
+    row[C_REFUSED] = at(Class::Refused);
+    row[C_UNREACHABLE] = unreachable;
+    row[C_LOCAL_DROP] = at(Class::LocalDrop);
+    row
 }
 
 /// Whether rows are per window or over the whole range.
@@ -713,6 +792,8 @@ impl KeySpace {
                 Scope::TorPair => t * t,
                 Scope::Rnic => r,
                 Scope::Tor => t,
+                // Not keyed here: `Prepared::service_rows` counts it (nothing is laid out).
+                Scope::Service => 0,
             }
     }
 
@@ -729,6 +810,7 @@ impl KeySpace {
             Scope::TorPair => ((d * t + pt) * t + gt, None),
             Scope::Rnic => (d * r + p, (g != p).then_some(d * r + g)),
             Scope::Tor => (d * t + pt, (gt != pt).then_some(d * t + gt)),
+            Scope::Service => unreachable!("the service scope is not keyed by RNIC ids"),
         }
     }
 
@@ -741,6 +823,7 @@ impl KeySpace {
             Scope::TorPair => (key / t / t, key / t % t, key % t),
             Scope::Rnic => (key / r, key % r, 0),
             Scope::Tor => (key / t, key % t, 0),
+            Scope::Service => unreachable!("the service scope is not keyed by RNIC ids"),
         }
     }
 }
@@ -781,6 +864,10 @@ impl Prepared {
         scopes.dedup();
         let mut rows = Vec::new();
         for scope in scopes {
+            if scope == Scope::Service {
+                self.service_rows(whole, sla, &mut rows)?;
+                continue;
+            }
             let (counts, ts_masks) = self.count_input(scope, whole)?;
             let counts =
                 counts.lazy().group_by([col("key")]).agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
@@ -1094,41 +1181,134 @@ impl Prepared {
                     let (a, b) = (self.rnic_name(a).to_owned(), self.rnic_name(b).to_owned());
                     (format!("{a}->{b}"), Some((a, b)))
                 }
+                Scope::Service => unreachable!("service rows come from service_rows"),
             };
-            let c = |j: usize| counts[j][i];
-            let (ok, lost, partial) = (c(C_OK), c(C_LOST), c(C_PARTIAL));
-            let loss_ratio = crate::probe::loss_ratio(ok, partial, lost);
-            let ts_source = ts_masks.binary_search_by_key(&key[i], |m| m.0).ok().and_then(|at| ts_masks[at].1.label());
-            let window = self.window_list.get(d as usize).copied().unwrap_or(0);
-            let window_start_ns = window.saturating_mul(self.window_ns);
-            out.push(Row {
-                window_start_ns,
-                window_start: utc(window_start_ns),
-                scope,
-                entity,
-                ends,
-                probes: c(C_PROBES),
-                ok,
-                lost,
-                partial,
-                invalid: c(C_INVALID),
-                refused: c(C_REFUSED),
-                local_drop: c(C_LOCAL_DROP),
-                unreachable: c(C_UNREACHABLE),
-                loss_ratio,
-                rtt_ns_p50: q[0][i],
-                rtt_ns_p99: q[1][i],
-                rtt_ns_p999: q[2][i],
-                prober_delay_ns_p50: q[3][i],
-                prober_delay_ns_p99: q[4][i],
-                responder_delay_ns_p50: q[5][i],
-                responder_delay_ns_p99: q[6][i],
-                ts_source,
-                sla_violations: sla.violations(loss_ratio, q[1][i]),
-            });
+            let c: [u64; COUNTS.len()] = std::array::from_fn(|j| counts[j][i]);
+            let ts_source = ts_masks
+                .binary_search_by_key(&key[i], |m| m.0)
+                .ok()
+                .map_or_else(TsSources::default, |at| ts_masks[at].1);
+            let quantiles: [Option<i64>; QUANTILES.len()] = std::array::from_fn(|j| q[j][i]);
+            let mut row = self.make_row(scope, d, entity, Figures { counts: c, quantiles, ts_source }, sla);
+            row.ends = ends;
+            out.push(row);
         }
         Ok(())
     }
+
+    /// One row (without `ends` or service columns) from its figures; `d` is the dense window
+    /// index.
+    fn make_row(&self, scope: Scope, d: u64, entity: String, figures: Figures, sla: &Sla) -> Row {
+        let Figures { counts: c, quantiles: q, ts_source } = figures;
+        let (ok, lost, partial) = (c[C_OK], c[C_LOST], c[C_PARTIAL]);
+        let loss_ratio = crate::probe::loss_ratio(ok, partial, lost);
+        let window = self.window_list.get(d as usize).copied().unwrap_or(0);
+        let window_start_ns = window.saturating_mul(self.window_ns);
+        Row {
+            window_start_ns,
+            window_start: utc(window_start_ns),
+            scope,
+            entity,
+            ends: None,
+            probes: c[C_PROBES],
+            ok,
+            lost,
+            partial,
+            invalid: c[C_INVALID],
+            refused: c[C_REFUSED],
+            local_drop: c[C_LOCAL_DROP],
+            unreachable: c[C_UNREACHABLE],
+            loss_ratio,
+            rtt_ns_p50: q[0],
+            rtt_ns_p99: q[1],
+            rtt_ns_p999: q[2],
+            prober_delay_ns_p50: q[3],
+            prober_delay_ns_p99: q[4],
+            responder_delay_ns_p50: q[5],
+            responder_delay_ns_p99: q[6],
+            ts_source: ts_source.label(),
+            sla_violations: sla.violations(loss_ratio, q[1]),
+            service: None,
+        }
+    }
+
+    /// The `service` scope's rows: per (window, service), or per service over the whole range,
+    /// from the service probes alone. They are gathered (few: a bounded rate per connection),
+    /// sorted by (service, window) and counted per run; the unreachable rule applies per
+    /// (window, service) before a whole-range sum, as it does per pair in the other scopes.
+    fn service_rows(&self, whole: bool, sla: &Sla, out: &mut Vec<Row>) -> PolarsResult<()> {
+        if self.service.is_empty() {
+            return Ok(());
+        }
+        let c = self.columns()?;
+        let mut recs: Vec<(u64, usize)> = self
+            .service
+            .par_iter()
+            .enumerate()
+            .filter(|(_, s)| **s != NO_SERVICE)
+            .map(|(i, &s)| ((u64::from(s) << 32) | u64::from(c.d[i]), i))
+            .collect();
+        recs.par_sort_unstable();
+        let quantiles = |samples: &[Vec<i32>; 3]| -> [Option<i64>; QUANTILES.len()] {
+            if samples[0].is_empty() {
+                return [None; QUANTILES.len()];
+            }
+            let [rtt, pd, rd] = samples.each_ref().map(Vec::as_slice);
+            select_quantiles([&[rtt], &[pd], &[rd]]).map(|v| Some(i64::from(v)))
+        };
+        for run in recs.chunk_by(|a, b| a.0 >> 32 == b.0 >> 32) {
+            let sid = (run[0].0 >> 32) as usize;
+            let (label, columns) = match self.services.get(sid) {
+                Some((label, columns)) => (label.clone(), Some(columns.clone())),
+                None => (format!("(unknown service {sid})"), None),
+            };
+            let mut total = [0u64; COUNTS.len()];
+            let mut ts = TsSources::default();
+            let mut samples: [Vec<i32>; 3] = Default::default();
+            for window in run.chunk_by(|a, b| a.0 == b.0) {
+                let d = window[0].0 & 0xFFFF_FFFF;
+                let mut by_class = [0u64; 8];
+                for &(_, i) in window {
+                    let b = c.class[i];
+                    by_class[usize::from(packed::class(b))] += 1;
+                    if packed::is_ok(b) {
+                        ts.0 |= packed::sample_ts_bit(b) as u8;
+                        for (s, delays) in samples.iter_mut().zip(c.delays) {
+                            s.push(delays[i]);
+                        }
+                    }
+                }
+                let counts = counts_of(&by_class);
+                if whole {
+                    for (t, n) in total.iter_mut().zip(counts) {
+                        *t += n;
+                    }
+                    continue;
+                }
+                let figures = Figures { counts, quantiles: quantiles(&samples), ts_source: ts };
+                let mut row = self.make_row(Scope::Service, d, label.clone(), figures, sla);
+                row.service = columns.clone();
+                out.push(row);
+                ts = TsSources::default();
+                samples.iter_mut().for_each(Vec::clear);
+            }
+            if whole {
+                let figures = Figures { counts: total, quantiles: quantiles(&samples), ts_source: ts };
+                let mut row = self.make_row(Scope::Service, 0, label, figures, sla);
+                row.service = columns;
+                out.push(row);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a row is computed from: its [`COUNTS`], its [`QUANTILES`] and the timestamp sources of
+/// their samples.
+struct Figures {
+    counts: [u64; COUNTS.len()],
+    quantiles: [Option<i64>; QUANTILES.len()],
+    ts_source: TsSources,
 }
 
 /// How to print a report.
@@ -1157,10 +1337,13 @@ pub struct Meta {
     pub records: usize,
     /// Files skipped or read with damage, one line each.
     pub problems: Vec<String>,
+    /// Scopes reported (the `service` scope adds the connection's columns to CSV and Parquet).
+    pub scopes: Vec<Scope>,
 }
 
-/// The rows as a DataFrame (the CSV and Parquet schema).
-pub fn frame(rows: &[Row]) -> PolarsResult<DataFrame> {
+/// The rows as a DataFrame (the CSV and Parquet schema); `service_columns` appends the
+/// [`ServiceColumns`] (null in rows of other scopes).
+pub fn frame(rows: &[Row], service_columns: bool) -> PolarsResult<DataFrame> {
     let u = |name: &str, f: fn(&Row) -> u64| {
         UInt64Chunked::from_vec(name.into(), rows.iter().map(f).collect()).into_column()
     };
@@ -1168,35 +1351,51 @@ pub fn frame(rows: &[Row]) -> PolarsResult<DataFrame> {
         Int64Chunked::from_iter_options(name.into(), rows.iter().map(f)).into_column()
     };
     let s = |name: &str, v: Vec<String>| StringChunked::from_iter_values(name.into(), v.into_iter()).into_column();
-    DataFrame::new(
-        rows.len(),
-        vec![
-            u("window_start_ns", |r| r.window_start_ns),
-            s("window_start", rows.iter().map(|r| r.window_start.clone()).collect()),
-            s("scope", rows.iter().map(|r| r.scope.name().to_owned()).collect()),
-            s("entity", rows.iter().map(|r| r.entity.clone()).collect()),
-            u("probes", |r| r.probes),
-            u("ok", |r| r.ok),
-            u("lost", |r| r.lost),
-            u("partial", |r| r.partial),
-            u("invalid", |r| r.invalid),
-            u("refused", |r| r.refused),
-            u("unreachable", |r| r.unreachable),
-            Float64Chunked::from_iter_options("loss_ratio".into(), rows.iter().map(|r| r.loss_ratio)).into_column(),
-            q("rtt_ns_p50", |r| r.rtt_ns_p50),
-            q("rtt_ns_p99", |r| r.rtt_ns_p99),
-            q("rtt_ns_p999", |r| r.rtt_ns_p999),
-            q("prober_delay_ns_p50", |r| r.prober_delay_ns_p50),
-            q("prober_delay_ns_p99", |r| r.prober_delay_ns_p99),
-            q("responder_delay_ns_p50", |r| r.responder_delay_ns_p50),
-            q("responder_delay_ns_p99", |r| r.responder_delay_ns_p99),
-            s("sla_violations", rows.iter().map(|r| violations_text(&r.sla_violations)).collect()),
-            // Added after the original columns, so positional readers keep theirs.
-            u("local_drop", |r| r.local_drop),
-            StringChunked::from_iter_options("ts_source".into(), rows.iter().map(|r| r.ts_source.as_deref()))
-                .into_column(),
-        ],
-    )
+    let mut columns = vec![
+        u("window_start_ns", |r| r.window_start_ns),
+        s("window_start", rows.iter().map(|r| r.window_start.clone()).collect()),
+        s("scope", rows.iter().map(|r| r.scope.name().to_owned()).collect()),
+        s("entity", rows.iter().map(|r| r.entity.clone()).collect()),
+        u("probes", |r| r.probes),
+        u("ok", |r| r.ok),
+        u("lost", |r| r.lost),
+        u("partial", |r| r.partial),
+        u("invalid", |r| r.invalid),
+        u("refused", |r| r.refused),
+        u("unreachable", |r| r.unreachable),
+        Float64Chunked::from_iter_options("loss_ratio".into(), rows.iter().map(|r| r.loss_ratio)).into_column(),
+        q("rtt_ns_p50", |r| r.rtt_ns_p50),
+        q("rtt_ns_p99", |r| r.rtt_ns_p99),
+        q("rtt_ns_p999", |r| r.rtt_ns_p999),
+        q("prober_delay_ns_p50", |r| r.prober_delay_ns_p50),
+        q("prober_delay_ns_p99", |r| r.prober_delay_ns_p99),
+        q("responder_delay_ns_p50", |r| r.responder_delay_ns_p50),
+        q("responder_delay_ns_p99", |r| r.responder_delay_ns_p99),
+        s("sla_violations", rows.iter().map(|r| violations_text(&r.sla_violations)).collect()),
+        // Added after the original columns, so positional readers keep theirs.
+        u("local_drop", |r| r.local_drop),
+        StringChunked::from_iter_options("ts_source".into(), rows.iter().map(|r| r.ts_source.as_deref())).into_column(),
+    ];
+    if service_columns {
+        let text = |name: &str, f: fn(&ServiceColumns) -> &str| {
+            StringChunked::from_iter_options(name.into(), rows.iter().map(|r| r.service.as_ref().map(f))).into_column()
+        };
+        let number = |name: &str, f: fn(&ServiceColumns) -> u32| {
+            UInt32Chunked::from_iter_options(name.into(), rows.iter().map(|r| r.service.as_ref().map(f))).into_column()
+        };
+        columns.extend([
+            text("service", |s| &s.service),
+            text("prober", |s| &s.prober),
+            text("remote", |s| &s.remote),
+            text("remote_resolution", |s| s.remote_resolution),
+            number("pid", |s| s.pid),
+            text("comm", |s| &s.comm),
+            number("local_qpn", |s| s.local_qpn),
+            number("remote_qpn", |s| s.remote_qpn),
+            number("flow_label", |s| s.flow_label),
+        ]);
+    }
+    DataFrame::new(rows.len(), columns)
 }
 
 fn violations_text(v: &[Violation]) -> String {
@@ -1219,15 +1418,16 @@ pub fn write(rows: &[Row], meta: &Meta, format: Format, output: Option<&Path>) -
         }
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
+    let service_columns = meta.scopes.contains(&Scope::Service);
     match format {
         Format::Table => sink.write_all(table(rows, meta).as_bytes())?,
         Format::Json => {
             serde_json::to_writer_pretty(&mut sink, &serde_json::json!({ "meta": meta, "rows": rows }))?;
             sink.write_all(b"\n")?;
         }
-        Format::Csv => CsvWriter::new(&mut sink).finish(&mut frame(rows)?)?,
+        Format::Csv => CsvWriter::new(&mut sink).finish(&mut frame(rows, service_columns)?)?,
         Format::Parquet => {
-            ParquetWriter::new(&mut sink).finish(&mut frame(rows)?)?;
+            ParquetWriter::new(&mut sink).finish(&mut frame(rows, service_columns)?)?;
         }
     }
     sink.flush()?;
@@ -1545,6 +1745,97 @@ mod tests {
         assert_eq!((dropped.local_drop, dropped.lost, dropped.unreachable), (5, 0, 0));
         assert_eq!((dropped.loss_ratio, dropped.sla_violations.len()), (None, 0));
         assert_eq!(row(&rows, Scope::Cluster, "cluster").local_drop, 7);
+    }
+
+    /// The `service` scope counts each connection's own probes per window (the unreachable rule
+    /// per window and connection, before a whole-range sum), and only those; the other scopes
+    /// count them at the remote RNIC like any probe.
+    #[test]
+    fn service_rows_count_each_connection_alone() {
+        use crate::ingest::{Resolution, Service};
+        use rocemesh_formats::record::ServiceConn;
+        let (all, sent, ks) = (Arrived::ALL.0, Arrived::PROBE_SENT, TsSource::KernelSoftware as u8);
+        // (window, prober, target, service, outcome, arrived, rtt)
+        let mut recs: Vec<(u64, u32, u32, u32, u8, u8, i32)> = Vec::new();
+        // Service 0 (h0 -> h1): window 0: 8 ok, 2 lost; window 1: 3 lost only (unreachable).
+        recs.extend((0..8).map(|i| (0, 0, 1, 0, 0, all, 1_000 + i)));
+        recs.extend([(0, 0, 1, 0, 1, sent, 0); 2]);
+        recs.extend([(1, 0, 1, 0, 1, sent, 0); 3]);
+        // Service 1 (h2 -> h1): window 1: 4 ok.
+        recs.extend((0..4).map(|i| (1, 2, 1, 1, 0, all, 5_000 + i)));
+        // Mesh probes h0 -> h1, lossy: in no service row.
+        recs.extend([(0, 0, 1, NO_SERVICE, 1, sent, 0); 5]);
+        recs.extend([(0, 0, 1, NO_SERVICE, 0, all, 9_999); 5]);
+        let mut p = Probes::default();
+        for (k, &(w, prober, target, service, outcome, arrived, rtt)) in recs.iter().enumerate() {
+            p.t1_unix_ns
+                .push(1_700_000_010_000_000_000 / 30_000_000_000 * 30_000_000_000 + w * 30_000_000_000 + k as u64);
+            p.network_rtt_ns.push(rtt);
+            p.prober_delay_ns.push(100);
+            p.responder_delay_ns.push(100);
+            p.prober.push(prober);
+            p.target.push(target);
+            p.outcome.push(outcome);
+            p.arrived.push(arrived);
+            p.ts_source.push(ks);
+            p.service.push(service);
+        }
+        let conn = |pid| ServiceConn {
+            pid,
+            local_qpn: 7,
+            remote_qpn: 8,
+            flow_label: 9,
+            comm: "nccl".into(),
+            ..ServiceConn::default()
+        };
+        let services: Vec<Service> = [(0, 1, 10), (2, 1, 11)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (prober, remote, pid))| Service {
+                name: format!("svc{i}"),
+                prober,
+                remote,
+                resolution: Resolution::Agent,
+                addr: [0; 16],
+                conn: conn(pid),
+            })
+            .collect();
+        let prepared = prepare_with(p, &three_rnics(), &services, 30_000_000_000).expect("prepare");
+        let rows = prepared.rows(&[Scope::Service, Scope::Rnic], Span::PerWindow, &Sla::default()).expect("rows");
+        let svc: Vec<&Row> = rows.iter().filter(|r| r.scope == Scope::Service).collect();
+        assert_eq!(svc.len(), 3, "{svc:?}");
+        let find = |name: &str, unreachable: u64| {
+            svc.iter()
+                .find(|r| r.service.as_ref().is_some_and(|s| s.service == name) && r.unreachable == unreachable)
+                .unwrap_or_else(|| panic!("{name}: {svc:?}"))
+        };
+        let w0 = find("svc0", 0);
+        assert_eq!((w0.probes, w0.ok, w0.lost, w0.loss_ratio), (10, 8, 2, Some(0.2)));
+        assert_eq!((w0.rtt_ns_p50, w0.rtt_ns_p99), (Some(1_003), Some(1_007)), "its own samples only");
+        assert_eq!(w0.entity, "nccl[10] qp 7->8 h0/d0->h1/d0");
+        let cols = w0.service.as_ref().expect("columns");
+        assert_eq!((cols.prober.as_str(), cols.remote.as_str(), cols.flow_label), ("h0/d0", "h1/d0", 9));
+        assert_eq!(w0.sla_violations, vec![Violation::Loss]);
+        let w1 = find("svc0", 3);
+        assert_eq!((w1.probes, w1.lost, w1.loss_ratio), (3, 0, None), "a window of nothing but losses: unreachable");
+        assert!(w1.window_start_ns > w0.window_start_ns);
+        let other = find("svc1", 0);
+        assert_eq!((other.probes, other.ok, other.ts_source.as_deref()), (4, 4, Some("kernel_software")));
+        // h1 is the remote of both: every probe to it is in its rnic rows.
+        let h1: u64 = rows.iter().filter(|r| r.scope == Scope::Rnic && r.entity == "h1/d0").map(|r| r.probes).sum();
+        assert_eq!(h1, recs.len() as u64);
+
+        let whole = prepared.rows(&[Scope::Service], Span::WholeRange, &Sla::default()).expect("rows");
+        assert_eq!(whole.len(), 2);
+        let r = whole.iter().find(|r| r.service.as_ref().is_some_and(|s| s.service == "svc0")).expect("svc0");
+        assert_eq!((r.probes, r.lost, r.unreachable), (13, 2, 3), "unreachable decided per window, then summed");
+
+        // Without services (earlier data), the scope has no rows and the rest is unchanged.
+        let plain = prepare(probes(&[(0, 1, 0, all, ks, 5)]), &three_rnics(), 30_000_000_000).expect("prepare");
+        assert!(plain.rows(&[Scope::Service], Span::PerWindow, &Sla::default()).expect("rows").is_empty());
+        let csv = frame(&rows, true).expect("frame");
+        assert_eq!(csv.width(), frame(&rows, false).expect("frame").width() + 9);
+        assert_eq!(csv.column("flow_label").expect("flow_label").null_count(), rows.len() - svc.len());
     }
 
     #[test]

@@ -337,6 +337,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         b.perftest_msgs_per_s,
                         b.rate_ratio
                     );
+                    println!(
+                        "service tracer loaded and idle: prober CPU {:.2}% vs {:.2}% without, at {} probes/s                          (event mode): ratio {:.2}",
+                        b.tracer_on_cpu_percent, b.tracer_off_cpu_percent, b.tracer_bench_pps, b.tracer_cpu_ratio
+                    );
                     Ok(0)
                 }
                 other => anyhow::bail!("rxe-lab {other}: use `run` or `bench`"),

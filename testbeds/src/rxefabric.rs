@@ -455,10 +455,12 @@ fn wait_listening(ns: &str, port: u16, server: &mut Running, deadline: Instant) 
     }
 }
 
-/// A running RC connection between two fabric hosts: perftest's `ib_send_lat` (RC, its default)
-/// for `duration_s`, QPs exchanged over TCP `port`. Both ends run as SCHED_IDLE (`chrt --idle`):
-/// perftest busy-polls its CQ, and under TCG two spinning pairs would starve the agents (and
-/// analyze would rightly see the hosts stall). rxe's own work runs in the kernel, unaffected.
+/// A running RC connection between two fabric hosts: perftest's `ib_write_bw` (RC, its default)
+/// for `duration_s`, 64-byte writes rate-limited in software (measured: ~60 writes/s), QPs
+/// exchanged over TCP `port`. Both ends run as SCHED_IDLE (`chrt --idle`): perftest spins, and
+/// under TCG a spinning pair would starve the agents. rxe's work runs in the kernel and is not
+/// deprioritised, hence the rate limit: `ib_send_lat` ping-ponging at full speed kept rxe busy
+/// enough that every probe in the VM was slow, and analyze rightly blamed hosts and ToRs.
 /// (`ib_send_lat -e`, which sleeps on CQ events, wedged rxe: "rxe_cq_post: queue full".)
 #[derive(Debug)]
 pub struct RcPair {
@@ -470,18 +472,19 @@ pub fn start_rc(server: &str, client: &str, port: u16, duration_s: u64) -> anyho
     let inv = current()?;
     let (s, c) = (host(&inv, server)?, host(&inv, client)?);
     let args = |h: &FabricHost, extra: Option<IpAddr>| -> Vec<String> {
-        let mut a: Vec<String> = ["netns", "exec", &h.name, "chrt", "--idle", "0", "ib_send_lat", "-d", &h.device]
+        let mut a: Vec<String> = ["netns", "exec", &h.name, "chrt", "--idle", "0", "ib_write_bw", "-d", &h.device]
             .iter()
             .map(|s| s.to_string())
             .collect();
         a.extend(["-x".into(), h.gid_index.to_string(), "-D".into(), duration_s.to_string()]);
+        a.extend(["-s", "64", "--rate_limit=200", "--rate_units=p", "--rate_limit_type=SW"].map(String::from));
         a.extend(["-p".into(), port.to_string()]);
         a.extend(extra.map(|ip| ip.to_string()));
         a
     };
     let mut srv = Running::spawn("ip", &args(&s, None))?;
     wait_listening(&s.name, port, &mut srv, Instant::now() + Duration::from_secs(30))
-        .with_context(|| format!("ib_send_lat server in {}", s.name))?;
+        .with_context(|| format!("ib_write_bw server in {}", s.name))?;
     let cli = Running::spawn("ip", &args(&c, Some(s.ip)))?;
     Ok(RcPair { server: srv, client: cli })
 }

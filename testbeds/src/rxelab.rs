@@ -506,7 +506,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         rss_kib_after: rss_after,
         services_added: rxeservices::max_stat(&storm_log, "services_added"),
         services_refused_rate: rxeservices::max_stat(&storm_log, "services_refused_rate"),
-        services_active_max: rxeservices::max_stat(&storm_log, "services_active"),
+        services_active_max: rxeservices::max_stat(&storm_log, "services_peak"),
         probes_per_s_storm: per_s(storm_from, storm_to.max(storm_from + 1)),
         probes_per_s_clean: per_s(clean_from, clean_from + fw),
     };
@@ -673,6 +673,12 @@ fn verdicts(
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchResult {
     pub perftest: rxefabric::PerftestResult,
+    /// The prober's CPU (percent of a core) at `tracer_bench_pps` in event mode, without and
+    /// with the service tracer loaded (and idle: no QP events), and their ratio.
+    pub tracer_bench_pps: f64,
+    pub tracer_off_cpu_percent: f64,
+    pub tracer_on_cpu_percent: f64,
+    pub tracer_cpu_ratio: f64,
     /// The agent's network RTT (the six-timestamp RTT, responder time removed), p50, us.
     pub agent_rtt_us_p50: f64,
     /// ib_send_lat's typical one-way latency, doubled (a round trip), us.
@@ -699,6 +705,9 @@ pub struct BenchResult {
 
 /// Perftest first, then one agent pair at `rtt_pps` (RTT) and at `flood_pps` (rate), each for
 /// `seconds`, between two hosts under different ToRs.
+/// Probe rate of the tracer cost runs (event mode).
+const TRACER_BENCH_PPS: f64 = 200.0;
+
 pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> anyhow::Result<BenchResult> {
     let lab = &opts.lab;
     let layout = Layout::new(2, 1)?;
@@ -708,7 +717,17 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
     let (a, b) = (Layout::host_name(0, 0), Layout::host_name(1, 0));
     let perftest = rxefabric::perftest(&b, &a, rxefabric::PerftestOptions::default())?;
     let mut runs = Vec::new();
-    for (name, pps) in [("rtt", rtt_pps), ("rtt-busy", rtt_pps), ("rate", flood_pps)] {
+    // The service tracer's idle cost: the same event-mode workload with the tracer loaded (no
+    // QP events while it runs) and without, back to back, prober CPU over the steady span.
+    let mut tracer_cpu = Vec::new();
+    let runs_spec = [
+        ("rtt", rtt_pps),
+        ("rtt-busy", rtt_pps),
+        ("rate", flood_pps),
+        ("tracer-off", TRACER_BENCH_PPS),
+        ("tracer-on", TRACER_BENCH_PPS),
+    ];
+    for (name, pps) in runs_spec {
         let dir = lab.join(format!("bench-{name}"));
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
@@ -757,13 +776,23 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
                 flush_interval_ms: 1_000,
                 rust_log: "info",
                 duration_s: Some(seconds + 4),
-                service_tracing: false,
+                service_tracing: name == "tracer-on",
             };
             let child = start_agent(&opts.bin.join("agent"), &spec, &dir)?;
             agents.children.push((host.clone(), child));
         }
-        std::thread::sleep(Duration::from_secs(seconds + 6));
+        // CPU over the steady span (after start-up, BPF load and QPN resolution; before drain).
+        std::thread::sleep(Duration::from_secs(3));
+        let cpu_from = agents.cpu_ticks();
+        std::thread::sleep(Duration::from_secs(seconds - 2));
+        let cpu_to = agents.cpu_ticks();
+        std::thread::sleep(Duration::from_secs(5));
         agents.stop();
+        if name.starts_with("tracer") {
+            let cpu = TracerCpu::new(&cpu_from, &cpu_to, (seconds - 2) as f64);
+            let prober = cpu.per_agent.iter().find(|(h, _, _)| h == &a).map_or(f64::NAN, |x| x.2);
+            tracer_cpu.push(prober);
+        }
         copy_tree(&local_segments().join(format!("bench-{name}")), &dir.join("segments"))?;
         let recs = read_records(&dir.join("segments"))?;
         let mine: Vec<&Rec> = recs.iter().filter(|r| r.prober.starts_with(&format!("{a}/"))).collect();
@@ -804,6 +833,10 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
         completed: rate_ok.len() as u64,
         lost: *lost,
         perftest,
+        tracer_bench_pps: TRACER_BENCH_PPS,
+        tracer_off_cpu_percent: tracer_cpu[0],
+        tracer_on_cpu_percent: tracer_cpu[1],
+        tracer_cpu_ratio: tracer_cpu[1] / tracer_cpu[0],
     };
     std::fs::write(lab.join("bench.json"), serde_json::to_vec_pretty(&result)?)?;
     Ok(result)
