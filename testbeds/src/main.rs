@@ -338,7 +338,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         b.rate_ratio
                     );
                     println!(
-                        "service tracer loaded and idle: prober CPU {:.2}% vs {:.2}% without, at {} probes/s                          (event mode): ratio {:.2}",
+                        "service tracer loaded and idle: prober CPU {:.2}% vs {:.2}% without, at {} probes/s (event mode): ratio {:.2}",
                         b.tracer_on_cpu_percent, b.tracer_off_cpu_percent, b.tracer_bench_pps, b.tracer_cpu_ratio
                     );
                     Ok(0)
