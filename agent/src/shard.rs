@@ -10,7 +10,7 @@
 //! heap, and the responder's pending-ACK2 table. Steady-state probing does not allocate.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use rocemesh_formats::pinglist::Pinglist;
 use rocemesh_formats::pinglist::ProbeKind;
@@ -191,9 +191,6 @@ pub struct Shard<T: Transport> {
     null_addr: T::Addr,
     draining: bool,
     services: ServiceTable<T::Addr>,
-    /// Names and ToRs of the pinglist's targets by GID, so that a service target to one of them
-    /// is recorded under the RNIC's inventory name. Rebuilt at each pinglist load.
-    known: HashMap<[u8; 16], (String, String)>,
 }
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
@@ -258,7 +255,6 @@ impl<T: Transport> Shard<T> {
         );
         Self {
             services,
-            known: HashMap::new(),
             ignore_state: u64::from(params.epoch) | 1,
             next_flush_ns: now_ns() + params.flush_interval_ns,
             params,
@@ -342,7 +338,6 @@ impl<T: Transport> Shard<T> {
         let now = now_ns();
         self.targets.clear();
         self.target_addr.clear();
-        self.known.clear();
         for (i, t) in pinglist.targets.iter().enumerate().filter(|(_, t)| t.from == self.params.device) {
             let addr = match resolver.resolve(t, self.params.default_port) {
                 Ok(a) => a,
@@ -351,9 +346,7 @@ impl<T: Transport> Shard<T> {
                     continue;
                 }
             };
-            let gid = rocemesh_formats::gid::gid_bytes(t.addr);
-            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", gid);
-            self.known.entry(gid).or_insert_with(|| (t.to.clone(), String::new()));
+            let id = self.writer.endpoint(EndpointRole::Rnic, &t.to, "", rocemesh_formats::gid::gid_bytes(t.addr));
             self.targets.push(Target {
                 id,
                 kind: t.kind.as_u8(),
@@ -397,8 +390,10 @@ impl<T: Transport> Shard<T> {
         let now = now_ns();
         self.services.admit(s.local_qpn, now).map_err(AddError::Refused)?;
         let addr = resolver.resolve_gid(s.remote_gid, self.params.default_port).map_err(AddError::Address)?;
-        let (remote, tor) = match self.known.get(&s.remote_gid) {
-            Some((name, tor)) => (name.clone(), tor.clone()),
+        // A remote the pinglist probes is recorded under its inventory name (a scan of the
+        // dictionary, once per connection; a map kept for it cost 3 MiB at 10k targets).
+        let (remote, tor) = match self.writer.endpoint_by_addr(EndpointRole::Rnic, &s.remote_gid) {
+            Some(e) => (e.name.clone(), e.tor.clone()),
             None => (String::new(), String::new()),
         };
         let shown =

@@ -316,6 +316,12 @@ impl SegmentWriter {
         id
     }
 
+    /// The first entry with `role` and `addr` (a linear scan: for rare lookups, such as naming
+    /// a traced connection's remote end, never per probe).
+    pub fn endpoint_by_addr(&self, role: EndpointRole, addr: &[u8; 16]) -> Option<&Endpoint> {
+        self.dictionary.iter().find(|e| e.role == role as u8 && &e.addr == addr)
+    }
+
     /// Dictionary entries defined so far (every segment repeats them all).
     pub fn dictionary_len(&self) -> usize {
         self.dictionary.len()
