@@ -318,8 +318,8 @@ impl Agents {
     }
 
     /// CPU time of each agent so far, in clock ticks.
-    fn cpu_ticks(&self) -> Vec<(String, u64)> {
-        self.children.iter().map(|(h, c)| (h.clone(), rxeservices::cpu_ticks(c.id()))).collect()
+    fn cpu_ticks(&self) -> anyhow::Result<Vec<(String, u64)>> {
+        self.children.iter().map(|(h, c)| Ok((h.clone(), rxeservices::cpu_ticks(c.id())?))).collect()
     }
 }
 
@@ -407,9 +407,9 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let t0 = align(w);
     let clean_from = t0 + w;
     sleep_until(clean_from);
-    let cpu_before = agents.cpu_ticks();
+    let cpu_before = agents.cpu_ticks()?;
     sleep_until(clean_from + fw);
-    let cpu_after = agents.cpu_ticks();
+    let cpu_after = agents.cpu_ticks()?;
     phase("clean", "", "", clean_from, clean_from + fw);
     let tracer_cpu = TracerCpu::new(&cpu_before, &cpu_after, (fw as f64) / 1e9);
 
@@ -458,11 +458,11 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
 
     // A connection storm on a traced host: 1,000 RC QPs to RTR and destroyed.
     let storm_host = "tor1-h1";
-    let storm_pid = agents.pid(storm_host);
-    let rss_before = storm_pid.map_or(0, rxeservices::rss_kib);
+    let storm_pid = agents.pid(storm_host).with_context(|| format!("no agent runs on {storm_host}"))?;
+    let rss_before = rxeservices::rss_kib(storm_pid)?;
     let storm_from = now_ns();
     let storm = storm_in(&bin("testbeds"), storm_host, "tor1-h0", 1_000)?;
-    let rss_after = storm_pid.map_or(0, rxeservices::rss_kib);
+    let rss_after = rxeservices::rss_kib(storm_pid)?;
     let storm_to = now_ns();
     sleep_until(storm_to + w);
     phase("storm", "", "", storm_from, now_ns());
@@ -490,7 +490,9 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         &lossy_link,
         perftest_ended_ns,
     )?);
-    let storm_log = std::fs::read_to_string(lab.join("agents").join(format!("{storm_host}.log"))).unwrap_or_default();
+    let storm_log_path = lab.join("agents").join(format!("{storm_host}.log"));
+    let storm_log =
+        std::fs::read_to_string(&storm_log_path).with_context(|| format!("reading {}", storm_log_path.display()))?;
     let per_s = |from: u64, to: u64| {
         let n = records
             .iter()
@@ -527,8 +529,8 @@ pub struct Rec {
     pub rtt_ns: i32,
 }
 
-/// Every probe record under `dir`.
-pub fn read_records(dir: &Path) -> anyhow::Result<Vec<Rec>> {
+/// Every segment file (open or sealed) under `dir`, at any depth.
+pub fn segment_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -536,25 +538,30 @@ pub fn read_records(dir: &Path) -> anyhow::Result<Vec<Rec>> {
             let p = e?.path();
             if p.is_dir() {
                 stack.push(p);
-                continue;
+            } else if p.to_string_lossy().ends_with(".rseg") || p.to_string_lossy().ends_with(".rseg.zst") {
+                out.push(p);
             }
-            let name = p.to_string_lossy();
-            if !(name.ends_with(".rseg") || name.ends_with(".rseg.zst")) {
-                continue;
-            }
-            let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let names: Vec<String> = r.dictionary().iter().map(|e| e.name.clone()).collect();
-            for c in r.probe_chunks() {
-                for i in 0..c.len() {
-                    let row = c.row(i);
-                    out.push(Rec {
-                        prober: names.get(row.prober as usize).cloned().unwrap_or_default(),
-                        target: names.get(row.target as usize).cloned().unwrap_or_default(),
-                        t1_ns: row.t1_unix_ns,
-                        outcome: row.outcome,
-                        rtt_ns: row.network_rtt_ns,
-                    });
-                }
+        }
+    }
+    Ok(out)
+}
+
+/// Every probe record under `dir`.
+pub fn read_records(dir: &Path) -> anyhow::Result<Vec<Rec>> {
+    let mut out = Vec::new();
+    for p in segment_files(dir)? {
+        let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let names: Vec<String> = r.dictionary().iter().map(|e| e.name.clone()).collect();
+        for c in r.probe_chunks() {
+            for i in 0..c.len() {
+                let row = c.row(i);
+                out.push(Rec {
+                    prober: names.get(row.prober as usize).cloned().unwrap_or_default(),
+                    target: names.get(row.target as usize).cloned().unwrap_or_default(),
+                    t1_ns: row.t1_unix_ns,
+                    outcome: row.outcome,
+                    rtt_ns: row.network_rtt_ns,
+                });
             }
         }
     }
@@ -783,9 +790,9 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
         }
         // CPU over the steady span (after start-up, BPF load and QPN resolution; before drain).
         std::thread::sleep(Duration::from_secs(3));
-        let cpu_from = agents.cpu_ticks();
+        let cpu_from = agents.cpu_ticks()?;
         std::thread::sleep(Duration::from_secs(seconds - 2));
-        let cpu_to = agents.cpu_ticks();
+        let cpu_to = agents.cpu_ticks()?;
         std::thread::sleep(Duration::from_secs(5));
         agents.stop();
         if name.starts_with("tracer") {

@@ -81,42 +81,30 @@ pub struct Probed {
 /// Service probes under `dir`, by dictionary name.
 pub fn probed(dir: &Path) -> anyhow::Result<BTreeMap<String, Probed>> {
     let mut out: BTreeMap<String, Probed> = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-                continue;
-            }
-            let n = p.to_string_lossy();
-            if !(n.ends_with(".rseg") || n.ends_with(".rseg.zst")) {
-                continue;
-            }
-            let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let dict = r.dictionary();
-            for c in r.probe_chunks() {
-                for i in 0..c.len() {
-                    let row = c.row(i);
-                    if row.kind != ProbeKind::Service.as_u8() {
-                        continue;
-                    }
-                    let Some(e) = dict.get(row.target as usize) else { continue };
-                    let Some(conn) = e.service.as_ref().filter(|_| e.role == EndpointRole::Service as u8) else {
-                        continue;
-                    };
-                    let s = out.entry(e.name.clone()).or_insert_with(|| Probed {
-                        prober: dict.get(row.prober as usize).map(|p| p.name.clone()).unwrap_or_default(),
-                        name: e.name.clone(),
-                        flow_label: conn.flow_label,
-                        local_qpn: conn.local_qpn,
-                        ..Probed::default()
-                    });
-                    s.probes += 1;
-                    s.ok += u64::from(row.outcome == Outcome::Ok as u8);
-                    s.other_label += u64::from(row.flow_label != conn.flow_label);
-                    s.last_t1_ns = s.last_t1_ns.max(row.t1_unix_ns);
+    for p in crate::rxelab::segment_files(dir)? {
+        let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dict = r.dictionary();
+        for c in r.probe_chunks() {
+            for i in 0..c.len() {
+                let row = c.row(i);
+                if row.kind != ProbeKind::Service.as_u8() {
+                    continue;
                 }
+                let Some(e) = dict.get(row.target as usize) else { continue };
+                let Some(conn) = e.service.as_ref().filter(|_| e.role == EndpointRole::Service as u8) else {
+                    continue;
+                };
+                let s = out.entry(e.name.clone()).or_insert_with(|| Probed {
+                    prober: dict.get(row.prober as usize).map(|p| p.name.clone()).unwrap_or_default(),
+                    name: e.name.clone(),
+                    flow_label: conn.flow_label,
+                    local_qpn: conn.local_qpn,
+                    ..Probed::default()
+                });
+                s.probes += 1;
+                s.ok += u64::from(row.outcome == Outcome::Ok as u8);
+                s.other_label += u64::from(row.flow_label != conn.flow_label);
+                s.last_t1_ns = s.last_t1_ns.max(row.t1_unix_ns);
             }
         }
     }
@@ -236,24 +224,27 @@ pub struct StormResult {
     pub probes_per_s_clean: f64,
 }
 
-/// Resident memory of a process, KiB.
-pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_owned))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
+/// Resident memory of a process, KiB (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("{path} has no readable VmRSS line"))
 }
 
-/// CPU time (user + system) of a process, in clock ticks.
-pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+/// CPU time (user + system) of a process, in clock ticks (`/proc/<pid>/stat`).
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // Fields after the command (which may hold spaces) start after the last ')'; utime and
+    // stime are fields 14 and 15 of stat(5), so 11 and 12 counted from 0 after it.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15 of stat(5); here 0-based after the command: 11, 12.
-    get(11) + get(12)
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    get(11).zip(get(12)).map(|(u, s)| u + s).with_context(|| format!("{path}: no utime and stime fields"))
 }
 
 /// The largest value of `key=` in the agent's "shard stats" lines.
@@ -322,12 +313,13 @@ mod tests {
         // that reads the wrong fields stays at 0 and the test fails after 5 s.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut x = 0u64;
-        while cpu_ticks(pid) == 0 && std::time::Instant::now() < until {
+        while cpu_ticks(pid).expect("stat") == 0 && std::time::Instant::now() < until {
             for i in 0..1_000_000u64 {
                 x = std::hint::black_box(x.wrapping_add(i));
             }
         }
-        assert!(cpu_ticks(pid) > 0, "no CPU time read from /proc/{pid}/stat after spinning");
-        assert!(rss_kib(pid) > 0);
+        assert!(cpu_ticks(pid).expect("stat") > 0, "no CPU time read from /proc/{pid}/stat after spinning");
+        assert!(rss_kib(pid).expect("status") > 0);
+        assert!(cpu_ticks(u32::MAX).is_err() && rss_kib(u32::MAX).is_err(), "a missing process is an error, not 0");
     }
 }
