@@ -170,22 +170,22 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     }
     spawn_watcher(cfg.pinglist.clone(), control.clone())?;
 
-    // Service tracing: one queue per shard, fed by the tracer thread.
-    let mut service_rx = Vec::new();
-    let mut links = Vec::new();
-    for sc in &cfg.shards {
-        let (tx, rx) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
-        service_rx.push(Some(rx));
-        // A shard probes from the RoCEv2 GID of its bind address (verbs) or from that address.
-        let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
-        links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
-    }
+    // Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
+    // no queues, and shards do not look for events.
+    let mut service_rx: Vec<Option<mpsc::Receiver<ServiceEvent>>> = cfg.shards.iter().map(|_| None).collect();
     let tracer_stop = Arc::new(AtomicBool::new(false));
     let tracer = if cfg.service_tracing.enabled {
+        let mut links = Vec::new();
+        for (sc, rx) in cfg.shards.iter().zip(&mut service_rx) {
+            let (tx, r) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
+            *rx = Some(r);
+            // A shard probes from the RoCEv2 GID of its bind address (verbs) or from that address.
+            let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
+            links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
+        }
         let (st, stop) = (cfg.service_tracing.clone(), tracer_stop.clone());
         Some(crate::tracer::spawn(st, links, stop, cfg.stats_interval_s)?)
     } else {
-        drop(links);
         None
     };
 
