@@ -31,6 +31,13 @@
 //! max_targets_per_shard = 64       # connections probed at once per RNIC; more are counted, not probed
 //! max_new_targets_per_s = 20       # per RNIC: a connection storm is admitted at this rate
 //! max_events_per_s = 5000          # tracer intake; a storm beyond it is counted and dropped
+//!
+//! [path_tracing]                   # which switches each inter-ToR (target, label) crosses
+//! enabled = true                   # (TTL-limited packets, ICMP answers; CAP_NET_RAW). On by default.
+//! refresh_s = 300                  # trace every (target, label) again this often
+//! min_retrace_interval_s = 10      # after a lost probe, trace that (target, label) again, at most this often
+//! traces_per_s = 2.0               # per shard; a trace is max_ttl packets the first time, switches + 1 after
+//! max_ttl = 6                      # switches on the longest path + 1 (3-tier Clos: 5 + 1)
 //! ```
 
 use std::net::SocketAddr;
@@ -108,6 +115,78 @@ pub struct AgentConfig {
     /// Service tracing: discover this host's RDMA connections and probe their paths.
     #[serde(default)]
     pub service_tracing: ServiceTracing,
+    /// Path tracing: the switches each inter-ToR (target, flow label) and each answer crosses.
+    #[serde(default)]
+    pub path_tracing: PathTracing,
+}
+
+/// `[path_tracing]`: each shard traces, with its probes' own 5-tuple, the path of every inter-ToR
+/// (target, flow label) it probes and of its answers to each (prober, label), and writes what it
+/// finds into its segments, so that `analyze localize` can vote on the links and spines lost
+/// probes really crossed (see `pathtrace`). Needs CAP_NET_RAW; without it the agent says so once
+/// and probes without tracing.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PathTracing {
+    /// Trace. On by default: without traces, a fabric with more than one spine per ToR pair
+    /// cannot have a lossy link named.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Every (target, label) is traced again this often (s), ±12.5%: ECMP paths change when
+    /// links come and go.
+    #[serde(default = "default_path_refresh_s")]
+    pub refresh_s: u64,
+    /// A lost probe asks for a fresh trace of its (target, label) at once, but no sooner than
+    /// this long (s) after the last one: a lossy path must not turn into a trace storm.
+    #[serde(default = "default_path_min_retrace_s")]
+    pub min_retrace_interval_s: u64,
+    /// Traces a shard starts per second at most (token bucket, burst max(1, rate)). A trace is
+    /// max_ttl packets on first use, the path's switches + 1 after.
+    #[serde(default = "default_path_traces_per_s")]
+    pub traces_per_s: f64,
+    /// Highest TTL sent: the longest path's switch count + 1.
+    #[serde(default = "default_path_max_ttl")]
+    pub max_ttl: u8,
+}
+
+impl Default for PathTracing {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            refresh_s: default_path_refresh_s(),
+            min_retrace_interval_s: default_path_min_retrace_s(),
+            traces_per_s: default_path_traces_per_s(),
+            max_ttl: default_path_max_ttl(),
+        }
+    }
+}
+
+impl PathTracing {
+    /// The values the tracer runs on.
+    pub fn params(&self) -> crate::pathtrace::TraceParams {
+        crate::pathtrace::TraceParams {
+            refresh_ns: self.refresh_s * 1_000_000_000,
+            min_retrace_ns: self.min_retrace_interval_s * 1_000_000_000,
+            traces_per_s: self.traces_per_s,
+            max_ttl: self.max_ttl,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_path_refresh_s() -> u64 {
+    300
+}
+fn default_path_min_retrace_s() -> u64 {
+    10
+}
+fn default_path_traces_per_s() -> f64 {
+    2.0
+}
+fn default_path_max_ttl() -> u8 {
+    6
 }
 
 /// `[service_tracing]`: the eBPF tracer (`rocemesh-bpf`) reports every RDMA QP of this host that
@@ -323,6 +402,24 @@ impl AgentConfig {
             if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
                 return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
             }
+        }
+        let pt = &self.path_tracing;
+        if !(1..=86_400).contains(&pt.refresh_s) {
+            return Err(format!("path_tracing.refresh_s = {}: use 1 to 86400 (a day)", pt.refresh_s));
+        }
+        if !(1..=86_400).contains(&pt.min_retrace_interval_s) {
+            return Err(format!("path_tracing.min_retrace_interval_s = {}: use 1 to 86400", pt.min_retrace_interval_s));
+        }
+        if !(pt.traces_per_s > 0.0 && pt.traces_per_s <= 1_000.0) {
+            return Err(format!("path_tracing.traces_per_s = {}: use a rate in (0, 1000]", pt.traces_per_s));
+        }
+        if !(2..=crate::pathtrace::MAX_TTL).contains(&pt.max_ttl) {
+            return Err(format!(
+                "path_tracing.max_ttl = {}: use 2 to {} (a record holds {} switches)",
+                pt.max_ttl,
+                crate::pathtrace::MAX_TTL,
+                rocemesh_formats::record::MAX_HOPS
+            ));
         }
         let st = &self.service_tracing;
         if !(st.probe_pps > 0.0 && st.probe_pps <= 1_000.0) {

@@ -6,6 +6,8 @@
 //! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one, [`verbs`]
 //!   the RDMA one (UD queue pairs, RDMA CM peer resolution, device recovery).
 //! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
+//! - [`pathtrace`]: the switches each inter-ToR (target, flow label) and each answer crosses,
+//!   traced with the probes' own 5-tuple.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
@@ -16,6 +18,7 @@ pub mod config;
 pub mod demo;
 pub mod describe;
 pub mod errlog;
+pub mod pathtrace;
 pub mod protocol;
 pub mod runtime;
 pub mod service;

@@ -197,6 +197,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             host: cfg.host.clone(),
             device: sc.device.clone(),
             tor: sc.tor.clone(),
+            addr: if sc.bind.ip().is_unspecified() { [0; 16] } else { rocemesh_formats::gid::gid_bytes(sc.bind.ip()) },
             // Distinct per shard: shards of one agent start their counters together, and equal
             // sequence numbers from two probers must not meet at a responder.
             epoch: epoch.wrapping_add((i as u32).wrapping_mul(0x9E37_79B9)).max(1),
@@ -330,6 +331,9 @@ async fn run_shard<T: Transport>(
     };
     let writer = SegmentWriter::new(wc, identity)?;
     let mut shard = Shard::new(params, transport, writer, null);
+    if cfg.path_tracing.enabled {
+        start_path_tracing(&mut shard, cfg, sc);
+    }
     let mut seen_generation = control.generation.load(Ordering::Acquire);
     reload(&mut shard, control, &sc.device, resolver);
     let stats_every_ns = cfg.stats_interval_s * 1_000_000_000;
@@ -407,6 +411,25 @@ async fn run_shard<T: Transport>(
         to_sealer(seal_tx, p);
     }
     Ok(ShardReport { device, stats })
+}
+
+/// Gives the shard its path tracer, or says once why it has none (probing goes on).
+fn start_path_tracing<T: Transport>(shard: &mut Shard<T>, cfg: &AgentConfig, sc: &ShardConfig) {
+    let std::net::IpAddr::V4(local) = sc.bind.ip() else {
+        tracing::warn!(device = %sc.device, bind = %sc.bind, "path tracing is off for this shard: it traces IPv4 only");
+        return;
+    };
+    if local.is_unspecified() {
+        tracing::warn!(device = %sc.device, bind = %sc.bind, "path tracing is off for this shard: give `bind` a specific address (traces carry it as their source)");
+        return;
+    }
+    match crate::pathtrace::PathTracer::open(local, cfg.path_tracing.params(), &sc.device) {
+        Ok(t) => {
+            shard.set_path_tracer(t);
+            tracing::info!(device = %sc.device, "path tracing on");
+        }
+        Err(e) => tracing::warn!(device = %sc.device, "path tracing is off for this shard: {e}"),
+    }
 }
 
 /// Service events queued by the tracer thread: a bounded number per round, so that a storm
@@ -502,6 +525,19 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         services_removed = s.services.removed,
         services_refused_full = s.services.refused_full,
         services_refused_rate = s.services.refused_rate,
+        traces_started = s.paths.started,
+        traces_written = s.paths.written,
+        traces_incomplete = s.paths.incomplete,
+        traces_single_switch = s.paths.single_switch,
+        traces_unreachable = s.paths.unreachable,
+        traces_untraceable = s.paths.untraceable,
+        trace_packets_sent = s.paths.packets_sent,
+        trace_replies = s.paths.replies,
+        trace_send_errors = s.paths.send_errors,
+        trace_recv_errors = s.paths.recv_errors,
+        trace_peers_full = s.paths.peers_full,
+        trace_peers_retired = s.paths.peers_retired,
+        trace_arrivals = s.trace_arrivals,
         "shard stats"
     );
 }

@@ -21,6 +21,7 @@ use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
+use crate::pathtrace::{PathStats, PathTracer, Traced, is_trace_payload};
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
 use crate::service::{NewService, Refused, SERVICE_BIT, ServiceStats, ServiceTable, endpoint_name};
 use crate::transport::{DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
@@ -80,6 +81,11 @@ pub struct ShardStats {
     pub records_dropped: u64,
     /// Traced service connections: probed now, taken, ended, refused.
     pub services: ServiceStats,
+    /// Other agents' path trace packets that reached this shard (their last TTL): expected,
+    /// counted apart from `malformed`.
+    pub trace_arrivals: u64,
+    /// Path tracing (all zero when it is off).
+    pub paths: PathStats,
 }
 
 /// What the shard is told at start.
@@ -91,6 +97,9 @@ pub struct ShardParams {
     pub device: String,
     /// ToR of this RNIC.
     pub tor: String,
+    /// This RNIC's address (GID; UDP: IPv4-mapped address) in its dictionary entry, so that
+    /// `analyze` can name a peer that knows only the address (an answer path's trace).
+    pub addr: [u8; 16],
     /// Random per-start epoch: high bits of every sequence number, and sent in ACKs.
     pub epoch: u32,
     /// Port of a target when its pinglist entry gives none (UDP).
@@ -191,6 +200,7 @@ pub struct Shard<T: Transport> {
     null_addr: T::Addr,
     draining: bool,
     services: ServiceTable<T::Addr>,
+    paths: Option<PathTracer>,
 }
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
@@ -240,7 +250,7 @@ impl<T: Transport> Shard<T> {
     /// A shard over `transport`, writing into `writer`. `null_addr` fills unused address slots.
     pub fn new(params: ShardParams, transport: T, mut writer: SegmentWriter, null_addr: T::Addr) -> Self {
         let self_name = format!("{}/{}", params.host, params.device);
-        let self_id = writer.endpoint(EndpointRole::Rnic, &self_name, &params.tor, [0; 16]);
+        let self_id = writer.endpoint(EndpointRole::Rnic, &self_name, &params.tor, params.addr);
         let ts_source = transport.ts_source();
         let errors = ErrorLog::new(params.device.clone(), ERROR_NAMES);
         let drops = ErrorLog::new(params.device.clone(), DropReason::NAMES);
@@ -284,6 +294,20 @@ impl<T: Transport> Shard<T> {
             generation: 0,
             null_addr,
             draining: false,
+            paths: None,
+        }
+    }
+
+    /// Trace the paths of this shard's inter-ToR probes and answers from now on.
+    pub fn set_path_tracer(&mut self, tracer: PathTracer) {
+        self.paths = Some(tracer);
+        self.load_traces();
+    }
+
+    fn load_traces(&mut self) {
+        if let Some(p) = &mut self.paths {
+            let inter = ProbeKind::InterTor.as_u8();
+            p.load(self.targets.iter().map(|t| (t.id, t.kind == inter, &t.labels[..])));
         }
     }
 
@@ -296,6 +320,9 @@ impl<T: Transport> Shard<T> {
         s.write_errors = self.errors.count(ERR_WRITE);
         s.acks_not_sent = self.errors.count(ERR_ACK_DROPPED);
         s.services = self.services.stats();
+        if let Some(p) = &self.paths {
+            s.paths = p.stats();
+        }
         s
     }
 
@@ -357,6 +384,7 @@ impl<T: Transport> Shard<T> {
             self.target_addr.push(addr);
         }
         self.plan_labels();
+        self.load_traces();
         self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
         self.generation = pinglist.generation;
         // Spread first probes evenly over each target's interval (not all at t = 0).
@@ -468,6 +496,9 @@ impl<T: Transport> Shard<T> {
                 t = t.min(e.deadline);
             }
         }
+        if let Some(p) = &self.paths {
+            t = t.min(p.next_deadline_ns());
+        }
         t
     }
 
@@ -491,6 +522,7 @@ impl<T: Transport> Shard<T> {
         self.collect_tx_timestamps(false)?;
         self.flush_sends()?;
         self.expire(now_ns())?;
+        self.trace_paths(now_ns());
         if now >= self.next_flush_ns {
             self.next_flush_ns = now + self.params.flush_interval_ns;
             if let Err(e) = self.writer.flush().and_then(|()| self.writer.rotate_if_older(now).map(drop)) {
@@ -498,6 +530,18 @@ impl<T: Transport> Shard<T> {
             }
         }
         Ok(())
+    }
+
+    /// Path tracing's round, and the path records of the traces it finished.
+    fn trace_paths(&mut self, now: u64) {
+        let Some(p) = &mut self.paths else { return };
+        let (transport, addrs) = (&self.transport, &self.target_addr);
+        p.poll(now, |t, label| transport.wire_tuple(addrs.get(t)?, label, false));
+        for d in p.take_done() {
+            if let Err(e) = write_trace(&mut self.writer, self.self_id, &d) {
+                self.errors.record(ERR_WRITE, now, format_args!("segment write failed, path trace dropped: {e}"));
+            }
+        }
     }
 
     fn enqueue(
@@ -689,7 +733,11 @@ impl<T: Transport> Shard<T> {
             let p = match Packet::decode(&self.rx.buf[i][..self.rx.len[i]]) {
                 Ok(p) => p,
                 Err(_) => {
-                    self.stats.malformed += 1;
+                    if is_trace_payload(&self.rx.buf[i][..self.rx.len[i]]) {
+                        self.stats.trace_arrivals += 1;
+                    } else {
+                        self.stats.malformed += 1;
+                    }
                     continue;
                 }
             };
@@ -755,6 +803,11 @@ impl<T: Transport> Shard<T> {
         ack1.encode(&mut b);
         self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
+        if let Some(paths) = &mut self.paths
+            && let Some(tuple) = self.transport.wire_tuple(&from, p.flow_label, true)
+        {
+            paths.on_answer(tuple, p.flow_label, t3);
+        }
         // A slot still pending here is an ACK1 whose send timestamp never came back within
         // 4096 answers: its ACK2 is given up, and the prober records what it got.
         self.pending[token as usize & (PENDING_ACK2_SLOTS - 1)] =
@@ -780,8 +833,12 @@ impl<T: Transport> Shard<T> {
                 (s.id, ProbeKind::Service.as_u8(), self.services.interval_ns, s.flow_label, s.addr)
             } else {
                 let t = &mut self.targets[ti as usize];
-                let label = t.labels[t.cursor % t.labels.len()];
+                let label_index = t.cursor % t.labels.len();
+                let label = t.labels[label_index];
                 t.cursor = t.cursor.wrapping_add(1);
+                if let Some(p) = &mut self.paths {
+                    p.on_probe(ti as usize, label_index, now);
+                }
                 (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize])
             };
             // After a stall, resume the cadence instead of firing the backlog in a burst.
@@ -884,6 +941,11 @@ impl<T: Transport> Shard<T> {
         } else if !complete {
             r.outcome = Outcome::Lost as u8;
             self.stats.lost += 1;
+            if let Some(p) = &mut self.paths
+                && e.kind == ProbeKind::InterTor.as_u8()
+            {
+                p.on_loss(e.target_id, e.flow_label, now_ns());
+            }
         } else {
             match delays(&e) {
                 Some((rtt, pd, rd)) => {
@@ -904,6 +966,34 @@ impl<T: Transport> Shard<T> {
         }
         Ok(())
     }
+}
+
+/// Writes one finished trace: its hops, and an answer path's prober, become dictionary entries
+/// named by their addresses (`analyze` maps them to switches and RNICs).
+fn write_trace(writer: &mut SegmentWriter, self_id: u32, d: &Traced) -> Result<(), SegmentError> {
+    let mapped = |ip: std::net::Ipv4Addr| rocemesh_formats::gid::gid_bytes(std::net::IpAddr::V4(ip));
+    let dst = match d.target_id {
+        Some(id) => id,
+        None => {
+            let gid = mapped(d.peer);
+            match writer.endpoint_by_addr(EndpointRole::Rnic, &gid) {
+                Some(e) => e.id,
+                None => writer.endpoint(EndpointRole::Peer, &d.peer.to_string(), "", gid),
+            }
+        }
+    };
+    let mut hops = [0u32; rocemesh_formats::record::MAX_HOPS];
+    for (h, ip) in hops.iter_mut().zip(&d.hops[..d.hop_count]) {
+        *h = writer.endpoint(EndpointRole::Switch, &ip.to_string(), "", mapped(*ip));
+    }
+    writer.append_path(&rocemesh_formats::record::PathRecord {
+        t_unix_ns: d.started_ns,
+        src: self_id,
+        dst,
+        flow_label: d.flow_label,
+        hop_count: d.hop_count as u32,
+        hops,
+    })
 }
 
 /// The three delays (see [`six_timestamp_delays`]); `None` makes the probe invalid.

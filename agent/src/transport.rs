@@ -198,6 +198,14 @@ pub trait Transport {
         probed == from
     }
 
+    /// The addresses and ports the packets this transport sends to `to` with `flow_label` carry
+    /// on the wire (`answer`: answers to `to`'s probes, rather than probes), so that a path
+    /// trace copying them is hashed by every switch onto the same path. `None`: the transport
+    /// cannot say (IPv6, a peer not resolved yet, a device that picks ports of its own).
+    fn wire_tuple(&self, _to: &Self::Addr, _flow_label: u32, _answer: bool) -> Option<crate::pathtrace::WireTuple> {
+        None
+    }
+
     /// Ask for a wake-up on the next arrival before the shard sleeps. False when work may
     /// already be waiting (the shard must not sleep then).
     fn arm(&mut self) -> bool {

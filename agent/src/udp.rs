@@ -27,6 +27,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use rocemesh_formats::record::TsSource;
 
+use crate::pathtrace::WireTuple;
 use crate::protocol::{PACKET_BYTES, is_probe};
 use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
@@ -47,6 +48,10 @@ pub struct UdpTransport {
     local: SocketAddr,
     /// Probes leave from `paths[..]` (see the module docs); empty: from `fd`.
     paths: Vec<OwnedFd>,
+    /// The port of each of `paths`.
+    path_ports: Vec<u16>,
+    /// The (label, port) plan last logged.
+    logged_plan: Vec<(u32, u16)>,
     /// Path socket index of each flow label of the pinglist in force.
     label_path: std::collections::HashMap<u32, u8>,
     /// Readiness of `fd` and `paths`, when there are paths; event data = socket index.
@@ -124,6 +129,11 @@ impl UdpTransport {
         let local = local_addr(&fd).map_err(|e| err("getsockname", e))?;
         let any_port = SocketAddr::new(addr.ip(), 0);
         let paths = (0..source_ports).map(|_| open_socket(any_port)).collect::<Result<Vec<_>, _>>()?;
+        let path_ports = paths
+            .iter()
+            .map(|p| local_addr(p).map(|a| a.port()))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| err("getsockname", e))?;
         let epoll = if paths.is_empty() {
             None
         } else {
@@ -149,12 +159,31 @@ impl UdpTransport {
         let rx: Box<RecvState> = Box::new(unsafe { zeroed() });
         // SAFETY: as above.
         let tx: Box<SendState> = Box::new(unsafe { zeroed() });
-        Ok(Self { fd, local, paths, label_path: std::collections::HashMap::new(), epoll, events, rx, tx })
+        Ok(Self {
+            fd,
+            local,
+            paths,
+            path_ports,
+            logged_plan: Vec::new(),
+            label_path: std::collections::HashMap::new(),
+            epoll,
+            events,
+            rx,
+            tx,
+        })
     }
 
     /// The bound address (with the port the kernel chose, if 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Socket index a probe with `flow_label` leaves from: 0 = the bound one, 1.. = `paths`.
+    fn socket_of_label(&self, flow_label: u32) -> u8 {
+        if self.paths.is_empty() {
+            return 0;
+        }
+        1 + self.label_path.get(&flow_label).copied().unwrap_or((flow_label % self.paths.len() as u32) as u8)
     }
 
     fn socket(&self, index: usize) -> RawFd {
@@ -227,16 +256,13 @@ impl Transport for UdpTransport {
     type Addr = SocketAddr;
 
     fn queue(&mut self, to: &SocketAddr, flow_label: u32, packet: &[u8; PACKET_BYTES], want_tx_ns: bool) -> bool {
+        let sock = if is_probe(packet) { self.socket_of_label(flow_label) } else { 0 };
         let st = &mut *self.tx;
         if st.queued == SEND_BATCH {
             return false;
         }
         let i = st.queued;
-        st.sock[i] = if self.paths.is_empty() || !is_probe(packet) {
-            0
-        } else {
-            1 + self.label_path.get(&flow_label).copied().unwrap_or((flow_label % self.paths.len() as u32) as u8)
-        };
+        st.sock[i] = sock;
         let (sa, len) = to_sockaddr(*to);
         st.names[i] = sa;
         st.name_len[i] = len;
@@ -244,6 +270,14 @@ impl Transport for UdpTransport {
         st.want_tx[i] = want_tx_ns;
         st.queued += 1;
         true
+    }
+
+    fn wire_tuple(&self, to: &SocketAddr, flow_label: u32, answer: bool) -> Option<WireTuple> {
+        let SocketAddr::V4(dst) = to else { return None };
+        let sock = if answer { 0 } else { usize::from(self.socket_of_label(flow_label)) };
+        let src = if sock == 0 { self.local } else { SocketAddr::new(self.local.ip(), self.path_ports[sock - 1]) };
+        let SocketAddr::V4(src) = src else { return None };
+        (!src.ip().is_unspecified()).then_some(WireTuple { src, dst: *dst, tos: 0 })
     }
 
     fn plan_labels<'a>(&mut self, targets: impl Iterator<Item = &'a [u32]>) {
@@ -258,6 +292,16 @@ impl Transport for UdpTransport {
                 // A label shared by two targets keeps its first socket.
                 self.label_path.entry(label).or_insert(((base + i) % k) as u8);
             }
+        }
+        // Which port a label leaves from is the kernel's choice, and what an operator (or the
+        // Clos testbed) needs to replay a probe's 5-tuple: `ip route get ... sport P`.
+        let mut plan: Vec<(u32, u16)> =
+            self.label_path.iter().map(|(&l, &s)| (l, self.path_ports[usize::from(s)])).collect();
+        plan.sort_unstable();
+        if plan != self.logged_plan {
+            let text: Vec<String> = plan.iter().map(|(l, p)| format!("{l}:{p}")).collect();
+            tracing::info!(local = %self.local, labels = %text.join(","), "flow label source ports (label:port)");
+            self.logged_plan = plan;
         }
     }
 
@@ -322,7 +366,7 @@ impl Transport for UdpTransport {
                 // the socket's pending error, failing this call: it belongs to that earlier
                 // datagram (the error queue has it), so retry once before blaming this packet.
                 let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::ECONNREFUSED) && !retried {
+                if pending_icmp_errno(e.raw_os_error()) && !retried {
                     retried = true;
                     continue;
                 }
@@ -381,6 +425,14 @@ impl Transport for UdpTransport {
     }
 }
 
+/// Whether a failed call's errno can be a socket's pending ICMP error rather than its own
+/// failure: port unreachable (a peer's agent is down) or, since path traces carry the probes'
+/// own 5-tuple, the time exceeded a switch answers a trace packet with. Either fails one call
+/// on a socket with IP_RECVERR; the caller tries once more before believing it.
+fn pending_icmp_errno(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::ECONNREFUSED | libc::EHOSTUNREACH))
+}
+
 /// Datagrams waiting on `fd` into `out[start..]`; how many.
 fn recv_into(fd: RawFd, st: &mut RecvState, out: &mut RxBatch<SocketAddr>, start: usize) -> io::Result<usize> {
     let room = BATCH - start;
@@ -400,13 +452,13 @@ fn recv_into(fd: RawFd, st: &mut RecvState, out: &mut RxBatch<SocketAddr>, start
         // SAFETY: the first `room` headers point at buffers owned by `st` and `out`.
         n = unsafe { libc::recvmmsg(fd, st.hdrs.as_mut_ptr(), room as u32, libc::MSG_DONTWAIT, std::ptr::null_mut()) };
         // A pending ICMP error (see `flush`) fails one call; the data is still there.
-        if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ECONNREFUSED) {
+        if n >= 0 || !pending_icmp_errno(io::Error::last_os_error().raw_os_error()) {
             break;
         }
     }
     if n < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ECONNREFUSED) {
+        return if e.kind() == io::ErrorKind::WouldBlock || pending_icmp_errno(e.raw_os_error()) {
             Ok(0)
         } else {
             Err(e)

@@ -44,6 +44,7 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> 
         host: "h".into(),
         device: device.into(),
         tor: "t".into(),
+        addr: [0; 16],
         epoch,
         default_port,
         flush_interval_ns: 50_000_000,
@@ -58,16 +59,39 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> 
 
 #[test]
 fn probing_and_answering_do_not_allocate_after_warm_up() {
+    no_allocation_after_warm_up(false);
+}
+
+/// The same with path tracing on both shards and every target inter-ToR: the tracer's per-probe
+/// and per-answer hooks and its polling run on every step (on loopback each trace ends without a
+/// switch, so nothing is written). Needs CAP_NET_RAW for the raw sockets: root-only.
+#[test]
+#[ignore = "needs root (raw sockets); scripts/test runs it"]
+fn probing_and_answering_with_path_tracing_do_not_allocate_after_warm_up() {
+    let stats = no_allocation_after_warm_up(true);
+    assert!(stats.started > 0 && stats.packets_sent > 0, "the tracer must have run: {stats:?}");
+}
+
+fn no_allocation_after_warm_up(trace: bool) -> rocemesh_agent::pathtrace::PathStats {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut responder = shard(dir.path(), "b", 0xB, 0);
     let target_port = responder.transport().local_addr().port();
     // Service targets are probed on the prober's default port, which agents of a fleet share.
     let mut prober = shard(dir.path(), "a", 0xA, target_port);
+    if trace {
+        let params = rocemesh_agent::config::PathTracing::default().params();
+        for s in [&mut prober, &mut responder] {
+            let t = rocemesh_agent::pathtrace::PathTracer::open(Ipv4Addr::LOCALHOST, params, "test")
+                .expect("raw sockets (run as root)");
+            s.set_path_tracer(t);
+        }
+    }
+    let kind = if trace { ProbeKind::InterTor } else { ProbeKind::TorMesh };
     let targets = (0..50)
         .map(|i| Target {
             from: "a".into(),
             to: format!("t{i}/b"),
-            kind: ProbeKind::TorMesh,
+            kind,
             addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: Some(target_port),
             qpn: None,
@@ -112,6 +136,7 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
     assert_eq!(allocations, 0, "allocations over {completed} completed probes");
     assert_eq!(prober.service_stats().active, 2);
 
+    let stats_paths = prober.stats().paths;
     // The service probes are in the segment: kind service, to the connections' entries, with
     // their flow labels.
     let files = prober.finish().expect("finish");
@@ -134,4 +159,7 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
     }
     assert_eq!(by_label.keys().copied().collect::<Vec<_>>(), [17_000, 18_000], "{by_label:?}");
     assert!(by_label.values().all(|&n| n > 1_000), "{by_label:?}");
+    let mut paths = stats_paths;
+    paths.started += responder.stats().paths.started;
+    paths
 }

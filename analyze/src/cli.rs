@@ -99,8 +99,9 @@ pub struct HtmlArgs {
     pub window_s: u64,
     #[command(flatten)]
     pub sla: SlaArgs,
-    /// The fabric's inventory (ctl's file): single-spine paths for localisation, and the remote
-    /// RNIC of traced connections whose agent did not know it.
+    /// The fabric's inventory (ctl's file): single-spine paths for localisation, the switches
+    /// the agents' path-trace hops (known by address) stand for, and the remote RNIC of traced
+    /// connections whose agent did not know it.
     #[arg(long)]
     pub inventory: Option<PathBuf>,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
@@ -128,8 +129,10 @@ pub struct LocalizeArgs {
     #[arg(long, default_value_t = 3)]
     pub close_after_quiet_windows: u64,
     /// The fabric's inventory (ctl's file). Probes between ToRs that share exactly one spine
-    /// then vote on that path's links and spine even without path traces, and traced
-    /// connections whose agent did not know the remote RNIC get it from the remote GID.
+    /// then vote on that path's links and spine even without path traces, traced connections
+    /// whose agent did not know the remote RNIC get it from the remote GID, and the hops of the
+    /// agents' path traces (known by address) are named by the switches' `addrs`: without it
+    /// such traces are left out and their addresses listed.
     #[arg(long)]
     pub inventory: Option<PathBuf>,
     /// SLA a traced service's own probes are judged by (its loss ratio marks a bad window).
@@ -176,6 +179,22 @@ fn load_fields(
     for p in &ds.problems {
         let what = if p.skipped { "skipped" } else { "damaged, read in part" };
         eprintln!("analyze {command}: {}: {what}: {}", p.path.display(), p.problem);
+    }
+    if !ds.unmapped_hops.is_empty() {
+        let shown: Vec<String> =
+            ds.unmapped_hops.iter().take(10).map(|h| format!("{} ({} traces)", h.addr, h.traces)).collect();
+        let more = ds.unmapped_hops.len().saturating_sub(shown.len());
+        let fix = if inventory.is_none() {
+            "name the switches' addresses in the inventory (`ctl inventory switch-addrs`) and pass --inventory"
+        } else {
+            "add them to the inventory with `ctl inventory switch-addrs`"
+        };
+        eprintln!(
+            "analyze {command}: {} path-trace hop addresses no inventory switch lists, their traces left out: {}{} (fix: {fix})",
+            ds.unmapped_hops.len(),
+            shown.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        );
     }
     let unresolved: Vec<String> =
         ds.unresolved_services().map(|s| format!("{} (remote {})", s.name, ds.rnics[s.remote as usize].name)).collect();

@@ -19,13 +19,27 @@
 //! file's dictionary with that address; else an RNIC named after the GID (`gid:::ffff:10.0.1.2`),
 //! which the outputs list as unresolved. The per-file tables that map segment ids do this
 //! resolution once per dictionary entry, so the per-record copy stays a table lookup.
+//!
+//! Path traces ([`Dataset::paths`]) name their hops by dictionary entries of role `Switch`.
+//! Simulated traces name the switch (`spine2`, address zero) and are taken as they are. The
+//! agent's know only the address that answered (`name` is its text, `addr` the address): the
+//! inventory's switch addresses ([`Inventory::switch_addrs`]) name it, so one switch seen from
+//! several addresses or agents is one switch id. A hop whose address no inventory switch lists
+//! (every such hop, without an inventory) is *unmapped*: its traces are left out, since they
+//! would vote on an element nobody can name, and counted by address in
+//! [`Dataset::unmapped_hops`]. A trace of an ACK path ends at the prober, which the responder
+//! knows only by address (a dictionary entry of role `Peer`): it is the RNIC whose own dictionary
+//! entry declares that address, else an RNIC entry of any file's dictionary with it, else the
+//! inventory RNIC with it as ip or GID. A `Peer` is never an RNIC of its own; traces to one that
+//! nothing resolves are left out and the file reported.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use polars::prelude::*;
 use rayon::prelude::*;
+use rocemesh_formats::gid::{gid_bytes, ip_of};
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::{EndpointRole, ServiceConn};
 use rocemesh_formats::segment::SegmentReader;
@@ -269,6 +283,20 @@ pub struct AgentFile {
     pub median_gap_ns: u64,
 }
 
+/// A path-trace hop address no inventory switch lists (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnmappedHop {
+    /// The address, as text (`172.16.0.1`, `fd00::1`).
+    pub addr: String,
+    /// Path traces through it, left out of [`Dataset::paths`].
+    pub traces: u64,
+}
+
+/// A traced path's key: (source RNIC, destination RNIC, flow label).
+pub type PathKey = (u32, u32, u32);
+/// A path as traced at a time: (first trace that found it, ns; switch ids in order).
+pub type TimedPath = (u64, Vec<u32>);
+
 /// A file that could not be read, or was read with damage.
 #[derive(Debug, Clone)]
 pub struct FileProblem {
@@ -291,8 +319,16 @@ pub struct Dataset {
     pub switches: Vec<String>,
     /// Traced service connections by service id ([`Probes::service`]).
     pub services: Vec<Service>,
-    /// Traced paths: (src RNIC, dst RNIC, flow label) -> switch ids in order.
+    /// Traced paths: (src RNIC, dst RNIC, flow label) -> switch ids in order (the latest trace).
     pub paths: HashMap<(u32, u32, u32), Vec<u32>>,
+    /// Keys whose traces found more than one path over the data's span: each change, as (time
+    /// of the first trace that found it, switch ids), in time order. A path changes when a
+    /// prober restarts (its UDP source ports, hence its ECMP paths, are new) or routing moves;
+    /// a probe must vote on the path of its own time ([`Dataset::path_at`]), not the last one.
+    pub path_changes: HashMap<PathKey, Vec<TimedPath>>,
+    /// Hop addresses no inventory switch lists, most traces first (then by address): their
+    /// traces are not in `paths`. The fix is `ctl inventory switch-addrs`.
+    pub unmapped_hops: Vec<UnmappedHop>,
     /// Paths the inventory alone determines, for probes without a trace: (src ToR, dst ToR) ->
     /// switch ids, for ToR pairs that share exactly one spine (see [`Dataset::add_single_paths`]).
     pub tor_paths: HashMap<(String, String), Vec<u32>>,
@@ -308,6 +344,18 @@ impl Dataset {
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)
+    }
+
+    /// The traced path of `key` in force at `t_ns`: the latest trace at or before it, else the
+    /// earliest one (probes before a path's first trace took it too, as far as anyone knows).
+    pub fn path_at(&self, key: &PathKey, t_ns: u64) -> Option<&Vec<u32>> {
+        match self.path_changes.get(key) {
+            Some(changes) => {
+                let i = changes.partition_point(|(t, _)| *t <= t_ns).saturating_sub(1);
+                changes.get(i).map(|(_, hops)| hops)
+            }
+            None => self.paths.get(key),
+        }
     }
 
     /// Services whose remote RNIC nothing resolved ([`Resolution::Unresolved`]).
@@ -411,8 +459,11 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
     let mut service_ids: HashMap<String, u32> = HashMap::new();
     // The ToR each service's entry gave its remote end, by service id.
     let mut service_tors: Vec<String> = Vec::new();
-    // RNIC entries' non-zero addresses (the first name seen for each), for resolving services.
+    // RNIC entries' non-zero addresses (the first name seen for each), for resolving services
+    // and peers; and the address each writer declares for itself, which a peer prefers.
     let mut rnic_by_addr: HashMap<[u8; 16], u32> = HashMap::new();
+    let mut own_by_addr: HashMap<[u8; 16], u32> = HashMap::new();
+    let switch_by_addr: HashMap<[u8; 16], &str> = inventory.map(Inventory::switch_addrs).unwrap_or_default();
     let mut readers = Vec::new();
     let mut remaps: Vec<Remap> = Vec::new();
     for (path, r) in opened {
@@ -437,15 +488,33 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
             target: vec![u32::MAX; max_id],
             switch: vec![u32::MAX; max_id],
             service: Vec::new(),
+            peer: Vec::new(),
+            addrs: HashMap::new(),
         };
+        let identity = reader.identity();
+        let own_name = format!("{}/{}", identity.host, identity.device);
         for e in dict {
             if e.role == EndpointRole::Switch as u8 {
+                // Named by the simulator (zero address), else by the inventory's address map.
+                let name = if e.addr == [0; 16] { Some(e.name.as_str()) } else { switch_by_addr.get(&e.addr).copied() };
+                let Some(name) = name else {
+                    m.switch[e.id as usize] = UNMAPPED;
+                    m.addrs.insert(e.id, e.addr);
+                    continue;
+                };
                 let next = switch_ids.len() as u32;
-                let id = *switch_ids.entry(e.name.clone()).or_insert_with(|| {
-                    ds.switches.push(e.name.clone());
+                let id = *switch_ids.entry(name.to_owned()).or_insert_with(|| {
+                    ds.switches.push(name.to_owned());
                     next
                 });
                 m.switch[e.id as usize] = id;
+            } else if e.role == EndpointRole::Peer as u8 {
+                // Resolved below, once every dictionary's RNICs are known.
+                if m.peer.is_empty() {
+                    m.peer = vec![u32::MAX; max_id];
+                }
+                m.peer[e.id as usize] = UNRESOLVED_PEER;
+                m.addrs.insert(e.id, e.addr);
             } else if e.role == EndpointRole::Service as u8 {
                 // Resolved below, once every dictionary's RNICs are known.
                 let next = service_ids.len() as u32;
@@ -469,6 +538,9 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
                 let id = rnic_id(&mut ds.rnics, &mut rnic_ids, &e.name, &e.tor);
                 if e.addr != [0; 16] {
                     rnic_by_addr.entry(e.addr).or_insert(id);
+                    if e.name == own_name {
+                        own_by_addr.entry(e.addr).or_insert(id);
+                    }
                 }
                 m.prober[e.id as usize] = id;
                 m.target[e.id as usize] = id;
@@ -477,39 +549,24 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
         remaps.push(m);
         readers.push((path, reader));
     }
-    resolve_services(&mut ds, &mut rnic_ids, &service_tors, &rnic_by_addr, inventory);
+    let inv_rnics = InventoryRnics::of(inventory);
+    resolve_services(&mut ds, &mut rnic_ids, &service_tors, &rnic_by_addr, &inv_rnics);
     for m in &mut remaps {
         for (t, &s) in m.target.iter_mut().zip(&m.service) {
             if s != NO_SERVICE {
                 *t = ds.services[s as usize].remote;
             }
         }
-    }
-    // Path traces (few: one per traced (pair, label)). A trace naming an id its file's
-    // dictionary lacks (or an RNIC where a switch belongs) cannot be placed: it is left out and
-    // the file reported.
-    // A trace toward a service entry is the path to its remote RNIC.
-    for ((path, reader), m) in readers.iter().zip(&remaps) {
-        let mut unplaced = 0u64;
-        for p in reader.path_records() {
-            let map = |v: u32, m: &Vec<u32>| m.get(v as usize).copied().unwrap_or(u32::MAX);
-            let (src, dst) = (map(p.src.to_native(), &m.target), map(p.dst.to_native(), &m.target));
-            let n = (p.hop_count.to_native() as usize).min(p.hops.len());
-            let hops: Vec<u32> = p.hops[..n].iter().map(|h| map(h.to_native(), &m.switch)).collect();
-            if src != u32::MAX && dst != u32::MAX && !hops.contains(&u32::MAX) {
-                ds.paths.insert((src, dst, p.flow_label.to_native()), hops);
-            } else {
-                unplaced += 1;
+        for (id, p) in m.peer.iter_mut().enumerate() {
+            if *p == UNRESOLVED_PEER
+                && let Some(addr) = m.addrs.get(&(id as u32))
+                && let Some(rnic) = resolve_peer(&mut ds, &mut rnic_ids, addr, &own_by_addr, &rnic_by_addr, &inv_rnics)
+            {
+                *p = rnic;
             }
         }
-        if unplaced > 0 {
-            ds.problems.push(FileProblem {
-                path: path.clone(),
-                problem: format!("{unplaced} path traces name ids its dictionary does not define: left out"),
-                skipped: false,
-            });
-        }
     }
+    place_paths(&mut ds, &readers, &remaps);
     let counts: Vec<usize> = readers.iter().map(|(_, r)| r.probe_chunks().map(|c| c.len()).sum()).collect();
     let total: usize = counts.iter().sum();
     let mut probes = Probes::zeroed(total, fields, !ds.services.is_empty());
@@ -550,16 +607,164 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
     ds
 }
 
+/// [`Remap::switch`] of a switch entry whose address the inventory does not map.
+const UNMAPPED: u32 = u32::MAX - 1;
+/// [`Remap::peer`] of a peer entry whose address nothing resolves to an RNIC.
+const UNRESOLVED_PEER: u32 = u32::MAX - 1;
+
+/// Path traces (few: one per traced (pair, label)) into [`Dataset::paths`]. A trace toward a
+/// service entry is the path to its remote RNIC, one toward a peer entry the path to the RNIC
+/// that declares its address. A trace naming an id its file's dictionary lacks (or an RNIC where
+/// a switch belongs), or ending at a peer nothing resolves, cannot be placed: it is left out and
+/// the file reported. One through an unmapped hop is left out and counted in
+/// [`Dataset::unmapped_hops`].
+fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &[Remap]) {
+    let mut unmapped: HashMap<[u8; 16], u64> = HashMap::new();
+    let mut history: HashMap<PathKey, Vec<TimedPath>> = HashMap::new();
+    for ((path, reader), m) in readers.iter().zip(remaps) {
+        let (mut undefined, mut to_unresolved) = (0u64, 0u64);
+        let mut unresolved_addrs: BTreeSet<String> = BTreeSet::new();
+        for p in reader.path_records() {
+            let get = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
+            // An end: the RNIC (or a service's remote) it names, else the peer it stands for.
+            let end = |v: u32| match get(&m.target, v) {
+                u32::MAX => get(&m.peer, v),
+                rnic => rnic,
+            };
+            let ends = [p.src.to_native(), p.dst.to_native()];
+            let (src, dst) = (end(ends[0]), end(ends[1]));
+            let n = (p.hop_count.to_native() as usize).min(p.hops.len());
+            let hops: Vec<u32> = p.hops[..n].iter().map(|h| get(&m.switch, h.to_native())).collect();
+            if [src, dst].contains(&u32::MAX) || hops.contains(&u32::MAX) {
+                undefined += 1;
+                continue;
+            }
+            let mut placed = true;
+            if src == UNRESOLVED_PEER || dst == UNRESOLVED_PEER {
+                to_unresolved += 1;
+                for (v, r) in ends.into_iter().zip([src, dst]) {
+                    if let Some(addr) = m.addrs.get(&v).filter(|_| r == UNRESOLVED_PEER) {
+                        unresolved_addrs.insert(addr_text(addr));
+                    }
+                }
+                placed = false;
+            }
+            // Each unmapped address once per trace, however often the trace crosses it.
+            let mut seen: Vec<[u8; 16]> = Vec::new();
+            for (h, &id) in p.hops[..n].iter().zip(&hops) {
+                if id == UNMAPPED
+                    && let Some(&addr) = m.addrs.get(&h.to_native())
+                    && !seen.contains(&addr)
+                {
+                    seen.push(addr);
+                    *unmapped.entry(addr).or_default() += 1;
+                    placed = false;
+                }
+            }
+            if placed {
+                history.entry((src, dst, p.flow_label.to_native())).or_default().push((p.t_unix_ns.to_native(), hops));
+            }
+        }
+        if undefined > 0 {
+            ds.problems.push(FileProblem {
+                path: path.clone(),
+                problem: format!("{undefined} path traces name ids its dictionary does not define: left out"),
+                skipped: false,
+            });
+        }
+        if to_unresolved > 0 {
+            let addrs: Vec<String> = unresolved_addrs.into_iter().collect();
+            ds.problems.push(FileProblem {
+                path: path.clone(),
+                problem: format!(
+                    "{to_unresolved} path traces end at a peer address that no RNIC's dictionary entry and no inventory RNIC declares ({}): left out (fix: read the probers' segments too, or give an inventory that lists the address)",
+                    addrs.join(", ")
+                ),
+                skipped: false,
+            });
+        }
+    }
+    // The latest trace of each key is its path; a key whose path changed keeps its changes.
+    for (key, mut traces) in history {
+        traces.sort_by_key(|(t, _)| *t);
+        traces.dedup_by(|later, earlier| later.1 == earlier.1);
+        let latest = traces.last().map(|(_, h)| h.clone()).unwrap_or_default();
+        if traces.len() > 1 {
+            ds.path_changes.insert(key, traces);
+        }
+        ds.paths.insert(key, latest);
+    }
+    let mut hops: Vec<UnmappedHop> =
+        unmapped.into_iter().map(|(addr, traces)| UnmappedHop { addr: addr_text(&addr), traces }).collect();
+    hops.sort_by(|a, b| b.traces.cmp(&a.traces).then_with(|| a.addr.cmp(&b.addr)));
+    ds.unmapped_hops = hops;
+}
+
+/// An address as operators write it: IPv4 for an IPv4-mapped address.
+fn addr_text(addr: &[u8; 16]) -> String {
+    ip_of(addr).to_string()
+}
+
+/// The RNIC a peer entry's address stands for (see the module documentation), defining it
+/// from the inventory when no dictionary named it; `None` when nothing declares the address.
+fn resolve_peer(
+    ds: &mut Dataset,
+    rnic_ids: &mut HashMap<String, u32>,
+    addr: &[u8; 16],
+    own_by_addr: &HashMap<[u8; 16], u32>,
+    rnic_by_addr: &HashMap<[u8; 16], u32>,
+    inv: &InventoryRnics,
+) -> Option<u32> {
+    if *addr == [0; 16] {
+        return None;
+    }
+    if let Some(&id) = own_by_addr.get(addr).or_else(|| rnic_by_addr.get(addr)) {
+        return Some(id);
+    }
+    let (name, tor) = inv.by_addr.get(addr)?;
+    Some(rnic_id(&mut ds.rnics, rnic_ids, name, tor))
+}
+
+/// The inventory's RNICs (none without an inventory): by GID, and by the IPv4-mapped address
+/// where the GID differs, with their ToR; and each RNIC's ToR by name.
+#[derive(Default)]
+struct InventoryRnics {
+    by_addr: HashMap<[u8; 16], (String, String)>,
+    tor: HashMap<String, String>,
+}
+
+impl InventoryRnics {
+    fn of(inventory: Option<&Inventory>) -> InventoryRnics {
+        let mut inv = InventoryRnics::default();
+        for h in inventory.iter().flat_map(|inv| &inv.hosts) {
+            for r in &h.rnics {
+                let name = Inventory::rnic_name(&h.name, &r.device);
+                for addr in [r.gid_or_mapped().octets(), gid_bytes(r.ip)] {
+                    inv.by_addr.entry(addr).or_insert_with(|| (name.clone(), r.tor.clone()));
+                }
+                inv.tor.insert(name, r.tor.clone());
+            }
+        }
+        inv
+    }
+}
+
 /// One file's dictionary ids mapped to fleet-wide ids.
 struct Remap {
     /// As a prober: RNIC entries only (a service entry is no prober).
     prober: Vec<u32>,
     /// As a target: RNIC entries, and service entries as their remote RNIC.
     target: Vec<u32>,
-    /// Switch entries.
+    /// Switch entries; [`UNMAPPED`] for one whose address the inventory does not map.
     switch: Vec<u32>,
     /// Service entries' service ids ([`NO_SERVICE`] elsewhere); empty when the file has none.
     service: Vec<u32>,
+    /// Peer entries' RNICs ([`UNRESOLVED_PEER`] when nothing declares the address, `u32::MAX`
+    /// for other entries); empty when the file has none. Used for path traces only: no probe
+    /// targets a peer.
+    peer: Vec<u32>,
+    /// The addresses of unmapped switch entries and of peer entries, by dictionary id.
+    addrs: HashMap<u32, [u8; 16]>,
 }
 
 /// The fleet id of the RNIC `name`, defining it (with `tor`) on first sight. A dictionary may
@@ -585,20 +790,9 @@ fn resolve_services(
     rnic_ids: &mut HashMap<String, u32>,
     service_tors: &[String],
     rnic_by_addr: &HashMap<[u8; 16], u32>,
-    inventory: Option<&Inventory>,
+    inv: &InventoryRnics,
 ) {
-    // The inventory's RNICs by GID, and by the IPv4-mapped address where the GID differs.
-    let mut inv_by_addr: HashMap<[u8; 16], (String, String)> = HashMap::new();
-    let mut inv_tor: HashMap<String, String> = HashMap::new();
-    for h in inventory.iter().flat_map(|inv| &inv.hosts) {
-        for r in &h.rnics {
-            let name = Inventory::rnic_name(&h.name, &r.device);
-            for addr in [r.gid_or_mapped().octets(), rocemesh_formats::gid::gid_bytes(r.ip)] {
-                inv_by_addr.entry(addr).or_insert_with(|| (name.clone(), r.tor.clone()));
-            }
-            inv_tor.insert(name, r.tor.clone());
-        }
-    }
+    let (inv_by_addr, inv_tor) = (&inv.by_addr, &inv.tor);
     let mut services = std::mem::take(&mut ds.services);
     for (s, tor) in services.iter_mut().zip(service_tors) {
         let known = s.addr != [0; 16];
@@ -791,6 +985,24 @@ fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_that_changed_is_the_one_in_force_at_the_time_asked() {
+        // A prober restarted at t = 100 s: its label 7 left from a new port, over another spine.
+        // Reproduces the Clos run in which every window before the restart voted on the new path.
+        let mut ds = Dataset::default();
+        let key = (0, 1, 7);
+        ds.paths.insert(key, vec![0, 3, 2]);
+        ds.path_changes.insert(key, vec![(10_000_000_000, vec![0, 1, 2]), (100_000_000_000, vec![0, 3, 2])]);
+        assert_eq!(ds.path_at(&key, 5_000_000_000), Some(&vec![0, 1, 2]), "before the first trace: the first");
+        assert_eq!(ds.path_at(&key, 99_999_999_999), Some(&vec![0, 1, 2]));
+        assert_eq!(ds.path_at(&key, 100_000_000_000), Some(&vec![0, 3, 2]));
+        assert_eq!(ds.path_at(&key, u64::MAX), Some(&vec![0, 3, 2]));
+        // A key that never changed is its one path; an untraced one has none.
+        ds.paths.insert((1, 0, 7), vec![2, 1, 0]);
+        assert_eq!(ds.path_at(&(1, 0, 7), 0), Some(&vec![2, 1, 0]));
+        assert_eq!(ds.path_at(&(5, 0, 7), 0), None);
+    }
 
     #[test]
     fn a_loss_written_a_timeout_late_is_not_a_send_gap() {

@@ -72,7 +72,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::ingest::{Dataset, NO_SERVICE, Probes, Resolution, UNKNOWN_RNIC};
+use crate::ingest::{Dataset, NO_SERVICE, Probes, Resolution, UNKNOWN_RNIC, UnmappedHop};
 use crate::probe::{Class, Sla, TS_CODES, TsSources, ts_code, ts_name};
 use crate::report::nearest_rank_index;
 
@@ -194,6 +194,9 @@ pub struct Localization {
     pub baselines: Vec<Baseline>,
     /// Inter-ToR probes that could not vote because no path trace covered them.
     pub inter_tor_without_path: u64,
+    /// Path-trace hop addresses no inventory switch lists, most traces first: the traces through
+    /// them were left out ([`Dataset::unmapped_hops`]).
+    pub unmapped_hops: Vec<UnmappedHop>,
     /// Records that were no evidence.
     pub not_evidence: NotEvidence,
     /// Traced service connections, worst first (see the module documentation for the rule).
@@ -352,6 +355,7 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         slow_threshold_ns,
         baselines,
         inter_tor_without_path: evidence.without_path,
+        unmapped_hops: ds.unmapped_hops.clone(),
         not_evidence: tally.not_evidence,
         services,
         unresolved_services: ds.unresolved_services().map(|s| s.name.clone()).collect(),
@@ -818,7 +822,7 @@ fn evidence(ds: &Dataset, tally: &Tally, exclusions: &Exclusions) -> Evidence {
     };
     e.rnic_element = ds.rnics.iter().map(|r| intern(&mut e.names, "rnic", &r.name)).collect();
     e.tor_element = ds.rnics.iter().map(|r| intern(&mut e.names, "tor", &r.tor)).collect();
-    let mut path_cache: HashMap<(u32, u32, u32), Option<Vec<u32>>> = HashMap::new();
+    let mut path_cache: HashMap<(u32, u32, u32, u32), Option<Vec<u32>>> = HashMap::new();
     for &(key, a) in &tally.acc {
         let (w, pr, tg, label) = key;
         if exclusions.excluded(w, pr, tg) {
@@ -830,8 +834,14 @@ fn evidence(ds: &Dataset, tally: &Tally, exclusions: &Exclusions) -> Evidence {
             elements.push(e.tor_element[rt]);
         }
         if tally.inter_keys.contains(&key) {
-            let fabric = path_cache.entry((pr, tg, label)).or_insert_with(|| {
-                let traced = ds.paths.get(&(pr, tg, label)).zip(ds.paths.get(&(tg, pr, label)));
+            // A key whose path changed (a prober restarted with new ports) is looked up per
+            // window, at the window's end; the rest once.
+            let varies =
+                ds.path_changes.contains_key(&(pr, tg, label)) || ds.path_changes.contains_key(&(tg, pr, label));
+            let at_ns = if varies { (u64::from(w) + 1) * exclusions.window_ns - 1 } else { u64::MAX };
+            let cache_key = (if varies { w } else { u32::MAX }, pr, tg, label);
+            let fabric = path_cache.entry(cache_key).or_insert_with(|| {
+                let traced = ds.path_at(&(pr, tg, label), at_ns).zip(ds.path_at(&(tg, pr, label), at_ns));
                 let (fwd, rev) = match traced {
                     Some(t) => t,
                     None => {
@@ -1308,6 +1318,7 @@ pub fn render_table(l: &Localization) -> String {
         let _ =
             writeln!(s, "{} inter-ToR probes had no path trace and could not vote on links", l.inter_tor_without_path);
     }
+    render_unmapped_hops(&mut s, &l.unmapped_hops);
     let ne = &l.not_evidence;
     if !ne.local_drop_by_prober.is_empty() {
         let mut worst: Vec<(&String, &u64)> = ne.local_drop_by_prober.iter().collect();
@@ -1349,6 +1360,28 @@ pub fn render_table(l: &Localization) -> String {
     }
     render_services(&mut s, l);
     s
+}
+
+/// Addresses shown by name in [`render_unmapped_hops`]; the rest are counted.
+const UNMAPPED_SHOWN: usize = 10;
+
+/// The unmapped-hops lines of [`render_table`]: which addresses, and how to name them.
+fn render_unmapped_hops(s: &mut String, hops: &[UnmappedHop]) {
+    if hops.is_empty() {
+        return;
+    }
+    let shown: Vec<String> =
+        hops.iter().take(UNMAPPED_SHOWN).map(|h| format!("{} ({} traces)", h.addr, h.traces)).collect();
+    let more = hops.len().saturating_sub(UNMAPPED_SHOWN);
+    let _ = writeln!(
+        s,
+        "{} path-trace hop addresses no inventory switch lists; the traces through them were left out: {}{}",
+        hops.len(),
+        shown.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    );
+    let _ =
+        writeln!(s, "  fix: add them to the inventory with `ctl inventory switch-addrs` and pass it with --inventory");
 }
 
 /// The services section of [`render_table`].

@@ -93,8 +93,8 @@ pub fn fabric(opt: &Options) -> Inventory {
     }
     Inventory {
         version: inventory::VERSION,
-        tors: (0..opt.tors).map(|t| Tor { name: format!("tor{t}"), rail: None }).collect(),
-        spines: (0..opt.spines).map(|s| Spine { name: format!("spine{s}") }).collect(),
+        tors: (0..opt.tors).map(|t| Tor { name: format!("tor{t}"), rail: None, addrs: Vec::new() }).collect(),
+        spines: (0..opt.spines).map(|s| Spine { name: format!("spine{s}"), addrs: Vec::new() }).collect(),
         links: Vec::new(),
         hosts,
     }

@@ -93,7 +93,12 @@ pub fn effective_flow_label(ev: &QpEvent) -> u32 {
 /// `rdma_get_udp_sport(fl, lqpn, rqpn)`, i.e. `rdma_flow_label_to_udp_sport` of
 /// [`effective_flow_label`]. The 20-bit label folds into 14 bits above 0xC000.
 pub fn roce_udp_source_port(ev: &QpEvent) -> u16 {
-    let fl = effective_flow_label(ev);
+    flow_label_to_udp_sport(effective_flow_label(ev))
+}
+
+/// The kernel's `rdma_flow_label_to_udp_sport` (and rdma-core's `ibv_flow_label_to_udp_sport`):
+/// the RoCEv2 UDP source port an RNIC derives from a non-zero flow label.
+pub fn flow_label_to_udp_sport(fl: u32) -> u16 {
     let low = (fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14);
     low as u16 | ROCE_SPORT_MIN
 }

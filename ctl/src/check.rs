@@ -35,6 +35,10 @@ pub struct Summary {
     pub rails: usize,
     pub spines: usize,
     pub links: usize,
+    /// Switch addresses (`addrs` of ToRs and spines), which name the hops of path traces.
+    pub switch_addrs: usize,
+    /// ToRs and spines with at least one address.
+    pub switches_with_addrs: usize,
     /// RNICs under a ToR: smallest, median, largest (over ToRs with at least one).
     pub rnics_per_tor: (usize, usize, usize),
     /// RNICs of a host: smallest and largest.
@@ -163,6 +167,27 @@ pub fn check(inventory: &Inventory) -> Report {
         });
     }
 
+    // Once some switches have addresses, path traces through the others cannot be named: the
+    // traces through them are left out of localisation.
+    let switch_addrs: Vec<(&str, usize)> = inventory
+        .tors
+        .iter()
+        .map(|t| (t.name.as_str(), t.addrs.len()))
+        .chain(inventory.spines.iter().map(|s| (s.name.as_str(), s.addrs.len())))
+        .collect();
+    let switches_with_addrs = switch_addrs.iter().filter(|(_, n)| *n > 0).count();
+    if switches_with_addrs > 0 && switches_with_addrs < switch_addrs.len() {
+        let without: Vec<&str> = switch_addrs.iter().filter(|(_, n)| *n == 0).map(|(name, _)| *name).collect();
+        findings.push(Finding {
+            severity: Severity::Note,
+            message: format!(
+                "{} switch(es) have no `addrs` while others do: `analyze` cannot name path-trace hops they answer and leaves those traces out (add them with `ctl inventory switch-addrs`): {}",
+                without.len(),
+                preview(&without)
+            ),
+        });
+    }
+
     let per_host: Vec<usize> = inventory.hosts.iter().map(|h| h.rnics.len()).collect();
     let summary = Summary {
         hosts: inventory.hosts.len(),
@@ -171,6 +196,8 @@ pub fn check(inventory: &Inventory) -> Report {
         rails: rails.len(),
         spines: inventory.spines.len(),
         links: inventory.links.len(),
+        switch_addrs: switch_addrs.iter().map(|(_, n)| n).sum(),
+        switches_with_addrs,
         rnics_per_tor: match counts.as_slice() {
             [] => (0, 0, 0),
             c => (c[0], c[c.len() / 2], c[c.len() - 1]),
@@ -199,7 +226,14 @@ impl fmt::Display for Summary {
             writeln!(f, "rails   {:>8}   (not rail-optimised)", 0)?;
         }
         writeln!(f, "spines  {:>8}", self.spines)?;
-        writeln!(f, "links   {:>8}", self.links)
+        writeln!(f, "links   {:>8}", self.links)?;
+        writeln!(
+            f,
+            "addrs   {:>8}   switch addresses (name path-trace hops), on {} of {} switches",
+            self.switch_addrs,
+            self.switches_with_addrs,
+            self.tors + self.spines
+        )
     }
 }
 
@@ -262,6 +296,7 @@ ip = "10.0.1.2"
         let report = check(&inv(RAILS));
         let s = &report.summary;
         assert_eq!((s.hosts, s.rnics, s.tors, s.rails, s.spines, s.links), (2, 4, 2, 2, 1, 1));
+        assert_eq!((s.switch_addrs, s.switches_with_addrs), (0, 0));
         assert_eq!(s.rnics_per_tor, (1, 3, 3));
         assert_eq!(s.rnics_per_host, (2, 2));
         let text: Vec<String> = report.findings.iter().map(ToString::to_string).collect();
@@ -289,5 +324,25 @@ ip = "10.0.1.2"
         let report = check(&inv(&text));
         assert!(!report.has_problems(), "{:?}", report.findings);
         assert_eq!(report.summary.rnics_per_tor, (3, 3, 3));
+        assert!(report.summary.to_string().contains("addrs          0   switch addresses"), "{}", report.summary);
+    }
+
+    #[test]
+    fn switch_addresses_are_counted_and_switches_without_them_noted() {
+        let text = "version = 1\n[[tor]]\nname = \"t0\"\naddrs = [\"172.16.0.1\", \"172.16.0.2\"]\n\
+                    [[tor]]\nname = \"t1\"\n[[spine]]\nname = \"s0\"\naddrs = [\"172.16.255.1\"]\n";
+        let report = check(&inv(text));
+        assert_eq!((report.summary.switch_addrs, report.summary.switches_with_addrs), (3, 2));
+        assert!(
+            report
+                .summary
+                .to_string()
+                .contains("addrs          3   switch addresses (name path-trace hops), on 2 of 3 switches")
+        );
+        let notes: Vec<String> = report.findings.iter().map(ToString::to_string).collect();
+        assert!(
+            notes.iter().any(|n| n.starts_with("note: 1 switch(es) have no `addrs`") && n.ends_with(": t1")),
+            "{notes:#?}"
+        );
     }
 }

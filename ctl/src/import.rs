@@ -488,7 +488,7 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
     }
     for (name, rail) in new_tors {
         tor_index.insert(name.clone(), tors.len());
-        tors.push(Tor { name, rail });
+        tors.push(Tor { name, rail, addrs: Vec::new() });
     }
 
     if opts.spines > 0 {
@@ -498,7 +498,7 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
                 "drop --spines, or declare the spines in one place",
             ));
         }
-        spines = (0..opts.spines).map(|i| Spine { name: format!("spine{i}") }).collect();
+        spines = (0..opts.spines).map(|i| Spine { name: format!("spine{i}"), addrs: Vec::new() }).collect();
     }
     if opts.link_all {
         let existing: BTreeSet<(String, String)> =

@@ -14,6 +14,8 @@
 //! - [`describe`]: the self-description an agent prints (`agent describe`): host name and RNICs.
 //! - [`import`]: host descriptions plus a ToR map (file, host-name rule, or rails) → inventory.
 //! - [`check`]: what ctl needs of an inventory beyond the format's own validation.
+//! - [`switch_addrs`]: the switches' own addresses (how path traces see them) into an inventory,
+//!   from a `switch,addr` list.
 //! - [`generation`]: per-host pinglists: ToR-mesh, inter-ToR with a rotation that covers every ToR pair
 //!   (within a rail on rail-optimised fabrics) in a computed number of generations, and flow
 //!   labels sized by the ECMP coverage formula.
@@ -32,6 +34,7 @@ pub mod push;
 pub mod remote;
 mod rng;
 pub mod status;
+pub mod switch_addrs;
 
 pub use error::{Error, host_name_problem};
 pub use pinglist_dir::write_file_atomically;

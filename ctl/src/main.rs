@@ -12,6 +12,7 @@ use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
 use rocemesh_ctl::pinglist_dir::{self, Manifest, PinglistDir};
 use rocemesh_ctl::push::{self, Destination};
 use rocemesh_ctl::remote::{RemotePath, Ssh};
+use rocemesh_ctl::switch_addrs::{self, AddrList};
 use rocemesh_ctl::{check, diff, status};
 use rocemesh_formats::inventory::Inventory;
 
@@ -53,7 +54,8 @@ enum What {
 
 #[derive(Subcommand, Debug)]
 enum InventoryCmd {
-    /// Validate an inventory and summarise the fabric (hosts, RNICs, ToRs, rails, spines, links).
+    /// Validate an inventory and summarise the fabric (hosts, RNICs, ToRs, rails, spines, links,
+    /// switch addresses).
     Check {
         /// The inventory file.
         inventory: PathBuf,
@@ -63,6 +65,34 @@ enum InventoryCmd {
     /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
     /// problems (they are printed; the file is written all the same).
     Import(ImportArgs),
+    /// Set switches' own addresses (`addrs`) from a `switch,addr` list.
+    ///
+    /// A path trace knows a hop only by the address that answered; `analyze` names the hop after
+    /// the switch whose `addrs` list it, and leaves out traces through addresses none lists.
+    ///
+    /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
+    /// problems (they are printed; the file is written all the same).
+    SwitchAddrs(SwitchAddrsArgs),
+}
+
+#[derive(Args, Debug)]
+struct SwitchAddrsArgs {
+    /// The inventory to start from.
+    #[arg(long)]
+    inventory: PathBuf,
+    /// The address list: CSV lines `switch,addr` (`spine1,172.16.255.1`), one address per line,
+    /// a switch on as many lines as it has addresses (interfaces, loopback); `#` comments and
+    /// blank lines are ignored, a first line `switch,addr` is a header. Every switch it names gets
+    /// exactly the listed addresses (its previous `addrs` are replaced); the others keep theirs.
+    #[arg(long)]
+    map: PathBuf,
+    /// Where to write the result; default: rewrite --inventory in place (needs --force). The
+    /// file is written from what it declares: comments and layout are not kept.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace the output file: --inventory itself when there is no --out, else an existing --out.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +289,7 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.what {
         What::Inventory(InventoryCmd::Check { inventory }) => inventory_check(&inventory),
         What::Inventory(InventoryCmd::Import(args)) => inventory_import(args),
+        What::Inventory(InventoryCmd::SwitchAddrs(args)) => inventory_switch_addrs(args),
         What::GenPinglists(args) => gen_pinglists(args),
         What::PushPinglist(args) => push_pinglist(args),
         What::Diff(args) => diff_cmd(args),
@@ -326,6 +357,53 @@ fn inventory_import(args: ImportArgs) -> Result<i32> {
     }
     // The inventory is written all the same: fixing the cabling or the descriptions and importing
     // again (--base) starts from it, and `ctl inventory check` shows the same problems.
+    Ok(if report.has_problems() { PROBLEMS } else { OK })
+}
+
+fn inventory_switch_addrs(args: SwitchAddrsArgs) -> Result<i32> {
+    let out = args.out.clone().unwrap_or_else(|| args.inventory.clone());
+    if out == args.inventory && !args.force {
+        bail!(
+            "this rewrites {} in place (fix: pass --force to do so, or --out FILE to write elsewhere)",
+            args.inventory.display()
+        );
+    }
+    if out != args.inventory && out.exists() && !args.force {
+        bail!("{} exists (fix: pass --force to replace it, or choose another --out)", out.display());
+    }
+    let inventory = Inventory::load(&args.inventory)?;
+    let list = AddrList::load(&args.map)?;
+    let applied = switch_addrs::apply(&inventory, &args.inventory, &list, &out)?;
+    let text = applied.inventory.to_toml_string().context("serialising the inventory")?;
+    let header = format!(
+        "# switch addresses set by ctl inventory switch-addrs from {}; check with `ctl inventory check`\n",
+        args.map.display()
+    );
+    // Comments of the input are lost in the rewrite: say so rather than let them vanish (the
+    // header lines ctl itself writes excepted).
+    let ours = |l: &str| l.starts_with("# written by ctl ") || l.starts_with("# switch addresses set by ctl ");
+    let had_comments =
+        std::fs::read_to_string(&args.inventory).is_ok_and(|t| t.lines().any(|l| l.contains('#') && !ours(l)));
+    rocemesh_ctl::write_file_atomically(&out, format!("{header}{text}").as_bytes())?;
+    println!(
+        "{}: {} addresses of {} switches set from {}",
+        out.display(),
+        applied.addrs,
+        applied.switches,
+        args.map.display()
+    );
+    if !applied.removed.is_empty() {
+        let removed: Vec<String> = applied.removed.iter().map(|(s, a)| format!("{s} {a}")).collect();
+        println!("removed (not in the list): {}", removed.join(", "));
+    }
+    if had_comments {
+        println!("note: the comments of {} are not in the rewritten file", args.inventory.display());
+    }
+    let report = check::check(&applied.inventory);
+    print!("{}", report.summary);
+    for f in &report.findings {
+        println!("{f}");
+    }
     Ok(if report.has_problems() { PROBLEMS } else { OK })
 }
 

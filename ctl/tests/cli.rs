@@ -1,5 +1,5 @@
-//! The `ctl` binary on real files: import from host descriptions, inventory check, and
-//! deterministic pinglist generation.
+//! The `ctl` binary on real files: import from host descriptions, inventory check, switch
+//! addresses from a list, and deterministic pinglist generation.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -260,4 +260,90 @@ fn import_refuses_unusable_tor_names_with_the_formats_rule() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("the ToR name for su0-n01/mlx5_0 is unusable"), "{}", text(&out));
     assert!(text(&out).contains(rocemesh_formats::inventory::NAME_FIX), "{}", text(&out));
+}
+
+/// `inventory switch-addrs`: addresses from a `switch,addr` list into the inventory (to --out, or
+/// in place with --force), counted by `inventory check`; list errors name the list's line.
+#[test]
+fn switch_addrs_from_a_list_then_check() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
+    let mut inv = String::from("# the lab\nversion = 1\n[[spine]]\nname = \"spine0\"\n");
+    for t in 0..2 {
+        inv += &format!("[[tor]]\nname = \"tor{t}\"\n[[link]]\na = \"tor{t}\"\nb = \"spine0\"\n");
+        for h in 0..3 {
+            inv += &format!(
+                "[[host]]\nname = \"tor{t}-h{h}\"\n[[host.rnic]]\ndevice = \"mlx5_0\"\ntor = \"tor{t}\"\nip = \"10.0.{t}.{}\"\n",
+                h + 1
+            );
+        }
+    }
+    std::fs::write(p("inv.toml"), &inv).unwrap();
+    let list = "switch,addr\n# loopbacks\nspine0,172.16.255.1\nspine0, fd00:ff::1\n\ntor0,172.16.0.1  # vlan 10\ntor1,172.16.1.1\n";
+    std::fs::write(p("addrs.csv"), list).unwrap();
+    let (inv_path, list_path) = (p("inv.toml"), p("addrs.csv"));
+    let set = |extra: &[&str]| {
+        let mut args = vec!["inventory", "switch-addrs", "--inventory", &inv_path, "--map", &list_path];
+        args.extend_from_slice(extra);
+        ctl(&args)
+    };
+
+    let out = set(&["--out", &p("with-addrs.toml")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("4 addresses of 3 switches set from"), "{}", text(&out));
+    assert!(text(&out).contains("the comments of"), "{}", text(&out));
+    let written = Inventory::load(p("with-addrs.toml")).unwrap();
+    assert_eq!(
+        written.spines[0].addrs,
+        ["172.16.255.1".parse::<std::net::IpAddr>().unwrap(), "fd00:ff::1".parse().unwrap()]
+    );
+    assert_eq!(written.switch_addrs().len(), 4);
+    let check = ctl(&["inventory", "check", &p("with-addrs.toml")]);
+    assert_eq!(check.status.code(), Some(0), "{}", text(&check));
+    assert!(
+        text(&check).contains("addrs          4   switch addresses (name path-trace hops), on 3 of 3 switches"),
+        "{}",
+        text(&check)
+    );
+    // The untouched input still counts none.
+    let check = ctl(&["inventory", "check", &p("inv.toml")]);
+    assert!(text(&check).contains("addrs          0"), "{}", text(&check));
+
+    // In place only with --force; an existing --out too.
+    let out = set(&[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("in place (fix: pass --force"), "{}", text(&out));
+    let out = set(&["--out", &p("with-addrs.toml")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = set(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(Inventory::load(p("inv.toml")).unwrap(), written);
+
+    // A corrected list replaces the addresses of the switches it names, and says what went.
+    std::fs::write(p("addrs.csv"), "tor0,172.16.0.2\n").unwrap();
+    let out = set(&["--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("removed (not in the list): tor0 172.16.0.1"), "{}", text(&out));
+    assert!(!text(&out).contains("the comments of"), "ctl's own header is no comment to lose: {}", text(&out));
+    assert_eq!(Inventory::load(p("inv.toml")).unwrap().switch_addrs().len(), 4);
+
+    // Errors name the list, the line, the field and the fix; nothing is written.
+    let before = std::fs::read(p("inv.toml")).unwrap();
+    for (list, expected) in [
+        ("tor0,172.16.0.3\nspine7,172.16.7.1\n", "addrs.csv:2: switch: there is no tor or spine named \"spine7\""),
+        ("# x\ntor0,172.16.0.256\n", "addrs.csv:2: addr: \"172.16.0.256\" is not an IP address"),
+        (
+            "tor0,172.16.0.3\ntor1,172.16.0.3\n",
+            "addrs.csv:2: addr: address 172.16.0.3 is also given at line 1 (for tor0)",
+        ),
+        ("tor0,10.0.1.2\n", "addrs.csv:1: addr: address 10.0.1.2 is the address of RNIC tor1-h1/mlx5_0"),
+        ("tor0,172.16.255.1\n", "is an address of spine \"spine0\", which the list does not name"),
+    ] {
+        std::fs::write(p("addrs.csv"), list).unwrap();
+        let out = set(&["--force"]);
+        assert_eq!(out.status.code(), Some(2), "{list}: {}", text(&out));
+        assert!(text(&out).contains(expected), "{list}: {}", text(&out));
+        assert!(text(&out).contains("(fix: "), "{list}: {}", text(&out));
+        assert_eq!(std::fs::read(p("inv.toml")).unwrap(), before, "{list}: the inventory was changed");
+    }
 }

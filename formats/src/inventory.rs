@@ -11,6 +11,7 @@
 //! [[tor]]
 //! name = "tor0"
 //! rail = 0            # optional: rail index in rail-optimised clusters
+//! addrs = ["172.16.0.1", "172.16.1.1"]   # optional: the switch's own addresses (see below)
 //!
 //! [[tor]]
 //! name = "tor1"
@@ -18,6 +19,7 @@
 //!
 //! [[spine]]
 //! name = "spine0"
+//! addrs = ["172.16.255.1", "fd00:ff::1"]
 //!
 //! [[link]]            # optional: ToR-spine links, for link-level localisation
 //! a = "tor0"
@@ -56,6 +58,13 @@
 //! names, use only `[A-Za-z0-9._:-]`; every host has at least one RNIC, each attached to a
 //! declared ToR; no two RNICs share an address or a GID; a link joins a declared ToR and a
 //! declared spine, once; and either every ToR has a `rail` or none does.
+//!
+//! A switch's `addrs` are the addresses it answers from (interface and loopback addresses):
+//! an agent's path trace knows a hop only by the source of its ICMP time-exceeded reply, and
+//! `analyze` names the hop after the switch that lists that address ([`Inventory::switch_addrs`]).
+//! `ctl inventory switch-addrs` fills them in from a `switch,addr` list. Each address belongs to
+//! one switch and is no RNIC's address or GID (IPv4 `a.b.c.d` and its IPv4-mapped IPv6 form
+//! `::ffff:a.b.c.d` are the same address), or a hop would name two elements.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -99,6 +108,9 @@ pub struct Tor {
     /// Rail index in rail-optimised clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail: Option<u16>,
+    /// The addresses the switch answers path traces from (see the module documentation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addrs: Vec<IpAddr>,
 }
 
 /// A spine switch.
@@ -106,6 +118,9 @@ pub struct Tor {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct Spine {
     pub name: String,
+    /// The addresses the switch answers path traces from (see the module documentation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addrs: Vec<IpAddr>,
 }
 
 /// A ToR-spine link; `a` and `b` are one ToR and one spine, in either order.
@@ -162,6 +177,23 @@ impl Inventory {
         format!("{host}/{device}")
     }
 
+    /// Switch names by address, for naming the hops of path traces: an agent's trace knows a
+    /// hop only by the address that answered, one of a switch's `addrs`. Keys are the 16 bytes
+    /// a record's dictionary carries ([`crate::gid::gid_bytes`]: IPv4-mapped for IPv4), so an
+    /// `Endpoint::addr` is looked up as it is. Validation makes every address one switch's;
+    /// a switch without `addrs` is not in the map.
+    pub fn switch_addrs(&self) -> HashMap<[u8; 16], &str> {
+        self.switches()
+            .flat_map(|(_, name, addrs)| addrs.iter().map(move |a| (crate::gid::gid_bytes(*a), name)))
+            .collect()
+    }
+
+    /// Every ToR, then every spine: (`"tor"` or `"spine"`, name, addresses).
+    fn switches(&self) -> impl Iterator<Item = (&'static str, &str, &[IpAddr])> {
+        let tors = self.tors.iter().map(|t| ("tor", t.name.as_str(), t.addrs.as_slice()));
+        tors.chain(self.spines.iter().map(|s| ("spine", s.name.as_str(), s.addrs.as_slice())))
+    }
+
     /// Reads and validates the inventory at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Inventory, FileError> {
         let path = path.as_ref();
@@ -181,7 +213,7 @@ impl Inventory {
             Some(inventory) => (inventory, Document::unparsed(path, text)),
             None => {
                 let mut doc = Document::parse(path, text, &GATE)?;
-                (doc.deserialize()?, doc)
+                (doc.deserialize().map_err(with_addr_fix)?, doc)
             }
         };
         inventory.validate(&doc)?;
@@ -212,7 +244,8 @@ impl Inventory {
             let path = root.key("host").index(i).key("name");
             names.claim(doc, &host.name, Kind::Host, path)?;
         }
-        self.check_rnics(doc, &names)
+        self.check_rnics(doc, &names)?;
+        self.check_switch_addrs(doc)
     }
 
     // Rail-aware pinglist generation needs every ToR's rail once any is given. Rails are not
@@ -377,6 +410,59 @@ impl Inventory {
         }
         Ok(())
     }
+
+    // A hop's address must name one element: a switch address that another switch or an RNIC
+    // (by ip or GID) also has would put the trace's votes on the wrong one. Compared as the
+    // 16 bytes records carry, so `10.0.0.1` and `::ffff:10.0.0.1` are the same address.
+    fn check_switch_addrs(&self, doc: &Document<'_>) -> Result<(), FileError> {
+        if self.switches().all(|(_, _, addrs)| addrs.is_empty()) {
+            return Ok(());
+        }
+        let root = FieldPath::root();
+        let mut owners: HashMap<[u8; 16], (FieldPath, String)> = HashMap::new();
+        for (i, host) in self.hosts.iter().enumerate() {
+            for (j, rnic) in host.rnics.iter().enumerate() {
+                let path = root.key("host").index(i).key("rnic").index(j);
+                let owner = format!("the address of RNIC {}", Inventory::rnic_name(&host.name, &rnic.device));
+                owners.entry(crate::gid::gid_bytes(rnic.ip)).or_insert_with(|| (path.key("ip"), owner.clone()));
+                if let Some(gid) = rnic.gid {
+                    let owner = format!("the GID of RNIC {}", Inventory::rnic_name(&host.name, &rnic.device));
+                    owners.entry(gid.octets()).or_insert_with(|| (path.key("gid"), owner));
+                }
+            }
+        }
+        let (mut tor, mut spine) = (0, 0);
+        for (kind, name, addrs) in self.switches() {
+            let counter = if kind == "tor" { &mut tor } else { &mut spine };
+            let switch_path = root.key(kind).index(*counter);
+            *counter += 1;
+            for (k, addr) in addrs.iter().enumerate() {
+                let path = switch_path.key("addrs").index(k);
+                let key = crate::gid::gid_bytes(*addr);
+                if let Some((first, owner)) = owners.get(&key) {
+                    return Err(doc.error(
+                        &path,
+                        format!("address {addr} is also {owner} ({first}{})", at_line(doc.line_of_path(first))),
+                        "give every address to one switch only, and none that an RNIC uses as ip or GID: a path-trace hop from it must name one element",
+                    ));
+                }
+                owners.insert(key, (path, format!("an address of {kind} {name:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The fix for a switch address that is no IP address (serde's own says "correct the value").
+const ADDR_FIX: &str =
+    "write the address as IPv4 (`172.16.0.1`) or IPv6 (`fd00::1`) text: an address the switch answers path traces from";
+
+fn with_addr_fix(mut e: FileError) -> FileError {
+    let in_addrs = |kind: &str| e.field.starts_with(&format!("{kind}[")) && e.field.contains("].addrs[");
+    if in_addrs("tor") || in_addrs("spine") {
+        e.fix = ADDR_FIX.to_owned();
+    }
+    e
 }
 
 /// Below this size an inventory is parsed in one piece (10,000 hosts are about 1 MB).
@@ -543,6 +629,10 @@ mod tests {
         Inventory::parse(&doc(text), Path::new("inv.toml"))
     }
 
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
     fn err(text: &str) -> FileError {
         match parse(text) {
             Ok(inv) => panic!("expected an error, parsed {inv:?}"),
@@ -571,9 +661,15 @@ mod tests {
         assert_eq!(inv.version, 1);
         assert_eq!(
             inv.tors,
-            vec![Tor { name: "tor0".into(), rail: Some(0) }, Tor { name: "tor1".into(), rail: Some(1) }]
+            vec![
+                Tor { name: "tor0".into(), rail: Some(0), addrs: vec![ip("172.16.0.1"), ip("172.16.1.1")] },
+                Tor { name: "tor1".into(), rail: Some(1), addrs: Vec::new() }
+            ]
         );
-        assert_eq!(inv.spines, vec![Spine { name: "spine0".into() }]);
+        assert_eq!(
+            inv.spines,
+            vec![Spine { name: "spine0".into(), addrs: vec![ip("172.16.255.1"), ip("fd00:ff::1")] }]
+        );
         assert_eq!(inv.links.len(), 2);
         assert_eq!(inv.links[1].a, "spine0");
         assert_eq!(inv.hosts.len(), 2);
@@ -1048,6 +1144,105 @@ mod tests {
     }
 
     #[test]
+    fn switch_addrs_map_every_address_to_its_switch() {
+        let inv = Inventory::parse(&doc_example(), Path::new("inv.toml")).unwrap();
+        let map = inv.switch_addrs();
+        assert_eq!(map.len(), 4, "{map:?}");
+        let at = |text: &str| map.get(&crate::gid::gid_bytes(ip(text))).copied();
+        assert_eq!((at("172.16.0.1"), at("172.16.1.1")), (Some("tor0"), Some("tor0")));
+        assert_eq!((at("172.16.255.1"), at("fd00:ff::1")), (Some("spine0"), Some("spine0")));
+        assert_eq!(at("10.0.0.1"), None, "an RNIC's address is no switch's");
+        // Keys are what a record's dictionary carries for IPv4: the IPv4-mapped bytes.
+        let mapped: Ipv6Addr = "::ffff:172.16.0.1".parse().unwrap();
+        assert_eq!(map.get(&mapped.octets()).copied(), Some("tor0"));
+    }
+
+    #[test]
+    fn inventories_without_switch_addrs_serialise_as_before() {
+        let text = doc(HEAD);
+        let inv = Inventory::parse(&text, Path::new("inv.toml")).unwrap();
+        assert!(inv.switch_addrs().is_empty());
+        let written = inv.to_toml_string().unwrap();
+        assert!(!written.contains("addrs"), "{written}");
+        let with = parse(&with_head("addrs = [\"172.16.0.1\"]\n")).unwrap();
+        assert_eq!(with.spines[0].addrs, vec![ip("172.16.0.1")]);
+        let written = with.to_toml_string().unwrap();
+        assert!(written.contains("addrs = [\"172.16.0.1\"]"), "{written}");
+        assert_eq!(Inventory::parse(&written, Path::new("inv.toml")).unwrap(), with);
+    }
+
+    #[test]
+    fn an_unparseable_switch_address_names_its_field_line_and_fix() {
+        let e = err(&with_head(
+            r#"
+            [[spine]]
+            name = "spine1"
+            addrs = ["172.16.0.1",
+                     "172.16.0.300"]
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("spine[1].addrs[1]", Some(9)));
+        assert!(e.problem.contains("invalid IP address"), "{e}");
+        assert_eq!(e.fix, ADDR_FIX);
+        let e = err(r#"
+            version = 1
+            [[tor]]
+            name = "tor0"
+            addrs = "172.16.0.1"
+        "#);
+        assert_eq!((e.field.as_str(), e.line), ("tor[0].addrs", Some(4)));
+    }
+
+    #[test]
+    fn a_switch_address_used_twice_names_both_places() {
+        // Two switches.
+        let e = err(&with_head(
+            r#"
+            [[tor]]
+            name = "tor1"
+            addrs = ["172.16.0.1"]
+            [[spine]]
+            name = "spine1"
+            addrs = ["fd00::9", "::ffff:172.16.0.1"]
+        "#,
+        ));
+        assert_eq!((e.field.as_str(), e.line), ("spine[1].addrs[1]", Some(11)));
+        assert!(
+            e.problem
+                .contains("address ::ffff:172.16.0.1 is also an address of tor \"tor1\" (tor[1].addrs[0] at line 8)"),
+            "{e}"
+        );
+        assert!(e.fix.contains("one switch only"), "{e}");
+        // One switch, twice.
+        let e = err(&with_head("addrs = [\"172.16.0.1\", \"172.16.0.1\"]\n"));
+        assert_eq!((e.field.as_str(), e.line), ("spine[0].addrs[1]", Some(6)));
+        assert!(e.problem.contains("also an address of spine \"spine0\" (spine[0].addrs[0] at line 6)"), "{e}");
+    }
+
+    #[test]
+    fn a_switch_address_may_not_be_an_rnic_address_or_gid() {
+        let rnics = r#"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            gid = "fd00::77"
+        "#;
+        let e = err(&format!("{}[[spine]]\nname = \"spine1\"\naddrs = [\"10.0.0.1\"]\n", with_head(rnics)));
+        assert_eq!((e.field.as_str(), e.line), ("spine[1].addrs[0]", Some(15)));
+        assert!(
+            e.problem
+                .contains("address 10.0.0.1 is also the address of RNIC h0/mlx5_0 (host[0].rnic[0].ip at line 11)"),
+            "{e}"
+        );
+        let e = err(&format!("{}[[spine]]\nname = \"spine1\"\naddrs = [\"fd00::77\"]\n", with_head(rnics)));
+        assert_eq!(e.field, "spine[1].addrs[0]");
+        assert!(e.problem.contains("is also the GID of RNIC h0/mlx5_0 (host[0].rnic[0].gid at line 12)"), "{e}");
+    }
+
+    #[test]
     fn load_reads_the_file_and_names_a_missing_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("inventory.toml");
@@ -1071,6 +1266,7 @@ mod tests {
     prop_compose! {
         fn arb_inventory()(
             tor_prefixes in proptest::collection::vec(name_prefix(), 1..5),
+            switch_addr_counts in proptest::collection::vec((0..3usize, any::<bool>()), 8),
             rails in any::<bool>(),
             rail_values in proptest::collection::vec(any::<u16>(), 5),
             spine_prefixes in proptest::collection::vec(name_prefix(), 0..3),
@@ -1088,14 +1284,30 @@ mod tests {
                 counter += 1;
                 format!("{prefix}-{counter}")
             };
+            // Switch addresses from their own ranges (172.16/16, fd01::/16), unlike the RNICs'.
+            let mut switch_address = 0u32;
+            let mut counts = switch_addr_counts.iter().copied();
+            let mut addrs = || -> Vec<IpAddr> {
+                let (n, v6) = counts.next().unwrap_or((0, false));
+                (0..n)
+                    .map(|_| {
+                        switch_address += 1;
+                        if v6 {
+                            IpAddr::V6(Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, switch_address as u16))
+                        } else {
+                            IpAddr::V4(Ipv4Addr::from(0xac10_0000 + switch_address))
+                        }
+                    })
+                    .collect()
+            };
             let tors: Vec<Tor> = tor_prefixes
                 .iter()
                 .enumerate()
-                .map(|(i, p)| Tor { name: unique(p), rail: rails.then(|| rail_values[i]) })
+                .map(|(i, p)| Tor { name: unique(p), rail: rails.then(|| rail_values[i]), addrs: addrs() })
                 .collect();
             let spines: Vec<Spine> = spine_prefixes
                 .iter()
-                .map(|p| Spine { name: unique(p) })
+                .map(|p| Spine { name: unique(p), addrs: addrs() })
                 .collect();
             let mut links = Vec::new();
             let mut pick = link_picks.iter();

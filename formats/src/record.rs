@@ -201,13 +201,19 @@ const _: () = {
 pub enum EndpointRole {
     /// An RNIC (or, for the UDP transport, a probing address).
     Rnic = 0,
-    /// A switch seen in path traces.
+    /// A switch seen in path traces. Simulated traces name it (`spine2`) and leave `addr` zero;
+    /// the agent's traces know only the address that answered (`name` is that address as text,
+    /// `addr` the address, IPv4-mapped) and `analyze` maps it to a switch through the inventory.
     Switch = 1,
     /// A traced service connection (an RDMA QP of a job on this host, discovered by the `bpf`
     /// tracer): its probes follow the connection's own GIDs and flow label. `name` is unique per
     /// connection, `tor` and `addr` are the remote end's, and [`Endpoint::service`] says which
     /// connection it is.
     Service = 2,
+    /// An address that probed this agent and is not in its pinglist, seen by a path trace of
+    /// the answers to it (the ACK path). `name` is the address as text and `addr` the address;
+    /// `analyze` names it after the RNIC whose own segments declare that address.
+    Peer = 3,
 }
 
 /// One entry of a segment's dictionary: who a compact id in the records stands for.

@@ -5,7 +5,12 @@
 //! The simulator turns a scenario (`rocemesh_formats::scenario`) into the segment files every
 //! agent of that fabric would have written, through `rocemesh_formats::segment::SegmentWriter`,
 //! the writer the agent uses, so analysis reads simulated and real data by the same code.
+//!
+//! [`clos`] (issue 15) runs real agents on the UDP transport in a two-tier Clos fabric of
+//! network namespaces on the host kernel, injects faults on a timeline and scores `analyze`'s
+//! findings as the simulator's accuracy suite does.
 
+pub mod clos;
 mod fabric;
 pub mod rxefabric;
 pub mod rxelab;

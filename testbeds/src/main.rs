@@ -13,7 +13,7 @@ use rocemesh_testbeds::rxevm::{self, PhaseTimes, VmError, VmOptions};
 /// Simulate fault scenarios and score fault localisation; run real verbs in a soft-RoCE VM.
 ///
 /// Exit codes: 0 done; 1 ran and found a problem: `score`'s findings fall below
-/// --min-precision/--min-recall, an `rxe-fabric smoke` or `rxe-lab run` check failed, or the
+/// --min-precision/--min-recall, an `rxe-fabric smoke`, `rxe-lab run` or `clos` check failed, or the
 /// command `rxe-vm` ran exited nonzero; 2 could not run (bad scenario, unwritable output, or the
 /// VM could not be prepared, did not boot, died, or was killed by its timeout).
 #[derive(Parser, Debug)]
@@ -128,6 +128,33 @@ enum What {
         /// bench: probes per second offered in the rate run.
         #[arg(long, default_value_t = 20_000.0)]
         flood_pps: f64,
+    },
+    /// Issue 15, as root on this host's kernel (no RDMA, no VM): a two-tier Clos fabric of
+    /// network namespaces (2 spines, 4 ToRs, 3 hosts each; routed, ECMP over the spines), one
+    /// UDP agent per host, pinglists from ctl, faults on a timeline (a host port down, a lossy
+    /// link, a lossy spine, an agent killed and restarted, a stalling host), `analyze localize`
+    /// scored against the run's scenario, and with path tracing the traces checked against the
+    /// kernel's ECMP choice. Exit 1 if a check fails. Everything it made is removed on exit.
+    Clos {
+        /// Configs, logs, segments, inventory, scenario, findings and result.json.
+        #[arg(long, default_value = "out/clos")]
+        out: PathBuf,
+        /// Directory holding the agent, ctl and analyze binaries [default: this executable's].
+        #[arg(long)]
+        bin: Option<PathBuf>,
+        /// Analysis window (s); each fault lasts 3 windows.
+        #[arg(long, default_value_t = 10)]
+        window_s: u64,
+        /// Whether the agents trace paths (`auto`: when the agent accepts [path_tracing]).
+        #[arg(long, value_enum, default_value_t = rocemesh_testbeds::clos::PathTracing::Auto)]
+        path_tracing: rocemesh_testbeds::clos::PathTracing,
+        /// Only the fabric, the agents with path tracing for 6 windows, and the check of the
+        /// traces against the kernel's routes; no faults, no analyze.
+        #[arg(long)]
+        check_traces: bool,
+        /// Remove the namespaces of earlier runs whose testbeds is gone, and exit.
+        #[arg(long)]
+        cleanup: bool,
     },
 }
 
@@ -311,6 +338,32 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(rxevm::exit_code(status))
         }
         What::RxeFabric(f) => fabric(f),
+        What::Clos { out, bin, window_s, path_tracing, check_traces, cleanup } => {
+            use rocemesh_testbeds::clos;
+            if cleanup {
+                let removed = clos::cleanup()?;
+                println!(
+                    "clos: removed {} stale namespaces{}",
+                    removed.len(),
+                    if removed.is_empty() { String::new() } else { format!(": {}", removed.join(" ")) }
+                );
+                return Ok(0);
+            }
+            let bin = match bin {
+                Some(b) => b,
+                None => std::env::current_exe()
+                    .context("locating this executable")?
+                    .parent()
+                    .context("this executable has no directory")?
+                    .to_path_buf(),
+            };
+            let mut opts = clos::ClosOptions::new(out, bin);
+            opts.window_s = window_s;
+            opts.path_tracing = path_tracing;
+            let r = if check_traces { clos::check_traces(&opts)? } else { clos::run(&opts)? };
+            print!("{}", r.render());
+            Ok(if r.passed() { 0 } else { 1 })
+        }
         What::RxeLab { what, lab, bin, window_s, bench_s, flood_pps } => {
             let mut opts = rocemesh_testbeds::rxelab::LabOptions::new(lab, bin);
             opts.window_s = window_s;

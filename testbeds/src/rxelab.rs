@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -83,7 +83,7 @@ pub struct Check {
 
 impl Check {
     /// A check that passes when `found` is empty, and otherwise lists it.
-    fn none_of(name: &str, found: &[String]) -> Check {
+    pub(crate) fn none_of(name: &str, found: &[String]) -> Check {
         let detail = if found.is_empty() { "none".into() } else { found.join(", ") };
         Check { name: name.into(), ok: found.is_empty(), detail }
     }
@@ -191,7 +191,7 @@ fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
@@ -264,26 +264,41 @@ fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child>
     };
     std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
     let log = std::fs::File::create(dir.join(format!("{}.log", s.host)))?;
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", s.host]).arg(agent).arg("run");
-    if let Some(d) = s.duration_s {
-        cmd.args(["--duration-s", &d.to_string()]);
-    }
-    cmd.arg("--config")
-        .arg(&cfg)
-        .env("RUST_LOG", s.rust_log)
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
-        .spawn()
+    spawn_agent(agent, s.host, &cfg, log, s.rust_log, s.duration_s)
         .with_context(|| format!("starting the agent of {}", s.host))
 }
 
-struct Agents {
-    children: Vec<(String, Child)>,
+/// `agent run --config <cfg>` in network namespace `netns`, stdout and stderr to `log`.
+pub(crate) fn spawn_agent(
+    agent: &Path,
+    netns: &str,
+    cfg: &Path,
+    log: std::fs::File,
+    rust_log: &str,
+    duration_s: Option<u64>,
+) -> anyhow::Result<Child> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns]).arg(agent).arg("run");
+    if let Some(d) = duration_s {
+        cmd.args(["--duration-s", &d.to_string()]);
+    }
+    Ok(cmd
+        .arg("--config")
+        .arg(cfg)
+        .env("RUST_LOG", rust_log)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()?)
+}
+
+/// Running agents by host name; killed when dropped.
+pub(crate) struct Agents {
+    pub(crate) children: Vec<(String, Child)>,
 }
 
 impl Agents {
-    fn stop(&mut self) {
+    /// SIGTERM to every agent, then wait up to 20 s for each (SIGKILL after that).
+    pub(crate) fn stop(&mut self) {
         for (_, c) in &mut self.children {
             // SAFETY: sending SIGTERM to a child we spawned (its pid is live until we wait).
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
@@ -313,7 +328,7 @@ impl Agents {
 }
 
 impl Agents {
-    fn pid(&self, host: &str) -> Option<u32> {
+    pub(crate) fn pid(&self, host: &str) -> Option<u32> {
         self.children.iter().find(|(h, _)| h == host).map(|(_, c)| c.id())
     }
 
@@ -348,20 +363,15 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let inventory = lab.join("inventory.toml");
     rxefabric::write_inventory(&inv, &inventory)?;
     let bin = |name: &str| opts.bin.join(name);
-    let status = Command::new(bin("ctl"))
-        .args(["gen-pinglists", "--inventory"])
-        .arg(&inventory)
-        .arg("--out")
-        .arg(lab.join("pinglists"))
-        .args(["--seed", "7", "--inter-tor-peers", "2", "--timeout-ms", "1000"])
-        .args(["--probe-port", &AGENT_PORT.to_string()])
-        .args(["--tor-mesh-rate-pps", &opts.tor_mesh_pps.to_string()])
-        .args(["--inter-tor-rate-pps", &opts.inter_tor_pps.to_string()])
-        .status()
-        .context("running ctl gen-pinglists")?;
-    if !status.success() {
-        bail!("ctl gen-pinglists failed ({status})");
-    }
+    gen_pinglists(
+        &bin("ctl"),
+        &inventory,
+        &lab.join("pinglists"),
+        2,
+        opts.tor_mesh_pps,
+        opts.inter_tor_pps,
+        &["--timeout-ms", "1000"],
+    )?;
     // Inject each fault once before the agents start: the guest loads tc's modules (clsact,
     // flower, netem) on first use, and a module load under TCG freezes the whole VM for about a
     // second, which analyze rightly reads as every host stalling at once.
@@ -471,14 +481,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
 
     // Verdicts.
     let records = read_records(&lab.join("segments"))?;
-    let out = Command::new(bin("analyze"))
-        .args(["localize", "--format", "json", "--window-s", &opts.window_s.to_string(), "--inventory"])
-        .arg(&inventory)
-        .arg(lab.join("segments"))
-        .output()
-        .context("running analyze localize")?;
-    std::fs::write(lab.join("localize.json"), &out.stdout)?;
-    std::fs::write(lab.join("localize.stderr"), &out.stderr)?;
+    let out = localize(&bin("analyze"), opts.window_s, &inventory, lab)?;
     let findings: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))?;
     let mut checks = verdicts(&phases, &records, &findings, removed, &removed_rnic, w);
@@ -490,6 +493,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         &lossy_link,
         perftest_ended_ns,
     )?);
+    checks.push(verbs_trace_check(&lab.join("segments"), &inventory)?);
     let storm_log_path = lab.join("agents").join(format!("{storm_host}.log"));
     let storm_log =
         std::fs::read_to_string(&storm_log_path).with_context(|| format!("reading {}", storm_log_path.display()))?;
@@ -517,6 +521,109 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let result = LabResult { phases, checks, records: records.len() as u64, findings, services };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
     Ok(result)
+}
+
+/// The verbs agents' path traces: every one names, through the inventory's switch addresses,
+/// exactly the path the routed fabric has between its two ends (source ToR, spine, destination
+/// ToR); the detail says how many (source, destination) pairs were traced.
+fn verbs_trace_check(segments: &Path, inventory: &Path) -> anyhow::Result<Check> {
+    let inv = rocemesh_formats::inventory::Inventory::load(inventory)?;
+    let switch = inv.switch_addrs();
+    let tor_of_addr: std::collections::HashMap<[u8; 16], (String, String)> = inv
+        .hosts
+        .iter()
+        .flat_map(|h| h.rnics.iter().map(move |r| (r, h)))
+        .map(|(r, h)| (rocemesh_formats::gid::gid_bytes(r.ip), (format!("{}/{}", h.name, r.device), r.tor.clone())))
+        .collect();
+    let tor_of_name: std::collections::HashMap<String, String> = tor_of_addr.values().cloned().collect();
+    let (mut traces, mut wrong) = (0u64, Vec::new());
+    let mut pairs = std::collections::BTreeSet::new();
+    for f in segment_files(segments)? {
+        let r = SegmentReader::open(&f).with_context(|| format!("reading {}", f.display()))?;
+        let dict = r.dictionary();
+        // An entry's RNIC and ToR: by name (pinglist targets, the writer itself) or by address.
+        let end = |id: u32| -> Option<(String, String)> {
+            let e = dict.get(id as usize)?;
+            match tor_of_name.get(&e.name) {
+                Some(t) => Some((e.name.clone(), t.clone())),
+                None => tor_of_addr.get(&e.addr).cloned(),
+            }
+        };
+        for p in r.path_records() {
+            traces += 1;
+            let (Some(src), Some(dst)) = (end(p.src.to_native()), end(p.dst.to_native())) else {
+                wrong.push(format!("{}: a trace whose ends are not RNICs of the inventory", f.display()));
+                continue;
+            };
+            let n = (p.hop_count.to_native() as usize).min(p.hops.len());
+            let hops: Vec<String> = p.hops[..n]
+                .iter()
+                .map(|h| {
+                    let e = dict.get(h.to_native() as usize);
+                    e.and_then(|e| switch.get(&e.addr).map(|s| s.to_string()))
+                        .unwrap_or_else(|| format!("unmapped {}", e.map_or("?", |e| e.name.as_str())))
+                })
+                .collect();
+            let want = vec![src.1.clone(), rxefabric::SPINE.to_string(), dst.1.clone()];
+            if hops != want {
+                wrong.push(format!("{} -> {} label {}: {hops:?}, not {want:?}", src.0, dst.0, p.flow_label));
+            }
+            pairs.insert((src.0, dst.0));
+        }
+    }
+    let ok = traces > 0 && wrong.is_empty();
+    let mut detail = format!("{traces} traces over {} (source, destination) RNIC pairs", pairs.len());
+    if !wrong.is_empty() {
+        detail.push_str(&format!(
+            "; {} wrong: {}",
+            wrong.len(),
+            wrong.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    Ok(Check { name: "verbs_path_traces".into(), ok, detail })
+}
+
+/// `ctl gen-pinglists` from `inventory` into `out` (seed 7): each RNIC probes `inter_tor_peers`
+/// other ToRs, every target on [`AGENT_PORT`]; `extra` are more ctl flags.
+pub(crate) fn gen_pinglists(
+    ctl: &Path,
+    inventory: &Path,
+    out: &Path,
+    inter_tor_peers: u32,
+    tor_mesh_pps: f64,
+    inter_tor_pps: f64,
+    extra: &[&str],
+) -> anyhow::Result<()> {
+    let status = Command::new(ctl)
+        .args(["gen-pinglists", "--inventory"])
+        .arg(inventory)
+        .arg("--out")
+        .arg(out)
+        .args(["--seed", "7", "--inter-tor-peers", &inter_tor_peers.to_string()])
+        .args(extra)
+        .args(["--probe-port", &AGENT_PORT.to_string()])
+        .args(["--tor-mesh-rate-pps", &tor_mesh_pps.to_string()])
+        .args(["--inter-tor-rate-pps", &inter_tor_pps.to_string()])
+        .status()
+        .context("running ctl gen-pinglists")?;
+    if !status.success() {
+        bail!("ctl gen-pinglists failed ({status})");
+    }
+    Ok(())
+}
+
+/// `analyze localize --format json` over `<dir>/segments`; its stdout and stderr are kept as
+/// `<dir>/localize.json` and `<dir>/localize.stderr`.
+pub(crate) fn localize(analyze: &Path, window_s: u64, inventory: &Path, dir: &Path) -> anyhow::Result<Output> {
+    let out = Command::new(analyze)
+        .args(["localize", "--format", "json", "--window-s", &window_s.to_string(), "--inventory"])
+        .arg(inventory)
+        .arg(dir.join("segments"))
+        .output()
+        .context("running analyze localize")?;
+    std::fs::write(dir.join("localize.json"), &out.stdout)?;
+    std::fs::write(dir.join("localize.stderr"), &out.stderr)?;
+    Ok(out)
 }
 
 /// A probe, with names instead of file-local ids.

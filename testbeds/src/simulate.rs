@@ -178,9 +178,13 @@ pub fn simulate(scenario: &Scenario, out: &Path, threads: usize) -> Result<SimSu
 fn inventory_of(f: &Fabric) -> Inventory {
     let t = &f.scenario.topology;
     let tors = (0..t.tors)
-        .map(|i| inventory::Tor { name: format!("tor{i}"), rail: t.rail_optimised.then_some(i as u16) })
+        .map(|i| inventory::Tor {
+            name: format!("tor{i}"),
+            rail: t.rail_optimised.then_some(i as u16),
+            addrs: Vec::new(),
+        })
         .collect();
-    let spines = (0..t.spines).map(|j| inventory::Spine { name: format!("spine{j}") }).collect();
+    let spines = (0..t.spines).map(|j| inventory::Spine { name: format!("spine{j}"), addrs: Vec::new() }).collect();
     let links = (0..t.tors)
         .flat_map(|i| (0..t.spines).map(move |j| inventory::Link { a: format!("tor{i}"), b: format!("spine{j}") }))
         .collect();

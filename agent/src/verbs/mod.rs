@@ -30,6 +30,7 @@
 
 use std::io;
 use std::mem::zeroed;
+use std::net::{IpAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::ptr::null_mut;
 
@@ -39,6 +40,7 @@ use rocemesh_formats::record::TsSource;
 
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
+use crate::pathtrace::WireTuple;
 use crate::protocol::PACKET_BYTES;
 use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
@@ -164,6 +166,8 @@ pub struct VerbsTransport {
     errors: ErrorLog<5>,
     /// Descriptors to wait on: completion channel, CM channel, async events. -1 = none.
     fds: [RawFd; 3],
+    /// A software RoCE device (rxe): its UDP source port is the QP's, not the flow label's.
+    soft_roce: bool,
 }
 
 impl std::fmt::Debug for VerbsTransport {
@@ -192,7 +196,10 @@ impl VerbsTransport {
                 Box::new(zeroed::<[ffi::ibv_sge; BATCH]>()),
             )
         };
+        // rxe (and siw) have a `parent` netdev attribute; hardware RNICs do not.
+        let soft_roce = cfg.sysfs.join("class/infiniband").join(&cfg.device).join("parent").exists();
         let mut t = Self {
+            soft_roce,
             res: None,
             cm: None,
             peers: Peers::new(MAX_DESTS),
@@ -539,6 +546,18 @@ struct Completions {
 
 /// Up to [`BATCH`] completions of a live `cq` into `out`: `ibv_poll_cq` for a plain CQ; for an
 /// extended one (created with `clock`'s stamps) the `start_poll`/`next_poll` loop, which only
+/// The IANA port of RoCEv2.
+const ROCE_V2_UDP_PORT: u16 = 4791;
+
+/// The UDP source port rxe gives every packet of a QP that has no address vector of its own (a
+/// UD QP: the flow label of its address handles does not change it): `RXE_ROCE_V2_SPORT +
+/// (hash_32(qpn, 14) & 0x3fff)` (drivers/infiniband/sw/rxe/rxe_qp.c).
+fn rxe_udp_sport(qpn: u32) -> u16 {
+    const GOLDEN_RATIO_32: u32 = 0x61C8_8647;
+    let hash14 = qpn.wrapping_mul(GOLDEN_RATIO_32) >> (32 - 14);
+    0xC000 + (hash14 & 0x3FFF) as u16
+}
+
 /// devices that report completion timestamps get (it corrupts rxe's CQ on rdma-core 44).
 fn poll_cq(cq: *mut ffi::ibv_cq, clock: Option<Clock>, out: &mut Completions) -> Polled {
     let Some(clock) = clock else {
@@ -915,6 +934,24 @@ impl Transport for VerbsTransport {
         self.drain_cm(now_ns);
         self.drive_resolutions(now_ns);
         self.try_reopen(now_ns);
+    }
+
+    fn wire_tuple(&self, to: &VerbsAddr, flow_label: u32, _answer: bool) -> Option<WireTuple> {
+        let IpAddr::V4(src) = self.cfg.bind.ip() else { return None };
+        let IpAddr::V4(dst) = ip_of(&to.gid) else { return None };
+        let sport = if self.soft_roce {
+            rxe_udp_sport(self.qpn()?)
+        } else if flow_label != 0 {
+            rocemesh_bpf::flow_label_to_udp_sport(flow_label)
+        } else {
+            // mlx5 gives an address handle without a label a random port: nothing to copy.
+            return None;
+        };
+        Some(WireTuple {
+            src: SocketAddrV4::new(src, sport),
+            dst: SocketAddrV4::new(dst, ROCE_V2_UDP_PORT),
+            tos: self.cfg.traffic_class,
+        })
     }
 
     fn answers_from(&self, probed: &VerbsAddr, from: &VerbsAddr) -> bool {

@@ -83,8 +83,12 @@ fn fabric(tors: &[Option<u16>], hosts: &[Vec<usize>], spines: usize) -> Inventor
     let mut address = 0u32;
     let inv = Inventory {
         version: 1,
-        tors: tors.iter().enumerate().map(|(i, &rail)| Tor { name: format!("tor{i}"), rail }).collect(),
-        spines: (0..spines).map(|i| Spine { name: format!("spine{i}") }).collect(),
+        tors: tors
+            .iter()
+            .enumerate()
+            .map(|(i, &rail)| Tor { name: format!("tor{i}"), rail, addrs: Vec::new() })
+            .collect(),
+        spines: (0..spines).map(|i| Spine { name: format!("spine{i}"), addrs: Vec::new() }).collect(),
         links: Vec::new(),
         hosts: hosts
             .iter()
