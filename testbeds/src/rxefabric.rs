@@ -2,13 +2,11 @@
 //! hosts each, one soft-RoCE RNIC per host, faults on demand, and the verbs tools run across it.
 //!
 //! Layout. Every host is a network namespace named after it (`tor1-h2`) with one veth, `eth0`,
-//! addressed `10.0.<tor>.<host+1>/24`, default route via its ToR; every ToR is a namespace
-//! (`tor1`), a router: a bridge `br0` with the hosts' peers (`h0`, `h1`, ...) and the gateway
-//! address `10.0.<tor>.254`, and a routed uplink veth `uplink` (`172.16.<tor>.1/31`); the spine
-//! is a router namespace (`spine0`) with one routed link per ToR (`172.16.<tor>.0/31`, named after
-//! the ToR). Routed rather than bridged so that the agents' path traces see the ToRs and the spine
-//! (a bridge does not decrement the TTL); traffic between ToRs crosses both ToRs' uplinks, where
-//! [`uplink_loss`] applies netem. Each host's RNIC is the rxe device
+//! addressed `10.0.<tor>.<host+1>/16`; every ToR is a namespace (`tor1`) holding a bridge `br0`
+//! with the hosts' peers (`h0`, `h1`, ...) and an uplink veth `uplink`; the spine is a namespace
+//! (`spine0`) whose bridge joins the ToRs' uplinks (the spine-side ends are named after the ToRs).
+//! One /16 is one L2 domain, so every host reaches every other, and traffic between ToRs crosses
+//! both ToRs' uplinks, where [`uplink_loss`] applies netem. Each host's RNIC is the rxe device
 //! `rxe_<host>` on its eth0. rdma's default "shared" netns mode shows every device in every
 //! namespace (the "exclusive" mode would break rdma_cm), hence device names that say whose they are.
 //!
@@ -78,27 +76,9 @@ impl Layout {
         Ipv4Addr::new(10, 0, t as u8, h as u8 + 1)
     }
 
-    /// ToR `t`'s address on its hosts' subnet (their default gateway).
-    pub fn tor_gateway(t: u32) -> Ipv4Addr {
-        Ipv4Addr::new(10, 0, t as u8, 254)
-    }
-
-    /// The two ends of ToR `t`'s uplink, a /31: (spine side, ToR side).
-    pub fn uplink_ips(t: u32) -> (Ipv4Addr, Ipv4Addr) {
-        (Ipv4Addr::new(172, 16, t as u8, 0), Ipv4Addr::new(172, 16, t as u8, 1))
-    }
-
     /// The inventory of this layout, every RNIC with `gid_index`.
     pub fn inventory(&self, gid_index: u16) -> Inventory {
-        // Every router address, so that `analyze` names the hops of the agents' path traces.
-        let tors = (0..self.tors)
-            .map(|t| Tor {
-                name: Self::tor_name(t),
-                rail: None,
-                addrs: vec![Self::tor_gateway(t).into(), Self::uplink_ips(t).1.into()],
-            })
-            .collect();
-        let spine_addrs = (0..self.tors).map(|t| Self::uplink_ips(t).0.into()).collect();
+        let tors = (0..self.tors).map(|t| Tor { name: Self::tor_name(t), rail: None, addrs: Vec::new() }).collect();
         let links = (0..self.tors).map(|t| Link { a: Self::tor_name(t), b: SPINE.to_string() }).collect();
         let hosts = (0..self.tors)
             .flat_map(|t| (0..self.hosts_per_tor).map(move |h| (t, h)))
@@ -120,7 +100,7 @@ impl Layout {
         Inventory {
             version: inventory::VERSION,
             tors,
-            spines: vec![Spine { name: SPINE.to_string(), addrs: spine_addrs }],
+            spines: vec![Spine { name: SPINE.to_string(), addrs: Vec::new() }],
             links,
             hosts,
         }
@@ -197,35 +177,24 @@ pub fn up(layout: Layout) -> anyhow::Result<Inventory> {
 
 fn build(layout: Layout) -> anyhow::Result<Inventory> {
     ip(&["netns", "add", SPINE])?;
-    ip(&["-n", SPINE, "link", "set", "lo", "up"])?;
-    router(SPINE)?;
+    bridge(SPINE)?;
     for t in 0..layout.tors {
         let tor = Layout::tor_name(t);
         ip(&["netns", "add", &tor])?;
         bridge(&tor)?;
-        router(&tor)?;
-        let gateway = format!("{}/24", Layout::tor_gateway(t));
-        ip(&["-n", &tor, "addr", "add", &gateway, "dev", "br0"])?;
-        // Routed uplinks: a bridge would hide the ToR and the spine from path traces.
-        let (spine_ip, tor_ip) = Layout::uplink_ips(t);
         ip(&["link", "add", UPLINK, "netns", &tor, "type", "veth", "peer", "name", &tor, "netns", SPINE])?;
-        ip(&["-n", &tor, "addr", "add", &format!("{tor_ip}/31"), "dev", UPLINK])?;
-        ip(&["-n", SPINE, "addr", "add", &format!("{spine_ip}/31"), "dev", &tor])?;
-        ip(&["-n", &tor, "link", "set", UPLINK, "up"])?;
-        ip(&["-n", SPINE, "link", "set", &tor, "up"])?;
-        ip(&["-n", &tor, "route", "add", "10.0.0.0/16", "via", &spine_ip.to_string()])?;
-        ip(&["-n", SPINE, "route", "add", &format!("10.0.{t}.0/24"), "via", &tor_ip.to_string()])?;
+        ip(&["-n", &tor, "link", "set", UPLINK, "master", "br0", "up"])?;
+        ip(&["-n", SPINE, "link", "set", &tor, "master", "br0", "up"])?;
         for h in 0..layout.hosts_per_tor {
             let host = Layout::host_name(t, h);
             let port = format!("h{h}");
-            let addr = format!("{}/24", Layout::host_ip(t, h));
+            let addr = format!("{}/16", Layout::host_ip(t, h));
             ip(&["netns", "add", &host])?;
             ip(&["link", "add", "eth0", "netns", &host, "type", "veth", "peer", "name", &port, "netns", &tor])?;
             ip(&["-n", &tor, "link", "set", &port, "master", "br0", "up"])?;
             ip(&["-n", &host, "addr", "add", &addr, "dev", "eth0"])?;
             ip(&["-n", &host, "link", "set", "lo", "up"])?;
             ip(&["-n", &host, "link", "set", "eth0", "up"])?;
-            ip(&["-n", &host, "route", "add", "default", "via", &Layout::tor_gateway(t).to_string()])?;
             add_rxe(&host)?;
         }
     }
@@ -243,16 +212,6 @@ fn bridge(ns: &str) -> anyhow::Result<()> {
     ip(&["-n", ns, "link", "add", "br0", "type", "bridge"])?;
     ip(&["-n", ns, "link", "set", "lo", "up"])?;
     ip(&["-n", ns, "link", "set", "br0", "up"])?;
-    Ok(())
-}
-
-/// Forwarding on, and ICMP errors not rate-limited: Linux sends at most one per peer and second
-/// by default, which would starve the agents' path traces.
-fn router(ns: &str) -> anyhow::Result<()> {
-    for (key, value) in [("net.ipv4.ip_forward", "1"), ("net.ipv4.icmp_ratelimit", "0")] {
-        run("ip", &["netns", "exec", ns, "sysctl", "-qw", &format!("{key}={value}")])
-            .with_context(|| format!("setting {key} in {ns}"))?;
-    }
     Ok(())
 }
 
