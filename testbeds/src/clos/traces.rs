@@ -159,23 +159,18 @@ pub struct HostPorts {
     pub source: &'static str,
 }
 
-/// `flow_label=L ... source_port=P` (or `sport=P`) lines of an agent's log; the last one of a
-/// label wins.
+/// The UDP transport's plan as the agent logs it at every change: `labels=L:P,L:P,...` on its
+/// "flow label source ports (label:port)" lines; a later line of a label wins.
 pub fn ports_from_log(log: &str) -> HashMap<u32, u16> {
     let mut out = HashMap::new();
-    for line in log.lines() {
-        let mut label = None;
-        let mut port = None;
-        for w in line.split_whitespace() {
-            let w = w.trim_matches(|c: char| c == ',' || c == '}' || c == '{');
-            if let Some(v) = w.strip_prefix("flow_label=") {
-                label = v.parse::<u32>().ok();
-            } else if let Some(v) = w.strip_prefix("source_port=").or_else(|| w.strip_prefix("sport=")) {
-                port = v.parse::<u16>().ok();
+    for line in log.lines().filter(|l| l.contains("flow label source ports")) {
+        let Some(plan) = line.split_whitespace().find_map(|w| w.strip_prefix("labels=")) else { continue };
+        for pair in plan.split(',') {
+            if let Some((l, p)) = pair.split_once(':')
+                && let (Ok(l), Ok(p)) = (l.parse::<u32>(), p.parse::<u16>())
+            {
+                out.insert(l, p);
             }
-        }
-        if let (Some(l), Some(p)) = (label, port) {
-            out.insert(l, p);
         }
     }
     out
@@ -416,12 +411,12 @@ mod tests {
 
     #[test]
     fn ports_are_read_from_log_lines() {
-        let log = "2026-01-01T00:00:00Z  INFO rocemesh_agent::udp: source port device=rnic0 flow_label=17 source_port=40001\n\
-                   2026-01-01T00:00:00Z  INFO x: y flow_label=18, sport=40002}\n\
-                   INFO other: flow_label=19\n";
+        let log = "2026-01-01T00:00:00Z  INFO rocemesh_agent::udp: flow label source ports (label:port) local=10.0.0.1:18600 labels=17:40001,18:40009\n\
+                   2026-01-01T00:00:01Z  INFO rocemesh_agent::udp: flow label source ports (label:port) local=10.0.0.1:18600 labels=18:40002\n\
+                   INFO other: labels=19:1\n";
         let m = ports_from_log(log);
         assert_eq!(m.get(&17), Some(&40001));
-        assert_eq!(m.get(&18), Some(&40002));
+        assert_eq!(m.get(&18), Some(&40002), "the later plan wins");
         assert_eq!(m.len(), 2);
     }
 
