@@ -128,6 +128,10 @@ pub struct LocalizeArgs {
     /// Quiet windows after which a finding closes (hysteresis: a flap stays one finding).
     #[arg(long, default_value_t = 3)]
     pub close_after_quiet_windows: u64,
+    /// False-discovery rate the loss and slowness candidates are held to over every (element,
+    /// window) tested (Benjamini-Hochberg): lower it to name fewer, surer elements.
+    #[arg(long, default_value_t = 0.01, value_parser = parse_fdr)]
+    pub fdr: f64,
     /// The fabric's inventory (ctl's file). Probes between ToRs that share exactly one spine
     /// then vote on that path's links and spine even without path traces, traced connections
     /// whose agent did not know the remote RNIC get it from the remote GID, and the hops of the
@@ -138,6 +142,14 @@ pub struct LocalizeArgs {
     /// SLA a traced service's own probes are judged by (its loss ratio marks a bad window).
     #[command(flatten)]
     pub sla: SlaArgs,
+}
+
+/// `--fdr`: a rate strictly between 0 and 1.
+fn parse_fdr(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x > 0.0 && x < 1.0 => Ok(x),
+        _ => Err(format!("{v:?} is not a rate between 0 and 1 (exclusive); e.g. 0.01")),
+    }
 }
 
 /// Finds and reads the inputs; `Err(code)` when there is nothing to read (already said why).
@@ -411,6 +423,7 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
     let opts = crate::localize::Options {
         window_s: args.window_s,
         close_after_quiet_windows: args.close_after_quiet_windows,
+        fdr: args.fdr,
         sla,
         ..crate::localize::Options::default()
     };

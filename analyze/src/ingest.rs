@@ -953,22 +953,19 @@ fn fill(
     (agent, unknown_ids)
 }
 
-/// Long send-time gaps of one prober's records (in send order), and its median spacing.
+/// Long send-time gaps of one prober's records, and its median spacing. Records are in the
+/// order the agent finalised them, not of T1: a lost probe is written a timeout after it was
+/// sent, behind probes sent later. So gaps are measured on the send times sorted, whatever order
+/// the file holds them in; a gap measured in file order (even against the latest T1 seen) put a
+/// timeout-long "frozen host" on every RNIC whose outage ended, because the first ok probe after
+/// it is written before the lost ones sent just before it.
 fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
     if t1.len() < 3 {
         return (Vec::new(), 0);
     }
-    // Records are in the order the agent finalised them, not of T1: a lost probe is written a
-    // timeout after it was sent, behind probes sent later. Gaps are measured against the latest
-    // T1 seen so far, or every loss would look like a send gap as long as the timeout.
-    let mut steps: Vec<(u64, u64)> = Vec::with_capacity(t1.len());
-    let mut latest = t1[0];
-    for &t in &t1[1..] {
-        if t > latest {
-            steps.push((latest, t - latest));
-            latest = t;
-        }
-    }
+    let mut sorted = t1.to_vec();
+    sorted.sort_unstable();
+    let steps: Vec<(u64, u64)> = sorted.windows(2).filter(|p| p[1] > p[0]).map(|p| (p[0], p[1] - p[0])).collect();
     if steps.is_empty() {
         return (Vec::new(), 0);
     }
@@ -1002,6 +999,28 @@ mod tests {
         ds.paths.insert((1, 0, 7), vec![2, 1, 0]);
         assert_eq!(ds.path_at(&(1, 0, 7), 0), Some(&vec![2, 1, 0]));
         assert_eq!(ds.path_at(&(5, 0, 7), 0), None);
+    }
+
+    /// Issue 17's real-fabric report: an RNIC's port comes back after an outage. Every probe of
+    /// the outage is written a 500 ms timeout after it was sent; the first ok probe after the
+    /// outage is written at once, ahead of the lost ones sent in the 500 ms before it. Its agent
+    /// never stopped sending, so there is no send gap.
+    #[test]
+    fn the_first_ok_probe_after_an_outage_is_not_a_send_gap() {
+        let spacing = 20_000_000u64;
+        let timeout = 500_000_000u64;
+        // (T1, written at): lost probes from 0 to 2 s, ok ones after.
+        let mut written: Vec<(u64, u64)> = (0..200u64)
+            .map(|i| {
+                let t1 = i * spacing;
+                let lost = t1 < 2_000_000_000;
+                (t1, if lost { t1 + timeout } else { t1 + 50_000 })
+            })
+            .collect();
+        written.sort_by_key(|w| w.1);
+        let t1: Vec<u64> = written.iter().map(|w| w.0).collect();
+        assert_ne!(t1.windows(2).filter(|p| p[1] < p[0]).count(), 0, "the file is out of send order");
+        assert_eq!(gaps(&t1), (Vec::new(), spacing));
     }
 
     #[test]

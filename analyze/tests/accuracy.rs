@@ -9,21 +9,26 @@ use std::path::{Path, PathBuf};
 use rocemesh_analyze::ingest::ingest;
 use rocemesh_analyze::inspect::find_segments;
 use rocemesh_analyze::localize::{Options, localize};
-use rocemesh_formats::scenario::{FaultKind, Scenario};
-use rocemesh_testbeds::score::{Finding, Score, on_host, score};
+use rocemesh_formats::scenario::{Fault, FaultKind, Scenario};
+use rocemesh_testbeds::score::{FaultScore, Finding, Score, on_host, score};
 
-// Issue 6 asks for 0.95 / 0.90 at least; the bar is raised to what analyze now reaches on seeds it
-// was not tuned on (seeds 9-16 measured precision 0.986, recall 1.000 before the last fix).
-const MIN_PRECISION: f64 = 0.97;
-const MIN_RECALL: f64 = 0.97;
+// Issue 17's bar, over a suite in which half the faults are faint (0.1-1% loss, RTT up by 2-10x
+// the fleet's p99, 1-2 s flaps).
+const MIN_PRECISION: f64 = 0.98;
+const MIN_RECALL: f64 = 0.95;
 
 fn run(s: &Scenario) -> (Score, Vec<Finding>) {
+    run_with(s, s.window_s)
+}
+
+/// Simulates `s` and localises it with `window_s` windows (the scenario's own for scoring).
+fn run_with(s: &Scenario, window_s: u64) -> (Score, Vec<Finding>) {
     let dir = tempfile::tempdir().unwrap();
     rocemesh_testbeds::simulate(s, dir.path(), 0).unwrap();
     let files = find_segments(&[dir.path().join("segments")]).unwrap();
     let ds = ingest(&files, false);
     assert!(ds.problems.is_empty(), "{:?}", ds.problems);
-    let opts = Options { window_s: s.window_s, ..Options::default() };
+    let opts = Options { window_s, ..Options::default() };
     let found: Vec<Finding> = localize(&ds, &opts)
         .findings
         .into_iter()
@@ -38,6 +43,39 @@ struct KindRow {
     found: u32,
     /// Network findings on the host of a host-only fault (stall, restart, clock step).
     blamed_network: u32,
+    /// Seconds from the fault's onset to the end of the first window that names it.
+    to_finding_s: Vec<f64>,
+}
+
+impl KindRow {
+    fn line(&self, label: &str, expects: bool) -> String {
+        let (found, recall) = if expects {
+            (self.found.to_string(), format!("{:.3}", f64::from(self.found) / f64::from(self.faults.max(1))))
+        } else {
+            ("-".into(), "-".into())
+        };
+        let mut t = self.to_finding_s.clone();
+        t.sort_by(f64::total_cmp);
+        let (median, max) = match t.len() {
+            0 => ("-".into(), "-".into()),
+            n => (format!("{:.0}", t[n / 2]), format!("{:.0}", t[n - 1])),
+        };
+        format!(
+            "{label:<30} {:>6} {found:>6} {recall:>7} {median:>10} {max:>7} {:>8}",
+            self.faults, self.blamed_network
+        )
+    }
+}
+
+/// How long after `f`'s onset the first matching finding's first window ended, seconds (its
+/// findings' start is the start of a window of `window_s`).
+fn to_finding_s(s: &Scenario, f: &FaultScore, fault: &Fault, found: &[Finding], window_s: u64) -> Option<f64> {
+    let onset_ns = (s.start_unix_s as f64 + fault.start_s) * 1e9;
+    f.matched_by
+        .iter()
+        .map(|&i| (found[i].start_ns + window_s * 1_000_000_000) as f64 - onset_ns)
+        .min_by(f64::total_cmp)
+        .map(|ns| ns / 1e9)
 }
 
 /// The scenario files in `dir`, sorted. A test that finds no input must fail rather than pass
@@ -82,7 +120,9 @@ fn suite_seeds(var: Option<&str>) -> Result<Vec<u64>, String> {
 
 #[test]
 fn public_scenarios_are_localised() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbeds/scenarios");
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("../testbeds/scenarios");
     let paths = scenario_paths(&dir).unwrap_or_else(|e| panic!("{e}"));
     for p in paths {
         let s = Scenario::load(&p).unwrap();
@@ -123,6 +163,7 @@ fn generated_suite_meets_the_bar() {
     };
     let seeds = suite_seeds(var.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     let mut rows: BTreeMap<FaultKind, KindRow> = BTreeMap::new();
+    let mut bands: BTreeMap<(FaultKind, &'static str), KindRow> = BTreeMap::new();
     let (mut net, mut matching, mut expecting, mut found) = (0, 0, 0, 0);
     let mut failures = String::new();
     for &seed in &seeds {
@@ -134,10 +175,14 @@ fn generated_suite_meets_the_bar() {
             expecting += sc.faults_expecting;
             found += sc.faults_found;
             for f in &sc.faults {
-                let row = rows.entry(f.kind).or_default();
-                row.faults += 1;
-                if f.expects_network && !f.matched_by.is_empty() {
-                    row.found += 1;
+                let fault = &s.faults[f.index];
+                let band = rocemesh_testbeds::suite::band(&s, fault);
+                for row in [rows.entry(f.kind).or_default(), bands.entry((f.kind, band)).or_default()] {
+                    row.faults += 1;
+                    if f.expects_network && !f.matched_by.is_empty() {
+                        row.found += 1;
+                        row.to_finding_s.extend(to_finding_s(&s, f, fault, &findings, s.window_s));
+                    }
                 }
                 if !f.expects_network {
                     let host = s.topology.entity(&f.target).and_then(|e| match e {
@@ -148,7 +193,9 @@ fn generated_suite_meets_the_bar() {
                         matches!(x.kind.as_str(), "rnic" | "tor" | "link" | "spine")
                             && host.is_some_and(|h| on_host(&s, &x.entity, h))
                     });
-                    row.blamed_network += blamed.count() as u32;
+                    let n = blamed.count() as u32;
+                    rows.entry(f.kind).or_default().blamed_network += n;
+                    bands.entry((f.kind, band)).or_default().blamed_network += n;
                 }
             }
             if sc.precision() < 1.0 || sc.recall() < 1.0 {
@@ -160,10 +207,18 @@ fn generated_suite_meets_the_bar() {
         }
     }
     println!("{failures}");
-    println!("{:<14} {:>6} {:>6} {:>8}", "fault kind", "faults", "found", "blamed");
+    let header = format!(
+        "{:<30} {:>6} {:>6} {:>7} {:>10} {:>7} {:>8}",
+        "fault kind / band", "faults", "found", "recall", "to find s", "max s", "blamed"
+    );
+    println!("{header}\n(to find: onset to the end of the first window naming it, median and max)");
     for (k, r) in &rows {
-        let found = if k.expected_finding().is_some() { r.found.to_string() } else { "-".into() };
-        println!("{:<14} {:>6} {:>6} {:>8}", k.name(), r.faults, found, r.blamed_network);
+        println!("{}", r.line(k.name(), k.expected_finding().is_some()));
+        for ((_, band), b) in bands.range((*k, "")..).take_while(|((bk, _), _)| bk == k) {
+            if *band != "-" {
+                println!("{}", b.line(&format!("  {band}"), k.expected_finding().is_some()));
+            }
+        }
     }
     let precision = if net == 0 { 1.0 } else { matching as f64 / net as f64 };
     let recall = if expecting == 0 { 1.0 } else { found as f64 / expecting as f64 };
@@ -174,6 +229,37 @@ fn generated_suite_meets_the_bar() {
         precision >= MIN_PRECISION && recall >= MIN_RECALL,
         "below the bar: precision {precision:.3}, recall {recall:.3}"
     );
+}
+
+/// Issue 17: with 10 s windows, a dead RNIC, a dead ToR and a dead link are named in the window
+/// that holds their onset, on every generated scenario that has one.
+#[test]
+fn dead_elements_are_named_in_the_window_of_their_onset() {
+    const WINDOW_S: u64 = 10;
+    let mut checked = Vec::new();
+    let mut late = Vec::new();
+    for seed in 1..=4u64 {
+        for kind in [FaultKind::RnicDown, FaultKind::TorDown, FaultKind::LinkLoss] {
+            let i = FaultKind::ALL.iter().position(|k| *k == kind).unwrap() as u64;
+            let mut s = rocemesh_testbeds::suite::generate(seed, i);
+            // The primary fault, dead for good, alone: onset timing is what is measured.
+            s.faults.truncate(1);
+            if kind == FaultKind::LinkLoss {
+                s.faults[0].loss = Some(1.0);
+            }
+            let (sc, found) = run_with(&s, WINDOW_S);
+            let f = &sc.faults[0];
+            let onset_window = (s.start_unix_s as f64 + s.faults[0].start_s) as u64 / WINDOW_S;
+            let first = f.matched_by.iter().map(|&m| found[m].start_ns / 1_000_000_000 / WINDOW_S).min();
+            checked.push(format!("{} {}: onset window {onset_window}, named in {first:?}", kind.name(), f.target));
+            if first != Some(onset_window) {
+                late.push(checked.last().cloned().unwrap_or_default());
+            }
+        }
+    }
+    println!("{}", checked.join("\n"));
+    assert_eq!(checked.len(), 12);
+    assert!(late.is_empty(), "named after the window of their onset:\n{}", late.join("\n"));
 }
 
 /// Real agents do not trace paths. In a fabric where two ToRs share one spine, the inventory

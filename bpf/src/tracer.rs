@@ -449,13 +449,20 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let btf = dir.path().join("kernel_standin.o");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/testdata/kernel_standin.c");
+        // Cargo's run-time CARGO_MANIFEST_DIR, not the compile-time one: a test binary built in
+        // another checkout of the same sources (one shared target directory) is reused as is,
+        // and its baked-in path named a directory that was gone.
+        let src = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")), std::path::PathBuf::from)
+            .join("src/bpf/testdata/kernel_standin.c");
         let clang = std::process::Command::new("clang")
-            .args(["-g", "-O2", "-target", "bpf", "-c", src, "-o"])
+            .args(["-g", "-O2", "-target", "bpf", "-c"])
+            .arg(&src)
+            .arg("-o")
             .arg(&btf)
             .status()
             .unwrap();
-        assert!(clang.success(), "clang failed on {src}");
+        assert!(clang.success(), "clang failed on {}", src.display());
 
         let _serial = LOAD_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
         let _capture = Capture::start();

@@ -1,5 +1,6 @@
 //! Random scenarios for the accuracy suite: topologies of 2 to 64 RNICs per ToR (plain and
-//! rail-optimised), every fault kind, overlapping faults, ToR- and NIC-timestamp models.
+//! rail-optimised), every fault kind, overlapping faults, ToR- and NIC-timestamp models, half
+//! the faults faint (issue 17: 0.1-1% loss, extra RTT of 2-10x the fleet's p99, 1-2 s flaps).
 //!
 //! The generator avoids only what no prober could tell apart, and says why at each rule: a
 //! fault inside another fault's blast radius (an RNIC under a dead ToR), and link or spine
@@ -119,15 +120,34 @@ fn random_fault(rng: &mut Rng, s: &Scenario, kind: FaultKind) -> Fault {
         stall_ms: None,
         step_ms: None,
     };
-    let loss = f64::from(5 + pick(26)) / 100.0;
+    // Half the faults are faint (issue 17): what operators chase for weeks, not what alarms.
+    let faint = pick(2) == 0;
+    // Log-uniform over the faint range, so each decade is as likely.
+    let (u_loss, u_rtt) = (f64::from(pick(1_000_001)) / 1e6, f64::from(pick(1_000_001)) / 1e6);
+    let log_uniform = |lo: f64, hi: f64, u: f64| lo * (hi / lo).powf(u);
+    let loss =
+        if faint { (log_uniform(0.001, 0.01, u_loss) * 1e5).round() / 1e5 } else { f64::from(5 + pick(26)) / 100.0 };
+    let fleet_p99_us = s.normal.network_rtt_us.p99;
+    let extra_rtt_us = if faint {
+        (log_uniform(2.0, 10.0, u_rtt) * fleet_p99_us * 10.0).round() / 10.0
+    } else {
+        f64::from(100 + pick(900))
+    };
     match kind {
         FaultKind::RnicLoss | FaultKind::TorLoss | FaultKind::LinkLoss | FaultKind::SpineLoss => f.loss = Some(loss),
         FaultKind::RnicFlap | FaultKind::LinkFlap => {
-            let period = f64::from(15 + pick(30));
-            f.period_s = Some(period);
-            f.down_s = Some(f64::from(2 + pick((period / 4.0) as u64)));
+            if faint {
+                // Short flaps: down for 1 to 2 s every 10 to 30 s.
+                let period = f64::from(10 + pick(21));
+                f.period_s = Some(period);
+                f.down_s = Some(f64::from(10 + pick(11)) / 10.0);
+            } else {
+                let period = f64::from(15 + pick(30));
+                f.period_s = Some(period);
+                f.down_s = Some(f64::from(2 + pick((period / 4.0) as u64)));
+            }
         }
-        FaultKind::RnicSlow | FaultKind::LinkSlow => f.extra_rtt_us = Some(f64::from(100 + pick(900))),
+        FaultKind::RnicSlow | FaultKind::LinkSlow => f.extra_rtt_us = Some(extra_rtt_us),
         FaultKind::HostStall => {
             let period = f64::from(3 + pick(8));
             f.period_s = Some(period);
@@ -140,6 +160,31 @@ fn random_fault(rng: &mut Rng, s: &Scenario, kind: FaultKind) -> Fault {
         FaultKind::RnicDown | FaultKind::TorDown | FaultKind::AgentRestart => {}
     }
     f
+}
+
+/// How faint a fault is, for per-band accuracy: the band's name. Loss and extra RTT are banded
+/// by size (extra RTT in multiples of the scenario's healthy p99), flaps by how long they are
+/// down; kinds without a size (dead RNICs and ToRs, host faults) are `-`.
+pub fn band(s: &Scenario, f: &Fault) -> &'static str {
+    if let Some(loss) = f.loss {
+        return match loss {
+            l if l < 0.003 => "loss 0.1-0.3%",
+            l if l < 0.01 => "loss 0.3-1%",
+            l if l < 0.05 => "loss 1-5%",
+            _ => "loss >=5%",
+        };
+    }
+    if let Some(extra) = f.extra_rtt_us {
+        return match extra / s.normal.network_rtt_us.p99 {
+            x if x < 4.0 => "rtt +2-4x p99",
+            x if x <= 10.0 => "rtt +4-10x p99",
+            _ => "rtt +>10x p99",
+        };
+    }
+    if let Some(down) = f.down_s {
+        return if down <= 2.0 { "down <=2 s" } else { "down >2 s" };
+    }
+    "-"
 }
 
 /// Whether two faults cannot be told apart or one hides the other, whatever the analysis:

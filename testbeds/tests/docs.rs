@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use rocemesh_formats::scenario::Scenario;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("..")
 }
 
 fn read(path: &Path) -> String {
