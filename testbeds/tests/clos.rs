@@ -38,7 +38,10 @@ fn build_binaries(bin: &Path) {
             cmd.env_remove(k.as_ref());
         }
     }
-    let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("running cargo build");
+    // The run-time directory: a test binary built from the same sources in another checkout
+    // (one shared target directory) is reused, and its compile-time path is that checkout's.
+    let here = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let status = cmd.current_dir(here).status().expect("running cargo build");
     assert!(status.success(), "building agent, ctl and analyze failed ({status})");
 }
 
