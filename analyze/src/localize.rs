@@ -654,7 +654,7 @@ impl Agents {
 }
 
 /// Host-delay stalls of a host that make a span of it noise (one late probe is a scheduling
-/// hiccup; three within a stall's reach, spanning at least 100 ms, are a frozen host).
+/// hiccup; three within a stall's reach, one of them at least 100 ms late, are a frozen host).
 const STALLS_MIN: u32 = 3;
 
 /// When each host was noise, from its own files: send gaps far beyond its usual spacing (a
@@ -694,7 +694,8 @@ impl Noise {
         // Host delays above the stall threshold: a prober delay stalls the prober's host, a
         // responder delay the target's, over the probe's whole exchange.
         let p = &ds.probes;
-        let mut events: Vec<(u32, u64, u64, u32, bool)> = Vec::new();
+        // (host, start, end, RNIC, answering, the late delay), ns.
+        let mut events: Vec<(u32, u64, u64, u32, bool, u64)> = Vec::new();
         for i in 0..p.len() {
             let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
             if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
@@ -708,10 +709,10 @@ impl Noise {
             let t1 = p.t1_unix_ns[i];
             let end = t1 + (i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64;
             if pd > noise_ns {
-                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false));
+                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, pd as u64));
             }
             if rd > noise_ns {
-                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true));
+                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, rd as u64));
             }
         }
         events.sort_unstable();
@@ -724,17 +725,21 @@ impl Noise {
         // Events of one host closer than the pad are one stall.
         let mut i = 0;
         while i < events.len() {
-            let (host, start, mut end, rnic, answering) = events[i];
+            let (host, start, mut end, rnic, answering, mut longest_ns) = events[i];
             let mut j = i + 1;
             while j < events.len() && events[j].0 == host && events[j].1 <= end + opts.stall_pad_ns {
                 end = end.max(events[j].2);
+                longest_ns = longest_ns.max(events[j].5);
                 j += 1;
             }
             let count = (j - i) as u32;
             // A few probes handled milliseconds late are a busy host, not a frozen one: the
             // six timestamps keep that delay out of the network RTT. Only a stall as long as a
-            // send gap that counts ([`crate::ingest::LONG_GAP_MIN_NS`]) is noise.
-            if count >= STALLS_MIN && end - start >= crate::ingest::LONG_GAP_MIN_NS {
+            // send gap that counts ([`crate::ingest::LONG_GAP_MIN_NS`]) is noise, and a host
+            // was frozen for at least its longest delay. (Measured as the time between the
+            // first and the last late probe, three answers 3-7 ms late within 176 ms named a
+            // host in the Clos testbed's clean phase.)
+            if count >= STALLS_MIN && longest_ns >= crate::ingest::LONG_GAP_MIN_NS {
                 spans[host as usize].push((start, end));
                 let name = &ds.rnics[rnic as usize].name;
                 for w in win(start)..=win(end) {
@@ -1705,7 +1710,11 @@ fn cover(
         // the pick is refused, not kept as the ToR's unluckiest RNICs or the spine's
         // unluckiest link.
         let (bad, total) = tally[best as usize];
-        element_counts(groups, |g, group| !explained[g] && group.elements.contains(&best), &count, &mut within);
+        let within_of = |e: u32, within: &mut [(u32, u32)]| {
+            element_counts(groups, |g, group| !explained[g] && group.elements.contains(&e), &count, within);
+        };
+        within_of(best, &mut within);
+        let mut counted = best;
         let wider = (0..elements as u32).filter(|&p| p != best).find(|&p| {
             let (pb, pt) = tally[p as usize];
             within[p as usize] == (bad, total)
@@ -1722,7 +1731,10 @@ fn cover(
             }
         }
         loop {
-            element_counts(groups, |g, group| !explained[g] && group.elements.contains(&best), &count, &mut within);
+            if counted != best {
+                within_of(best, &mut within);
+                counted = best;
+            }
             let (bad, total) = within[best as usize];
             let mut next = None;
             let mut strongest = SPECIALISE_LLR;

@@ -22,6 +22,15 @@ use rocemesh_formats::inventory::{self, FileError, Host, Inventory, Link, NAME_F
 use crate::describe::HostDescription;
 use crate::error::Error;
 
+/// The records of a ctl CSV file (the ToR map, the switch address list): (1-based line, fields
+/// trimmed), after `#` comments, blank lines left out.
+pub(crate) fn csv_records(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
+    text.lines().enumerate().filter_map(|(i, raw)| {
+        let content = raw.split('#').next().unwrap_or("").trim();
+        (!content.is_empty()).then(|| (i + 1, content.split(',').map(str::trim).collect()))
+    })
+}
+
 /// A host description and the file it came from.
 #[derive(Debug, Clone)]
 pub struct Described {
@@ -90,13 +99,7 @@ impl TorMap {
         let mut tor_rails: HashMap<String, (Option<u16>, usize)> = HashMap::new();
         let mut with_rail: Option<usize> = None;
         let mut without_rail: Option<usize> = None;
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let content = raw.split('#').next().unwrap_or("").trim();
-            if content.is_empty() {
-                continue;
-            }
-            let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+        for (line, fields) in csv_records(text) {
             let format_fix = "write `host,device,tor` or `host,device,tor,rail` (device `*` for all RNICs of the host)";
             if !(3..=4).contains(&fields.len()) {
                 return Err(FileError::new(

@@ -58,13 +58,7 @@ impl AddrList {
         // An address twice would be ambiguous on two switches and redundant on one; compared as
         // records carry it, so `172.16.0.1` and `::ffff:172.16.0.1` are the same.
         let mut seen: HashMap<[u8; 16], usize> = HashMap::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let content = raw.split('#').next().unwrap_or("").trim();
-            if content.is_empty() {
-                continue;
-            }
-            let fields: Vec<&str> = content.split(',').map(str::trim).collect();
+        for (line, fields) in crate::import::csv_records(text) {
             let [switch, addr] = fields[..] else {
                 return Err(FileError::new(
                     path,

@@ -281,6 +281,23 @@ pub struct Fault {
 }
 
 impl Fault {
+    /// A fault of `kind` on `target` from `start_s` to `end_s`, its parameters unset (the
+    /// generator and the testbeds set those their kind takes).
+    pub fn new(kind: FaultKind, target: impl Into<String>, start_s: f64, end_s: Option<f64>) -> Fault {
+        Fault {
+            kind,
+            target: target.into(),
+            start_s,
+            end_s,
+            loss: None,
+            period_s: None,
+            down_s: None,
+            extra_rtt_us: None,
+            stall_ms: None,
+            step_ms: None,
+        }
+    }
+
     /// End of the fault in seconds, given the scenario's duration.
     pub fn end_or(&self, duration_s: u64) -> f64 {
         self.end_s.unwrap_or(duration_s as f64)

@@ -412,18 +412,7 @@ impl Timeline {
 
     fn fault(&mut self, kind: FaultKind, target: &str, from_ns: u64, to_ns: u64, set: impl FnOnce(&mut Fault)) {
         let s = |ns: u64| (ns.saturating_sub(self.start_ns)) as f64 / 1e9;
-        let mut f = Fault {
-            kind,
-            target: target.into(),
-            start_s: s(from_ns),
-            end_s: Some(s(to_ns)),
-            loss: None,
-            period_s: None,
-            down_s: None,
-            extra_rtt_us: None,
-            stall_ms: None,
-            step_ms: None,
-        };
+        let mut f = Fault::new(kind, target, s(from_ns), Some(s(to_ns)));
         set(&mut f);
         self.faults.push(f);
     }
@@ -538,7 +527,9 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
             labels.insert((t, h), traces::labels_of(&pl));
             // The log of the agent running now (the restarted one's is its second).
             let name = if since[&host] > t0 { format!("{host}.restarted.log") } else { format!("{host}.log") };
-            let log = std::fs::read_to_string(out.join("agents").join(name)).unwrap_or_default();
+            // The testbed wrote this log itself: unreadable is an error, not "no ports in it".
+            let log_path = out.join("agents").join(name);
+            let log = std::fs::read_to_string(&log_path).with_context(|| format!("{}", log_path.display()))?;
             let from_log = traces::ports_from_log(&log);
             let (by_label, source) = if !from_log.is_empty() {
                 (from_log, "log")

@@ -108,18 +108,7 @@ fn random_fault(rng: &mut Rng, s: &Scenario, kind: FaultKind) -> Fault {
     // At least two windows long, so that a finding has time to hold.
     let start_s = f64::from(30 + pick(100));
     let end_s = if pick(2) == 0 { None } else { Some((start_s + f64::from(60 + pick(60))).min(s.duration_s as f64)) };
-    let mut f = Fault {
-        kind,
-        target,
-        start_s,
-        end_s,
-        loss: None,
-        period_s: None,
-        down_s: None,
-        extra_rtt_us: None,
-        stall_ms: None,
-        step_ms: None,
-    };
+    let mut f = Fault::new(kind, target, start_s, end_s);
     // Half the faults are faint (issue 17): what operators chase for weeks, not what alarms.
     let faint = pick(2) == 0;
     // Log-uniform over the faint range, so each decade is as likely.

@@ -82,21 +82,27 @@ fn clos_fabric_localises_every_fault_and_blames_nothing_else() {
         assert!(stdout.contains("precision 1.000") && stdout.contains("recall 1.000"), "{stdout}");
     }
     // Nothing of the fabric is left behind.
+    let prefix = format!("{}-", run_fabric(&out));
     let netns = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
     let left: Vec<String> = String::from_utf8_lossy(&netns.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&format!("rmc{}-", run_pid_hint(&out))))
+        .filter(|n| n.starts_with(&prefix))
         .map(str::to_string)
         .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
 
-/// The prefix pid of the run, from its result (the namespaces are `rmc<pid>-...`); empty if unknown.
-fn run_pid_hint(out: &Path) -> String {
-    std::fs::read_to_string(out.join("result.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["fabric"].as_str().map(|p| p.trim_start_matches("rmc").to_string()))
-        .unwrap_or_default()
+/// The run's fabric name (`rmc<pid>`, the prefix of its namespaces), from its result. A result
+/// without it fails the test: an empty prefix would match no namespace and pass the check.
+fn run_fabric(out: &Path) -> String {
+    let path = out.join("result.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; testbeds clos writes it on every run", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
+    match v["fabric"].as_str() {
+        Some(f) if f.starts_with("rmc") && f.len() > 3 => f.to_owned(),
+        _ => panic!("{}: no `fabric` name (rmc<pid>) in it", path.display()),
+    }
 }
