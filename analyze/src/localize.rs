@@ -138,7 +138,7 @@ impl Default for Options {
             close_after_quiet_windows: 3,
             lost_min: 3,
             loss_ratio_min: 0.0005,
-            slow_ratio_min: 0.2,
+            slow_ratio_min: 0.5,
             excess_over_null_min: 2.0,
             loss_null_floor: 1e-5,
             slow_null_floor: 0.01,
