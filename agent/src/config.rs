@@ -32,6 +32,10 @@
 //! max_new_targets_per_s = 20       # per RNIC: a connection storm is admitted at this rate
 //! max_events_per_s = 5000          # tracer intake; a storm beyond it is counted and dropped
 //!
+//! [metrics]                        # Prometheus: GET /metrics (off unless `listen` is set)
+//! listen = "0.0.0.0:9745"
+//! infiniband_prefix = "node_infiniband"  # RNIC counters under node_exporter's names
+//!
 //! [path_tracing]                   # which switches each inter-ToR (target, label) crosses
 //! enabled = true                   # (TTL-limited packets, ICMP answers; CAP_NET_RAW). On by default.
 //! refresh_s = 300                  # trace every (target, label) again this often
@@ -118,6 +122,43 @@ pub struct AgentConfig {
     /// Path tracing: the switches each inter-ToR (target, flow label) and each answer crosses.
     #[serde(default)]
     pub path_tracing: PathTracing,
+    /// The Prometheus endpoint. Off unless `listen` is set.
+    #[serde(default)]
+    pub metrics: Metrics,
+}
+
+/// `[metrics]`: `GET /metrics` in the OpenMetrics text format, served by a thread of its own:
+/// probes by target ToR and outcome, RTT and host-delay histograms, the agent's health, and the
+/// RNICs' hardware and PFC counters. Metric names: `deploy/README.md`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// Address and port to serve on, e.g. "0.0.0.0:9745" (or the management network's
+    /// address only). Absent: no endpoint.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// Prefix of the RNIC counters' names. The default gives node_exporter's infiniband
+    /// collector's names, so dashboards built on them keep working; where node_exporter's own
+    /// collector runs too, set "rocemesh_infiniband" (or disable that collector) so that sums
+    /// do not count a port twice.
+    #[serde(default = "default_infiniband_prefix")]
+    pub infiniband_prefix: String,
+    /// Where sysfs is mounted (`/sys`; another root for a container that bind-mounts it).
+    #[serde(default = "default_sysfs")]
+    pub sysfs: PathBuf,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self { listen: None, infiniband_prefix: default_infiniband_prefix(), sysfs: default_sysfs() }
+    }
+}
+
+fn default_infiniband_prefix() -> String {
+    "node_infiniband".into()
+}
+fn default_sysfs() -> PathBuf {
+    PathBuf::from("/sys")
 }
 
 /// `[path_tracing]`: each shard traces, with its probes' own 5-tuple, the path of every inter-ToR
@@ -354,6 +395,14 @@ impl AgentConfig {
         }
         if self.shards.is_empty() {
             return Err("no [[shard]]: add one per RNIC (UDP: per local address)".into());
+        }
+        let p = &self.metrics.infiniband_prefix;
+        let metric_char = |(i, c): (usize, char)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit());
+        if p.is_empty() || !p.chars().enumerate().all(metric_char) {
+            return Err(format!(
+                "[metrics] infiniband_prefix = {p:?} is not a metric name: use letters, digits and '_' \
+                 (e.g. \"node_infiniband\" or \"rocemesh_infiniband\")"
+            ));
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         for (i, s) in self.shards.iter().enumerate() {

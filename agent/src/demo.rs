@@ -35,6 +35,7 @@ pub fn write(dir: &Path, shards: usize, port: u16, busy_poll: bool) -> Result<st
             targets.push(Target {
                 from: format!("lo{i}"),
                 to: format!("loopback/lo{j}"),
+                tor: "tor0".into(),
                 kind: ProbeKind::TorMesh,
                 addr: addr(j).ip(),
                 port: Some(port),

@@ -9,6 +9,8 @@
 //! - [`pathtrace`]: the switches each inter-ToR (target, flow label) and each answer crosses,
 //!   traced with the probes' own 5-tuple.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
+//! - [`live`]: what each shard publishes while it runs; [`exporter`]: `/metrics` (Prometheus),
+//!   with the RNIC's hardware counters and PFC pause counters ([`hwcounters`]).
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
 //!   [`describe`]: what `ctl inventory import` needs to know about this host.
@@ -18,6 +20,9 @@ pub mod config;
 pub mod demo;
 pub mod describe;
 pub mod errlog;
+pub mod exporter;
+pub mod hwcounters;
+pub mod live;
 pub mod pathtrace;
 pub mod protocol;
 pub mod runtime;

@@ -94,6 +94,10 @@ fn run(cli: Cli) -> Result<i32> {
                 );
             }
             println!("{}: ok: generation {}, {} targets", cfg.pinglist.display(), pl.generation, pl.targets.len());
+            match cfg.metrics.listen {
+                Some(l) => println!("metrics: served at http://{l}/metrics"),
+                None => println!("metrics: off (no [metrics] listen)"),
+            }
             return Ok(0);
         }
         What::Describe { config } => {

@@ -19,6 +19,7 @@ use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enf
 
 use crate::clock::now_ns;
 use crate::config::{AgentConfig, Mode, ShardConfig, TransportKind};
+use crate::live::{AgentCounters, LiveShard};
 use crate::service::ServiceEvent;
 use crate::shard::{AddError, Resolve, Shard, ShardParams, ShardStats, UdpResolver};
 use crate::transport::{DropReason, Transport};
@@ -33,6 +34,8 @@ const GLOMMIO_IO_MEMORY_BYTES: usize = 64 * 1024;
 const EVENT_SEND_AHEAD_NS: u64 = 1_000_000;
 /// Longest an event-mode shard sleeps, so that stop and reload are seen within this.
 const MAX_WAIT: Duration = Duration::from_millis(10);
+/// How often a shard copies its counters into its live state (what a scrape can lag by).
+const PUBLISH_EVERY_NS: u64 = 250_000_000;
 
 static STOP_SIGNAL: AtomicBool = AtomicBool::new(false);
 
@@ -157,18 +160,45 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     let epoch = random_u32();
     tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
 
+    let counters = Arc::new(AgentCounters::default());
+    let lives: Vec<Arc<LiveShard>> = cfg.shards.iter().map(|s| Arc::new(LiveShard::new(&s.device, &s.tor))).collect();
+    // Bound before anything runs: a taken port is a start-up error, not a silent agent.
+    let _metrics = match cfg.metrics.listen {
+        Some(listen) => Some(crate::exporter::spawn(
+            listen,
+            crate::exporter::Sources {
+                host: cfg.host.clone(),
+                mode: match cfg.mode {
+                    Mode::Event => "event".into(),
+                    Mode::BusyPoll => "busy_poll".into(),
+                },
+                shards: lives
+                    .iter()
+                    .zip(&cfg.shards)
+                    .map(|(l, s)| (l.clone(), cfg.segment_dir.join(&s.device)))
+                    .collect(),
+                agent: counters.clone(),
+                sysfs: cfg.metrics.sysfs.clone(),
+                infiniband_prefix: cfg.metrics.infiniband_prefix.clone(),
+            },
+        )?),
+        None => None,
+    };
     let (seal_tx, seal_rx) = mpsc::channel::<PathBuf>();
     let sealer = {
         // Each shard writes into its own sub-directory and gets an equal share of the quota, so
         // that one busy shard cannot evict another's data.
         let share = (cfg.segment_quota_mib << 20) / cfg.shards.len() as u64;
         let level = cfg.zstd_level;
-        std::thread::Builder::new().name("sealer".into()).spawn(move || sealer_loop(&seal_rx, share, level))?
+        let counters = counters.clone();
+        std::thread::Builder::new()
+            .name("sealer".into())
+            .spawn(move || sealer_loop(&seal_rx, share, level, &counters))?
     };
     for s in &cfg.shards {
         recover_leftovers(&cfg.segment_dir.join(&s.device), &seal_tx);
     }
-    spawn_watcher(cfg.pinglist.clone(), control.clone())?;
+    spawn_watcher(cfg.pinglist.clone(), control.clone(), counters.clone())?;
 
     // Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
     // no queues, and shards do not look for events.
@@ -193,6 +223,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     for (i, sc) in cfg.shards.iter().enumerate() {
         let (cfg, sc, control, seal_tx) = (cfg.clone(), sc.clone(), control.clone(), seal_tx.clone());
         let services = service_rx[i].take();
+        let live = lives[i].clone();
         let params = ShardParams {
             host: cfg.host.clone(),
             device: sc.device.clone(),
@@ -218,7 +249,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             .name(&format!("shard-{i}"))
             .io_memory(GLOMMIO_IO_MEMORY_BYTES)
             .spawn(move || async move {
-                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services).await;
+                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services, live).await;
                 if r.is_err() {
                     control.failed.store(true, Ordering::SeqCst);
                 }
@@ -263,6 +294,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     Ok(reports)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn shard_main(
     cfg: &AgentConfig,
     sc: &ShardConfig,
@@ -271,8 +303,9 @@ async fn shard_main(
     seal_tx: &mpsc::Sender<PathBuf>,
     shards: usize,
     services: Option<mpsc::Receiver<ServiceEvent>>,
+    live: Arc<LiveShard>,
 ) -> Result<ShardReport> {
-    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services };
+    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services, live };
     match sc.transport {
         TransportKind::Udp => {
             let transport = UdpTransport::bind_with_source_ports(sc.bind, sc.source_ports)?;
@@ -303,6 +336,8 @@ struct ShardContext<'a> {
     shards: usize,
     /// Service targets from the tracer thread (when service tracing is on).
     services: Option<mpsc::Receiver<ServiceEvent>>,
+    /// What the shard publishes for `/metrics`.
+    live: Arc<LiveShard>,
 }
 
 async fn run_shard<T: Transport>(
@@ -312,7 +347,7 @@ async fn run_shard<T: Transport>(
     resolver: &impl Resolve<T::Addr>,
     null: T::Addr,
 ) -> Result<ShardReport> {
-    let ShardContext { cfg, sc, control, seal_tx, shards, services } = ctx;
+    let ShardContext { cfg, sc, control, seal_tx, shards, services, live } = ctx;
     control.ready.fetch_add(1, Ordering::SeqCst);
     let ready_by = now_ns() + 5_000_000_000;
     while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
@@ -331,6 +366,7 @@ async fn run_shard<T: Transport>(
     };
     let writer = SegmentWriter::new(wc, identity)?;
     let mut shard = Shard::new(params, transport, writer, null);
+    shard.set_live(live);
     if cfg.path_tracing.enabled {
         start_path_tracing(&mut shard, cfg, sc);
     }
@@ -338,6 +374,7 @@ async fn run_shard<T: Transport>(
     reload(&mut shard, control, &sc.device, resolver);
     let stats_every_ns = cfg.stats_interval_s * 1_000_000_000;
     let mut next_stats = now_ns() + stats_every_ns;
+    let mut next_publish = 0;
     let mut drain_until = u64::MAX;
     let coalesce_ns = cfg.event_coalesce_us * 1_000;
     let mut woke_ns = 0u64;
@@ -365,6 +402,10 @@ async fn run_shard<T: Transport>(
             to_sealer(seal_tx, p);
         }
         let now = now_ns();
+        if now >= next_publish {
+            next_publish = now + PUBLISH_EVERY_NS;
+            shard.publish();
+        }
         if stats_every_ns > 0 && now >= next_stats {
             next_stats = now + stats_every_ns;
             log_stats(&sc.device, &shard.stats(), false);
@@ -406,6 +447,7 @@ async fn run_shard<T: Transport>(
         }
     }
     let stats = shard.stats();
+    shard.publish();
     let device = sc.device.clone();
     for p in shard.finish()? {
         to_sealer(seal_tx, p);
@@ -556,17 +598,23 @@ impl std::fmt::Display for LocalDrops<'_> {
     }
 }
 
-fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: i32) {
+fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: i32, counters: &AgentCounters) {
     for path in rx {
         match seal(&path, level) {
             Ok(r) => {
+                AgentCounters::add(&counters.segments_sealed, 1);
                 tracing::debug!(path = %r.sealed_path.display(), records = r.records, bytes = r.sealed_bytes, "sealed")
             }
-            Err(e) => tracing::warn!("sealing {} failed (the open segment is kept): {e}", path.display()),
+            Err(e) => {
+                AgentCounters::add(&counters.seal_errors, 1);
+                tracing::warn!("sealing {} failed (the open segment is kept): {e}", path.display())
+            }
         }
         if let Some(sub) = path.parent() {
             match enforce_quota(sub, quota_bytes_per_shard) {
                 Ok(ev) if ev.files_evicted > 0 => {
+                    AgentCounters::add(&counters.evictions, ev.files_evicted);
+                    AgentCounters::add(&counters.evicted_bytes, ev.bytes_evicted);
                     tracing::warn!(dir = %sub.display(), files = ev.files_evicted, bytes = ev.bytes_evicted, "quota: evicted the oldest sealed segments")
                 }
                 Ok(_) => {}
@@ -623,7 +671,7 @@ fn install_signal_handlers() -> Result<()> {
 
 /// Watch the pinglist's directory (ctl replaces the file by rename) and publish every valid new
 /// version; an invalid one is logged with its file and line, and the previous stays in force.
-fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
+fn spawn_watcher(path: PathBuf, control: Arc<Control>, counters: Arc<AgentCounters>) -> Result<()> {
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     // SAFETY: plain syscalls; results checked.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
@@ -639,14 +687,16 @@ fn spawn_watcher(path: PathBuf, control: Arc<Control>) -> Result<()> {
     if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
         bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
     }
-    std::thread::Builder::new().name("pinglist-watch".into()).spawn(move || watch_pinglist(fd, &path, &control))?;
+    std::thread::Builder::new()
+        .name("pinglist-watch".into())
+        .spawn(move || watch_pinglist(fd, &path, &control, &counters))?;
     Ok(())
 }
 
 /// The watcher thread: reload on every inotify event about the pinglist's name. Should reading
 /// the events fail, say so and fall back to polling the file rather than stop watching: an
 /// agent that silently stopped taking pinglists would probe a stale mesh for months.
-fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control) {
+fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control, counters: &AgentCounters) {
     let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let mut buf = [0u8; 4096];
     loop {
@@ -666,11 +716,11 @@ fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control) {
                 // SAFETY: our descriptor, closed once.
                 unsafe { libc::close(fd) };
             }
-            poll_pinglist(path, control);
+            poll_pinglist(path, control, counters);
             return;
         }
         if events_name(&buf[..n as usize], name.as_bytes()) {
-            reload_pinglist(path, control);
+            reload_pinglist(path, control, counters);
         }
     }
 }
@@ -680,7 +730,7 @@ const PINGLIST_POLL: Duration = Duration::from_secs(2);
 
 /// The fallback watcher: reload when the file's identity (inode, size, mtime) changes. ctl
 /// replaces it by rename, so the inode changes with every push.
-fn poll_pinglist(path: &Path, control: &Control) {
+fn poll_pinglist(path: &Path, control: &Control, counters: &AgentCounters) {
     use std::os::unix::fs::MetadataExt;
     let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.ino(), m.size(), m.mtime_nsec(), m.mtime()));
     let mut seen = identity(path).ok();
@@ -693,7 +743,7 @@ fn poll_pinglist(path: &Path, control: &Control) {
                 failing = false;
                 if seen != Some(now) {
                     seen = Some(now);
-                    reload_pinglist(path, control);
+                    reload_pinglist(path, control, counters);
                 }
             }
             Err(e) if !failing => {
@@ -705,14 +755,18 @@ fn poll_pinglist(path: &Path, control: &Control) {
     }
 }
 
-fn reload_pinglist(path: &Path, control: &Control) {
+fn reload_pinglist(path: &Path, control: &Control, counters: &AgentCounters) {
     match Pinglist::load(path) {
         Ok(p) => {
+            AgentCounters::add(&counters.pinglist_reloads, 1);
             tracing::info!(generation = p.generation, targets = p.targets.len(), "pinglist reloaded");
             control.publish(p);
             release_freed_memory();
         }
-        Err(e) => tracing::error!("pinglist not reloaded, the previous one stays in force: {e}"),
+        Err(e) => {
+            AgentCounters::add(&counters.pinglist_reload_errors, 1);
+            tracing::error!("pinglist not reloaded, the previous one stays in force: {e}")
+        }
     }
 }
 
@@ -810,7 +864,7 @@ mod tests {
         let c = Arc::new(control(1));
         let watcher = {
             let (c, path) = (c.clone(), path.clone());
-            std::thread::spawn(move || watch_pinglist(-1, &path, &c))
+            std::thread::spawn(move || watch_pinglist(-1, &path, &c, &AgentCounters::default()))
         };
         std::thread::sleep(Duration::from_millis(200));
         let tmp = dir.path().join("pinglist.toml.tmp");

@@ -113,6 +113,8 @@ pub struct Slot<A> {
     pub id: u32,
     pub addr: A,
     pub flow_label: u32,
+    /// The remote's ToR slot in the live metrics.
+    pub tor_slot: u16,
     generation: u32,
     live: bool,
 }
@@ -132,7 +134,7 @@ impl<A: Copy> ServiceTable<A> {
     /// `interval_ns`.
     pub fn new(capacity: usize, new_per_s: f64, interval_ns: u64, null: A, now_ns: u64) -> Self {
         assert!(capacity <= 1 << SLOT_BITS, "config validation bounds max_targets_per_shard");
-        let slot = Slot { local_qpn: 0, id: 0, addr: null, flow_label: 0, generation: 0, live: false };
+        let slot = Slot { local_qpn: 0, id: 0, addr: null, flow_label: 0, tor_slot: 0, generation: 0, live: false };
         Self {
             slots: vec![slot; capacity],
             free: (0..capacity as u16).rev().collect(),
@@ -168,7 +170,7 @@ impl<A: Copy> ServiceTable<A> {
             return 0;
         };
         let s = &mut self.slots[usize::from(i)];
-        *s = Slot { local_qpn, id, addr, flow_label, generation: s.generation, live: true };
+        *s = Slot { local_qpn, id, addr, flow_label, tor_slot: 0, generation: s.generation, live: true };
         self.stats.added += 1;
         self.stats.active += 1;
         self.stats.peak_active = self.stats.peak_active.max(self.stats.active);
@@ -188,6 +190,14 @@ impl<A: Copy> ServiceTable<A> {
         self.stats.removed += 1;
         self.stats.active -= 1;
         true
+    }
+
+    /// Where the connection's probes are counted in the live metrics.
+    pub fn set_tor_slot(&mut self, key: u32, tor_slot: u16) {
+        let i = (key & ((1 << SLOT_BITS) - 1)) as usize;
+        if let Some(s) = self.slots.get_mut(i) {
+            s.tor_slot = tor_slot;
+        }
     }
 
     /// The live slot a schedule key names; `None` once it was removed (or reused).

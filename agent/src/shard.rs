@@ -21,6 +21,7 @@ use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
+use crate::live::{Class, LiveShard};
 use crate::pathtrace::{PathStats, PathTracer, Traced, is_trace_payload};
 use crate::protocol::{Kind, PACKET_BYTES, Packet};
 use crate::service::{NewService, Refused, SERVICE_BIT, ServiceStats, ServiceTable, endpoint_name};
@@ -86,6 +87,10 @@ pub struct ShardStats {
     pub trace_arrivals: u64,
     /// Path tracing (all zero when it is off).
     pub paths: PathStats,
+    /// The transport's own errors, per [`crate::transport::TRANSPORT_ERROR_KINDS`].
+    pub transport_errors: [u64; crate::transport::TRANSPORT_ERROR_KINDS.len()],
+    /// Whether the device is usable (verbs: present and its QP working; UDP: always).
+    pub device_up: bool,
 }
 
 /// What the shard is told at start.
@@ -141,6 +146,8 @@ struct InFlight {
     unreachable: bool,
     /// Never left this host, and why.
     local_drop: Option<DropReason>,
+    /// The target's ToR slot in the live metrics.
+    tor_slot: u16,
     /// T5 came from the application's clock because the kernel had not stamped the datagram
     /// (it enables receive stamping lazily, system-wide): the record then says `HostPoll`.
     host_fallback: bool,
@@ -164,6 +171,7 @@ struct Target {
     interval_ns: u64,
     labels: Vec<u32>,
     cursor: usize,
+    tor_slot: u16,
 }
 
 /// One shard's state.
@@ -201,6 +209,7 @@ pub struct Shard<T: Transport> {
     draining: bool,
     services: ServiceTable<T::Addr>,
     paths: Option<PathTracer>,
+    live: std::sync::Arc<LiveShard>,
 }
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
@@ -263,7 +272,9 @@ impl<T: Transport> Shard<T> {
             null_addr,
             now_ns(),
         );
+        let live = std::sync::Arc::new(LiveShard::new(&params.device, &params.tor));
         Self {
+            live,
             services,
             ignore_state: u64::from(params.epoch) | 1,
             next_flush_ns: now_ns() + params.flush_interval_ns,
@@ -323,7 +334,27 @@ impl<T: Transport> Shard<T> {
         if let Some(p) = &self.paths {
             s.paths = p.stats();
         }
+        s.transport_errors = self.transport.error_counts();
+        s.device_up = self.transport.device_up();
         s
+    }
+
+    /// Publish into `live` (the runtime's, shared with the exporter) from now on; before the
+    /// first pinglist load, which takes its ToR slots.
+    pub fn set_live(&mut self, live: std::sync::Arc<LiveShard>) {
+        self.live = live;
+    }
+
+    /// What this shard publishes for the metrics exporter.
+    pub fn live(&self) -> std::sync::Arc<LiveShard> {
+        self.live.clone()
+    }
+
+    /// Copy the counters into the live state (a few times per second: the runtime's timer).
+    pub fn publish(&self) {
+        let s = self.stats();
+        self.live.set_device_up(s.device_up);
+        self.live.publish_stats(&s);
     }
 
     /// The transport (for the runtime's readiness wait).
@@ -380,6 +411,7 @@ impl<T: Transport> Shard<T> {
                 interval_ns: (1e9 / t.rate_pps) as u64,
                 labels: t.flow_labels.clone(),
                 cursor: 0,
+                tor_slot: self.live.tor_slot(&t.tor),
             });
             self.target_addr.push(addr);
         }
@@ -387,6 +419,7 @@ impl<T: Transport> Shard<T> {
         self.load_traces();
         self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
         self.generation = pinglist.generation;
+        self.live.pinglist_loaded(pinglist.generation, pinglist.generated_unix_ns, self.targets.len());
         // Spread first probes evenly over each target's interval (not all at t = 0).
         self.schedule = BinaryHeap::with_capacity(self.targets.len());
         let n = self.targets.len().max(1) as u64;
@@ -439,6 +472,7 @@ impl<T: Transport> Shard<T> {
         };
         let id = self.writer.service_endpoint(&name, &tor, s.remote_gid, &conn);
         let key = self.services.insert(s.local_qpn, id, addr, s.flow_label);
+        self.services.set_tor_slot(key, self.live.tor_slot(&tor));
         self.plan_labels();
         // First probe at once: the connection is news.
         self.schedule.push(Reverse((now, key)));
@@ -827,10 +861,10 @@ impl<T: Transport> Shard<T> {
                 break;
             }
             self.schedule.pop();
-            let (id, kind, interval, label, addr) = if ti & SERVICE_BIT != 0 {
+            let (id, kind, interval, label, addr, tor_slot) = if ti & SERVICE_BIT != 0 {
                 // A removed connection's entry is dropped here, not rescheduled.
                 let Some(s) = self.services.get(ti) else { continue };
-                (s.id, ProbeKind::Service.as_u8(), self.services.interval_ns, s.flow_label, s.addr)
+                (s.id, ProbeKind::Service.as_u8(), self.services.interval_ns, s.flow_label, s.addr, s.tor_slot)
             } else {
                 let t = &mut self.targets[ti as usize];
                 let label_index = t.cursor % t.labels.len();
@@ -839,7 +873,7 @@ impl<T: Transport> Shard<T> {
                 if let Some(p) = &mut self.paths {
                     p.on_probe(ti as usize, label_index, now);
                 }
-                (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize])
+                (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize], t.tor_slot)
             };
             // After a stall, resume the cadence instead of firing the backlog in a burst.
             let next = if due + interval < now { now + interval } else { due + interval };
@@ -867,6 +901,7 @@ impl<T: Transport> Shard<T> {
                 arrived: Arrived::PROBE_SENT,
                 t1,
                 deadline: t1 + self.timeout_ns,
+                tor_slot,
                 ..InFlight::default()
             };
             self.inflight_addr[slot] = addr;
@@ -928,6 +963,7 @@ impl<T: Transport> Shard<T> {
             ts_source: if e.host_fallback { TsSource::HostPoll as u8 } else { self.ts_source as u8 },
             ..ProbeRecord::default()
         };
+        let mut sample = None;
         if let Some(reason) = e.local_drop {
             r.outcome = Outcome::LocalDrop as u8;
             self.stats.local_drops[reason.index()] += 1;
@@ -954,6 +990,8 @@ impl<T: Transport> Shard<T> {
                     r.responder_delay_ns = rd;
                     r.outcome = Outcome::Ok as u8;
                     self.stats.ok += 1;
+                    // Plausible delays are non-negative (six_timestamp_delays).
+                    sample = Some((rtt.max(0) as u64, pd.max(0) as u64, rd.max(0) as u64));
                 }
                 None => {
                     r.outcome = Outcome::Invalid as u8;
@@ -961,6 +999,7 @@ impl<T: Transport> Shard<T> {
                 }
             }
         }
+        self.live.probe(e.tor_slot, Class::of(r.outcome, r.arrived), sample);
         if let Err(e) = self.writer.append(&r) {
             self.write_failed(now_ns(), &e);
         }

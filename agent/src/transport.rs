@@ -151,6 +151,9 @@ pub enum Fate {
     Dropped(DropReason),
 }
 
+/// `kind` label values of a transport's own errors (verbs; UDP has none of its own).
+pub const TRANSPORT_ERROR_KINDS: [&str; 4] = ["completion", "poll", "address_handle", "sidr_answer"];
+
 /// A probing transport.
 pub trait Transport {
     /// How the transport names a peer (a socket address; a GID + QPN + address handle).
@@ -177,6 +180,16 @@ pub trait Transport {
 
     /// A descriptor that becomes readable when packets arrive (event mode waits on it).
     fn readiness_fd(&self) -> RawFd;
+
+    /// Whether the device is usable (verbs: present and its QP working).
+    fn device_up(&self) -> bool {
+        true
+    }
+
+    /// The transport's own error counts, per [`TRANSPORT_ERROR_KINDS`].
+    fn error_counts(&self) -> [u64; TRANSPORT_ERROR_KINDS.len()] {
+        [0; TRANSPORT_ERROR_KINDS.len()]
+    }
 
     /// Work that is not a packet: control events, peer resolution, device recovery. Called once
     /// per shard round; must not block.

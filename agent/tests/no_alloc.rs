@@ -91,6 +91,7 @@ fn no_allocation_after_warm_up(trace: bool) -> rocemesh_agent::pathtrace::PathSt
         .map(|i| Target {
             from: "a".into(),
             to: format!("t{i}/b"),
+            tor: format!("tor{}", i % 4),
             kind,
             addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: Some(target_port),

@@ -34,78 +34,10 @@
 
 use std::path::{Path, PathBuf};
 
-use rocemesh_formats::record::{Arrived, Outcome, TsSource};
+use rocemesh_formats::record::TsSource;
 use serde::{Deserialize, Serialize};
 
-/// What one probe record counts as. The discriminants are packed into bytes on the report's
-/// hot path (three bits, see `report::prepare`), so they stay below 8.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Class {
-    /// A complete exchange: a loss-free probe and an RTT and host-delay sample.
-    Ok = 0,
-    /// Lost before ACK1 came back: what loss is.
-    Lost = 1,
-    /// Only ACK2 missing: neither loss nor a sample.
-    Partial = 2,
-    /// Timestamps implausible.
-    Invalid = 3,
-    /// The peer's host refused (agent down).
-    Refused = 4,
-    /// Never left the prober's host, for a reason of its own.
-    LocalDrop = 5,
-    /// An outcome byte this build does not know.
-    Unknown = 6,
-}
-
-impl Class {
-    /// Every class, in discriminant order.
-    pub const ALL: [Class; 7] =
-        [Class::Ok, Class::Lost, Class::Partial, Class::Invalid, Class::Refused, Class::LocalDrop, Class::Unknown];
-
-    /// The class of a record from its outcome byte and arrival bitmap.
-    #[inline]
-    pub fn of(outcome: u8, arrived: u8) -> Class {
-        const OK: u8 = Outcome::Ok as u8;
-        const LOST: u8 = Outcome::Lost as u8;
-        const INVALID: u8 = Outcome::Invalid as u8;
-        const REFUSED: u8 = Outcome::Refused as u8;
-        const LOCAL_DROP: u8 = Outcome::LocalDrop as u8;
-        match outcome {
-            OK => Class::Ok,
-            LOST if arrived & Arrived::ACK1 != 0 => Class::Partial,
-            LOST => Class::Lost,
-            INVALID => Class::Invalid,
-            REFUSED => Class::Refused,
-            LOCAL_DROP => Class::LocalDrop,
-            _ => Class::Unknown,
-        }
-    }
-
-    /// The class of a discriminant; `None` above [`Class::Unknown`].
-    pub fn from_u8(v: u8) -> Option<Class> {
-        Class::ALL.get(usize::from(v)).copied()
-    }
-
-    /// The name used in every output (`local_drop`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Ok => "ok",
-            Class::Lost => "lost",
-            Class::Partial => "partial",
-            Class::Invalid => "invalid",
-            Class::Refused => "refused",
-            Class::LocalDrop => "local_drop",
-            Class::Unknown => "unknown",
-        }
-    }
-
-    /// Whether the probe is in the loss ratio's denominator (ok, partial, lost): it was sent
-    /// into the network and its fate there is known.
-    pub fn in_loss_denominator(self) -> bool {
-        matches!(self, Class::Ok | Class::Partial | Class::Lost)
-    }
-}
+pub use rocemesh_formats::record::Class;
 
 /// Per (window, prober, target): `(lost, unreachable)` from the raw counts. A pair with no ok
 /// and no partial but some lost is a dead peer, and its losses are `unreachable`.
@@ -320,6 +252,7 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rocemesh_formats::record::Arrived;
 
     /// Every outcome byte against every arrival bitmap: only ACK1 separates lost from
     /// partial, and only for outcome 1.

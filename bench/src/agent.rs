@@ -5,6 +5,9 @@
 //!   completed in that window (from the prober's records).
 //! - Max probes/s of one busy-polling prober core against one busy-polling responder.
 //! - RSS of an agent probing 10k targets.
+//! - The `/metrics` endpoint's cost: CPU per probe with both agents scraped every second
+//!   against not scraped (the first event-mode row), and the size of one scrape of the
+//!   10k-target agent (its targets under 32 ToRs: the 32-ToR-peer pinglist of the issue).
 //!
 //! Baseline in the same run: a blocking std UDP ping-pong between two threads (2 packets per
 //! round trip where a probe is 3 plus 3 timestamp reads), CPU per round trip.
@@ -50,28 +53,41 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     // at once, then with interrupt moderation (event_coalesce_us).
     // The default (32 source ports) first, then one bound socket for everything.
     let mut at_once_us = None;
-    for (coalesce_us, source_ports) in [(0, 32), (0, 0), (250, 32), (1000, 32)] {
-        let setup = Setup { coalesce_us, source_ports, ..Setup::EVENT };
-        let m =
-            pair(agent, &root.path().join(format!("event{coalesce_us}-{source_ports}")), setup, 100, 100.0, seconds)?;
+    for (coalesce_us, source_ports, metrics) in
+        [(0, 32, false), (0, 32, true), (0, 0, false), (250, 32, false), (1000, 32, false)]
+    {
+        let setup = Setup { coalesce_us, source_ports, metrics, ..Setup::EVENT };
+        let m = pair(
+            agent,
+            &root.path().join(format!("event{coalesce_us}-{source_ports}-{metrics}")),
+            setup,
+            100,
+            100.0,
+            seconds,
+        )?;
         let vs_at_once =
             at_once_us.map_or_else(String::new, |a: f64| format!("{:.2}x the first row; ", m.cpu_us_per_probe / a));
         at_once_us.get_or_insert(m.cpu_us_per_probe);
         out.push(Figure {
             what: format!(
-                "event mode at 10k probes/s, event_coalesce_us = {coalesce_us}, source_ports = {source_ports}: CPU per completed probe"
+                "event mode at 10k probes/s, event_coalesce_us = {coalesce_us}, source_ports = {source_ports}{}: CPU per completed probe",
+                if metrics { ", both agents' /metrics scraped every 1 s" } else { "" }
             ),
             value: m.cpu_us_per_probe,
             unit: "us",
             note: format!(
                 "prober+responder; {vs_at_once}{:.0} probes/s completed, {} lost, {:.1}% of a core in all; \
-                 {:.1}x the ping-pong baseline; network RTT p50 {:.1} us, responder delay p50 {:.1} us",
+                 {:.1}x the ping-pong baseline; network RTT p50 {:.1} us, responder delay p50 {:.1} us{}",
                 m.probes_per_s,
                 m.lost,
                 m.cpu_share * 100.0,
                 m.cpu_us_per_probe / base_us,
                 m.rtt_ns_p50 as f64 / 1e3,
                 m.responder_delay_ns_p50 as f64 / 1e3,
+                m.scrapes.map_or_else(String::new, |s| format!(
+                    "; {} scrapes, {:.0} bytes each, {:.2} ms each (mean), metrics threads {:.0} us of CPU per scrape",
+                    s.count, s.bytes_mean, s.ms_mean, s.cpu_us_per_scrape
+                )),
             ),
         });
     }
@@ -95,7 +111,19 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
         note: sweep.join("; "),
     });
     // RSS with 10k targets at 1/s.
-    let m = pair(agent, &root.path().join("rss"), Setup::EVENT, 10_000, 1.0, seconds)?;
+    let m = pair(agent, &root.path().join("rss"), Setup { metrics: true, ..Setup::EVENT }, 10_000, 1.0, seconds)?;
+    if let Some(s) = m.scrapes {
+        out.push(Figure {
+            what: "one /metrics scrape of an agent probing 10k targets under 32 ToRs".into(),
+            value: s.bytes_last as f64 / 1024.0,
+            unit: "KiB",
+            note: format!(
+                "{} series (sample lines); {:.2} ms per scrape (mean of {}), {:.0} us of the metrics threads' CPU \
+                 per scrape; series grow with target ToRs, not targets",
+                s.series_last, s.ms_mean, s.count, s.cpu_us_per_scrape
+            ),
+        });
+    }
     out.push(Figure {
         what: "RSS of an agent probing 10k targets".into(),
         value: m.prober_rss_kib as f64 / 1024.0,
@@ -115,11 +143,62 @@ struct Setup {
     mode: &'static str,
     coalesce_us: u64,
     source_ports: usize,
+    /// Serve /metrics and scrape both agents every second.
+    metrics: bool,
 }
 
 impl Setup {
-    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32 };
-    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32 };
+    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32, metrics: false };
+    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32, metrics: false };
+}
+
+/// What the scraper saw.
+#[derive(Clone, Copy, Debug)]
+struct Scrapes {
+    count: u64,
+    bytes_mean: f64,
+    ms_mean: f64,
+    /// The prober's last scrape: its bytes and sample lines.
+    bytes_last: usize,
+    series_last: usize,
+    /// CPU of the agents' metrics threads per scrape (schedstat).
+    cpu_us_per_scrape: f64,
+}
+
+/// GET /metrics from `addrs` every second until `stop`.
+fn scraper(addrs: Vec<String>, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<Scrapes> {
+    use std::io::{Read, Write};
+    let (mut count, mut bytes, mut secs, mut last) = (0u64, 0usize, 0f64, (0, 0));
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let next = Instant::now() + Duration::from_secs(1);
+        for (i, a) in addrs.iter().enumerate() {
+            let t = Instant::now();
+            let mut s = std::net::TcpStream::connect(a.as_str()).with_context(|| format!("scraping {a}"))?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")?;
+            let mut body = String::new();
+            s.read_to_string(&mut body)?;
+            secs += t.elapsed().as_secs_f64();
+            if !body.starts_with("HTTP/1.1 200") {
+                bail!("scraping {a}: {}", body.lines().next().unwrap_or_default());
+            }
+            count += 1;
+            let exposition = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            bytes += exposition.len();
+            if i == 0 {
+                last = (exposition.len(), exposition.lines().filter(|l| !l.starts_with('#')).count());
+            }
+        }
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let n = count.max(1) as f64;
+    Ok(Scrapes {
+        count,
+        bytes_mean: bytes as f64 / n,
+        ms_mean: secs * 1e3 / n,
+        bytes_last: last.0,
+        series_last: last.1,
+        cpu_us_per_scrape: 0.0,
+    })
 }
 
 struct Measured {
@@ -132,6 +211,7 @@ struct Measured {
     responder_delay_ns_p50: i64,
     prober_rss_kib: u64,
     responder_rss_kib: u64,
+    scrapes: Option<Scrapes>,
 }
 
 /// A prober agent (core 0) with `targets` targets at `rate_pps`, all answered by a responder
@@ -145,6 +225,14 @@ fn pair(agent: &Path, dir: &Path, setup: Setup, targets: usize, rate_pps: f64, s
     let mut responder = spawn(agent, &responder_cfg, seconds + 2)?;
     std::thread::sleep(Duration::from_millis(300));
     let mut prober = spawn(agent, &prober_cfg, seconds)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraping = setup.metrics.then(|| {
+        let addrs = vec![format!("{prober_ip}:{}", PORT + 1), format!("{responder_ip}:{}", PORT + 1)];
+        let stop = stop.clone();
+        // The prober's endpoint is up once its process has started (bound before the shards).
+        std::thread::sleep(Duration::from_millis(200));
+        std::thread::spawn(move || scraper(addrs, stop))
+    });
     // Skip start-up (one second), measure until one second before the end.
     std::thread::sleep(Duration::from_secs(1));
     let t0 = Instant::now();
@@ -156,6 +244,16 @@ fn pair(agent: &Path, dir: &Path, setup: Setup, targets: usize, rate_pps: f64, s
     let window_s = t0.elapsed().as_secs_f64();
     let prober_rss_kib = rss_kib(prober.id())?;
     let responder_rss_kib = rss_kib(responder.id())?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scrapes = match scraping {
+        Some(t) => {
+            let mut s = t.join().map_err(|_| anyhow::anyhow!("the scraper thread panicked"))??;
+            let ns = thread_cpu_ns(prober.id(), "metrics")? + thread_cpu_ns(responder.id(), "metrics")?;
+            s.cpu_us_per_scrape = ns as f64 / 1e3 / s.count.max(1) as f64;
+            Some(s)
+        }
+        None => None,
+    };
     wait_ok(&mut prober, "prober")?;
     wait_ok(&mut responder, "responder")?;
 
@@ -177,6 +275,7 @@ fn pair(agent: &Path, dir: &Path, setup: Setup, targets: usize, rate_pps: f64, s
         responder_delay_ns_p50,
         prober_rss_kib,
         responder_rss_kib,
+        scrapes,
     })
 }
 
@@ -202,6 +301,7 @@ fn write_agent(
         core % cores,
         setup.source_ports
     );
+    let cfg = if setup.metrics { format!("{cfg}[metrics]\nlisten = \"{ip}:{}\"\n", PORT + 1) } else { cfg };
     let pl = Pinglist {
         version: 1,
         host: name.into(),
@@ -212,6 +312,7 @@ fn write_agent(
             .map(|i| Target {
                 from: "lo".into(),
                 to: format!("t{i}/lo"),
+                tor: format!("tor{}", i % 32),
                 kind: ProbeKind::TorMesh,
                 addr: target_ip.parse().expect("literal address"),
                 port: Some(PORT),
@@ -290,6 +391,19 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("/proc stat format")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+/// Nanoseconds on CPU of `pid`'s threads named `name` (schedstat: exact, not in ticks).
+fn thread_cpu_ns(pid: u32, name: &str) -> Result<u64> {
+    let mut ns = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = t?.path();
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == name) {
+            let stat = std::fs::read_to_string(dir.join("schedstat"))?;
+            ns += stat.split_whitespace().next().context("schedstat format")?.parse::<u64>()?;
+        }
+    }
+    Ok(ns)
 }
 
 fn rss_kib(pid: u32) -> Result<u64> {

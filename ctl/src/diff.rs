@@ -204,6 +204,7 @@ mod tests {
         Target {
             from: "mlx5_0".into(),
             to: to.into(),
+            tor: String::new(),
             kind,
             addr: "10.0.0.9".parse().unwrap(),
             port: None,

@@ -164,6 +164,7 @@ struct RnicInfo {
 }
 
 struct TorInfo {
+    name: String,
     name_hash: u64,
     rnics: Vec<usize>,
     /// Plane and ring position, for ToRs with RNICs.
@@ -234,7 +235,12 @@ impl Generator {
         let mut tors: Vec<TorInfo> = inventory
             .tors
             .iter()
-            .map(|t| TorInfo { name_hash: rng::name_hash(&t.name), rnics: Vec::new(), ring: None })
+            .map(|t| TorInfo {
+                name: t.name.clone(),
+                name_hash: rng::name_hash(&t.name),
+                rnics: Vec::new(),
+                ring: None,
+            })
             .collect();
         let mut rnics = Vec::new();
         let mut hosts = Vec::with_capacity(inventory.hosts.len());
@@ -357,7 +363,8 @@ impl Generator {
         };
         let label_seeds = std::array::from_fn(|kind| Derivation::new(&[opts.seed, TAG_LABELS, kind as u64]));
         let plain_names = hosts.iter().all(|(h, _)| pinglist::is_plain(h))
-            && rnics.iter().all(|r| pinglist::is_plain(&r.device) && pinglist::is_plain(&r.name));
+            && rnics.iter().all(|r| pinglist::is_plain(&r.device) && pinglist::is_plain(&r.name))
+            && tors.iter().all(|t| pinglist::is_plain(&t.name));
         Ok(Generator {
             opts: opts.clone(),
             label_seeds,
@@ -450,6 +457,7 @@ impl Generator {
                     text,
                     &me.device,
                     &to.name,
+                    &self.tors[to.tor].name,
                     kind,
                     to.addr,
                     self.opts.probe_port,
@@ -540,6 +548,7 @@ impl Generator {
             targets.push(Target {
                 from: String::new(),
                 to: String::new(),
+                tor: String::new(),
                 kind,
                 addr: to.addr,
                 port: None,
@@ -551,6 +560,7 @@ impl Generator {
         let t = &mut targets[n];
         me.device.clone_into(&mut t.from);
         to.name.clone_into(&mut t.to);
+        self.tors[to.tor].name.clone_into(&mut t.tor);
         t.kind = kind;
         t.addr = to.addr;
         t.port = self.opts.probe_port;

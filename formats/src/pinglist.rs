@@ -15,6 +15,7 @@
 //! [[target]]
 //! from = "mlx5_0"                 # local device (UDP transport: the name of a local endpoint)
 //! to = "tor0-h1/mlx5_0"           # entity name of the target RNIC
+//! tor = "tor0"                     # optional: the target's ToR (the agent's metrics count per ToR)
 //! kind = "tor_mesh"               # tor_mesh | inter_tor | service
 //! addr = "10.0.0.2"               # target IP (UDP, and RoCEv2's IPv4-mapped GID) or IPv6/GID
 //! port = 18515                    # optional: responder UDP port (UDP transport)
@@ -92,6 +93,10 @@ pub struct Target {
     pub from: String,
     /// Entity name of the target RNIC, `"{host}/{device}"`.
     pub to: String,
+    /// The target RNIC's ToR: the agent's live metrics count probes per target ToR (a bounded
+    /// label; never per target RNIC). Empty (pinglists from before it) is shown as "unknown".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tor: String,
     pub kind: ProbeKind,
     /// Target IP (UDP, and RoCEv2's IPv4-mapped GID) or IPv6 address / GID.
     pub addr: IpAddr,
@@ -183,13 +188,15 @@ impl Pinglist {
     /// the whole list go through the toml crate instead, so the output never depends on
     /// which path wrote it.
     pub fn write_toml(&self, out: &mut String) -> Result<(), toml::ser::Error> {
-        if !is_plain(&self.host) || self.targets.iter().any(|t| !is_plain(&t.from) || !is_plain(&t.to)) {
+        if !is_plain(&self.host)
+            || self.targets.iter().any(|t| !is_plain(&t.from) || !is_plain(&t.to) || !is_plain(&t.tor))
+        {
             out.push_str(&toml::to_string(self)?);
             return Ok(());
         }
         write_toml_header(out, self.version, &self.host, self.generation, self.generated_unix_ns, self.timeout_ms);
         for t in &self.targets {
-            write_toml_target(out, &t.from, &t.to, t.kind, t.addr, t.port, t.qpn, t.rate_pps, &t.flow_labels);
+            write_toml_target(out, &t.from, &t.to, &t.tor, t.kind, t.addr, t.port, t.qpn, t.rate_pps, &t.flow_labels);
         }
         Ok(())
     }
@@ -364,6 +371,7 @@ pub fn write_toml_target(
     out: &mut String,
     from: &str,
     to: &str,
+    tor: &str,
     kind: ProbeKind,
     addr: IpAddr,
     port: Option<u16>,
@@ -375,6 +383,9 @@ pub fn write_toml_target(
     out.push_str("\n[[target]]\n");
     quoted(out, "from", from);
     quoted(out, "to", to);
+    if !tor.is_empty() {
+        quoted(out, "tor", tor);
+    }
     quoted(out, "kind", kind.as_str());
     out.push_str("addr = \"");
     push_addr(out, addr);
@@ -521,6 +532,7 @@ mod tests {
             Target {
                 from: "mlx5_0".into(),
                 to: "tor0-h1/mlx5_0".into(),
+                tor: "tor0".into(),
                 kind: ProbeKind::TorMesh,
                 addr: "10.0.0.2".parse().unwrap(),
                 port: Some(18515),
@@ -531,6 +543,7 @@ mod tests {
         );
         let t1 = &p.targets[1];
         assert_eq!((t1.kind, t1.port, t1.qpn), (ProbeKind::InterTor, None, None));
+        assert_eq!(t1.tor, "", "`tor` is optional");
         assert_eq!(t1.flow_labels, vec![0x12345, 0xFFFFF]);
         assert_eq!(p.total_rate_pps("mlx5_0"), 12.5);
         assert_eq!(p.total_rate_pps("mlx5_1"), 0.0);
@@ -777,6 +790,7 @@ mod tests {
                 // The peer's host name differs from `host`, and `k` keeps (from, to, kind)
                 // unique.
                 to: format!("{host}-peer{k}/{device}"),
+                tor: if k.is_multiple_of(2) { String::new() } else { format!("tor{k}") },
                 kind,
                 addr,
                 port,
@@ -825,6 +839,7 @@ mod tests {
             .prop_map(|(from, to, kind, addr, port, qpn, rate_pps, flow_labels)| Target {
                 from,
                 to,
+                tor: String::new(),
                 kind,
                 addr,
                 port,

@@ -14,6 +14,7 @@ pub mod clos;
 mod fabric;
 pub mod rxefabric;
 pub mod rxelab;
+pub mod rxemetrics;
 pub mod rxeservices;
 pub mod rxevm;
 pub mod score;

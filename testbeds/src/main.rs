@@ -102,6 +102,14 @@ enum What {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Print the body of `GET http://ADDR/PATH` (the lab scrapes agents' /metrics with it
+    /// from inside their network namespaces); fails unless the answer is 200.
+    HttpGet {
+        /// Address and port, e.g. 127.0.0.1:9745.
+        addr: std::net::SocketAddr,
+        /// Path, e.g. /metrics.
+        path: String,
+    },
     /// Build and fault the soft-RoCE test fabric; run as root inside the `rxe-vm` guest.
     #[command(name = "rxe-fabric", subcommand)]
     RxeFabric(Fabric),
@@ -338,6 +346,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(rxevm::exit_code(status))
         }
         What::RxeFabric(f) => fabric(f),
+        What::HttpGet { addr, path } => {
+            print!("{}", rocemesh_testbeds::rxemetrics::http_get(addr, &path)?);
+            Ok(0)
+        }
         What::Clos { out, bin, window_s, path_tracing, check_traces, cleanup } => {
             use rocemesh_testbeds::clos;
             if cleanup {

@@ -247,7 +247,10 @@ fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child>
     let text = format!(
         "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"{mode}\"\n\
          stats_interval_s = {stats}\nflush_interval_ms = {flush}\nsegment_mib = 4\nsegment_quota_mib = 256\n\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\nsysfs = \"{sysfs}\"\n\n\
          [[shard]]\ndevice = \"{dev}\"\ntransport = \"verbs\"\ntor = \"{tor}\"\nbind = \"{ip}:{AGENT_PORT}\"\ncore = {core}\n",
+        metrics = crate::rxemetrics::METRICS_PORT,
+        sysfs = crate::rxemetrics::HOST_SYSFS,
         host = s.host,
         pl = s.pinglist.display(),
         seg = s.segments.display(),
@@ -384,6 +387,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     rxefabric::rnic_heal("tor0-h1")?;
     rxefabric::uplink_loss("tor1", 1.0)?;
     rxefabric::uplink_heal("tor1")?;
+    crate::rxemetrics::mount_host_sysfs()?;
     let mut agents = Agents { children: Vec::new() };
     for (i, h) in inv.hosts.iter().enumerate() {
         let r = &h.rnics[0];
@@ -423,8 +427,15 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let clean_from = t0 + w;
     sleep_until(clean_from);
     let cpu_before = agents.cpu_ticks()?;
+    let scraped = inv.hosts.iter().find(|h| h.name == "tor0-h0").context("no host tor0-h0")?;
+    let mut scrapes = crate::rxemetrics::Scrapes {
+        clean: (scraped.name.clone(), scraped.rnics[0].device.clone()),
+        ..Default::default()
+    };
+    scrapes.clean_from = crate::rxemetrics::scrape(&bin("testbeds"), &scrapes.clean.0)?;
     sleep_until(clean_from + fw);
     let cpu_after = agents.cpu_ticks()?;
+    scrapes.clean_to = crate::rxemetrics::scrape(&bin("testbeds"), &scrapes.clean.0)?;
     phase("clean", "", "", clean_from, clean_from + fw);
     let tracer_cpu = TracerCpu::new(&cpu_before, &cpu_after, (fw as f64) / 1e9);
 
@@ -462,13 +473,18 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
 
     let removed = "tor2-h0";
     let removed_rnic = format!("{removed}/{}", rxefabric::device_name(removed));
+    scrapes.removed = (removed.to_owned(), rxefabric::device_name(removed));
+    scrapes.before_removal = crate::rxemetrics::scrape(&bin("testbeds"), removed)?;
     let t = now_ns();
     rxefabric::rdma_delete(removed)?;
+    sleep_until(t + w);
+    scrapes.during_removal = crate::rxemetrics::scrape(&bin("testbeds"), removed)?;
     sleep_until(t + 2 * w);
     rxefabric::rdma_add(removed)?;
     let back = now_ns();
     phase("rdma_deleted", &removed_rnic, "rnic", t, back);
     sleep_until(back + fw);
+    scrapes.after_readd = crate::rxemetrics::scrape(&bin("testbeds"), removed)?;
     phase("recovered", "", "", back, now_ns());
 
     // A connection storm on a traced host: 1,000 RC QPs to RTR and destroyed.
@@ -521,6 +537,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         probes_per_s_clean: per_s(clean_from, clean_from + fw),
     };
     checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
+    checks.extend(crate::rxemetrics::checks(&scrapes));
     let services = ServicesRun { perftest, storm, tracer_cpu };
     let result = LabResult { phases, checks, records: records.len() as u64, findings, services };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
@@ -768,6 +785,7 @@ const TRACER_BENCH_PPS: f64 = 200.0;
 
 pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> anyhow::Result<BenchResult> {
     let lab = &opts.lab;
+    crate::rxemetrics::mount_host_sysfs()?;
     let layout = Layout::new(2, 1)?;
     let inv = rxefabric::up(layout)?;
     let inventory = lab.join("bench-inventory.toml");

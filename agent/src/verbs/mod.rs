@@ -936,6 +936,15 @@ impl Transport for VerbsTransport {
         self.try_reopen(now_ns);
     }
 
+    fn device_up(&self) -> bool {
+        self.res.is_some()
+    }
+
+    fn error_counts(&self) -> [u64; crate::transport::TRANSPORT_ERROR_KINDS.len()] {
+        let s = &self.stats;
+        [s.completion_errors, s.poll_errors, s.ah_failures, s.sidr_answer_errors]
+    }
+
     fn wire_tuple(&self, to: &VerbsAddr, flow_label: u32, _answer: bool) -> Option<WireTuple> {
         let IpAddr::V4(src) = self.cfg.bind.ip() else { return None };
         let IpAddr::V4(dst) = ip_of(&to.gid) else { return None };

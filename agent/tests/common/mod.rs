@@ -56,6 +56,7 @@ pub fn write_pinglist(
             .map(|j| Target {
                 from: "lo".into(),
                 to: name(j),
+                tor: String::new(),
                 kind: ProbeKind::TorMesh,
                 addr: addr(net, j),
                 port: Some(PORT),

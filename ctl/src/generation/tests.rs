@@ -347,6 +347,7 @@ proptest! {
                 for t in &p.targets {
                     let from = Inventory::rnic_name(&p.host, &t.from);
                     prop_assert_ne!(&t.to, &from, "self target");
+                    prop_assert_eq!(&t.tor, &tor[&t.to], "a target carries its ToR (the agent's metrics label)");
                     let labels: HashSet<u32> = t.flow_labels.iter().copied().collect();
                     prop_assert_eq!(labels.len(), t.flow_labels.len());
                     prop_assert!(t.flow_labels.iter().all(|&l| l != 0));
