@@ -74,6 +74,16 @@ enum What {
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
     },
+    /// `ctl collect` from one host (a throwaway sshd on loopback) against `scp -r` of the same
+    /// sealed segments. Needs `cargo build --release -p rocemesh-ctl` and openssh-server.
+    Collect {
+        /// MiB of sealed segments to move.
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// The ctl binary (default: `ctl` next to this binary).
+        #[arg(long)]
+        ctl_bin: Option<std::path::PathBuf>,
+    },
     /// ctl gen-pinglists on a large fabric: in memory and to files, beside cloning and
     /// serialising the inventory.
     GenPinglists {
@@ -193,6 +203,21 @@ fn main() -> Result<()> {
             print!("{report}");
             if let Some(p) = &report.kept {
                 println!("{}", rocemesh_bench::formats::describe_kept(p));
+            }
+        }
+        What::Collect { mib, ctl_bin } => {
+            let ctl = match ctl_bin {
+                Some(p) => p,
+                None => rocemesh_bench::collect::default_ctl()?,
+            };
+            anyhow::ensure!(
+                ctl.exists(),
+                "{} not found: build it with `cargo build --release -p rocemesh-ctl`, or pass --ctl-bin",
+                ctl.display()
+            );
+            println!("bench collect: one host over ssh on loopback, {mib} MiB of sealed segments");
+            for l in rocemesh_bench::collect::run_bench(&ctl, mib)? {
+                println!("{:<60} {:>8.1} MiB/s  {}", l.what, l.mib_per_s, l.note);
             }
         }
         What::GenPinglists { tors, hosts_per_tor, spines, inter_tor_peers, dir } => {

@@ -19,10 +19,12 @@
 //! - [`generation`]: per-host pinglists: ToR-mesh, inter-ToR with a rotation that covers every ToR pair
 //!   (within a rail on rail-optimised fabrics) in a computed number of generations, and flow
 //!   labels sized by the ECMP coverage formula.
+//! - [`collect`]: the agents' sealed segments into a collection directory, verified on arrival.
 //! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
 
 pub mod check;
+pub mod collect;
 /// The host description format, which lives in `formats` with the other contracts.
 pub use rocemesh_formats::describe;
 pub mod diff;

@@ -13,7 +13,7 @@ use rocemesh_ctl::pinglist_dir::{self, Manifest, PinglistDir};
 use rocemesh_ctl::push::{self, Destination};
 use rocemesh_ctl::remote::{RemotePath, Ssh};
 use rocemesh_ctl::switch_addrs::{self, AddrList};
-use rocemesh_ctl::{check, diff, status};
+use rocemesh_ctl::{check, collect, diff, status};
 use rocemesh_formats::inventory::Inventory;
 
 /// gen-pinglists parses a 100,000-host inventory into millions of small TOML nodes and frees
@@ -50,6 +50,9 @@ enum What {
     Diff(DiffArgs),
     /// Show which hosts hold the current generation, and which are stale or missing.
     Status(StatusArgs),
+    /// Pull the agents' sealed segments into a collection directory (DATE/HOST/SHARD/FILE),
+    /// verified on arrival; resumable: a re-run fetches only what is missing.
+    Collect(CollectArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,6 +197,13 @@ struct ReachArgs {
     /// Instead of ssh: a directory on a shared filesystem, DIR/<host>/pinglist.toml.
     #[arg(long)]
     to_dir: Option<PathBuf>,
+    #[command(flatten)]
+    ssh: SshArgs,
+}
+
+/// How hosts are reached over ssh.
+#[derive(Args, Debug)]
+struct SshArgs {
     /// Options for ssh, before ctl's own (which they override), split at spaces; repeatable:
     /// `--ssh-option "-F ./ssh_config" --ssh-option "-o User=ops"`.
     #[arg(long, allow_hyphen_values = true)]
@@ -212,19 +222,55 @@ struct ReachArgs {
     parallel: usize,
 }
 
+impl SshArgs {
+    fn ssh(&self) -> Ssh {
+        Ssh {
+            program: self.ssh_program.clone(),
+            options: self.ssh_option.iter().flat_map(|o| o.split_whitespace().map(str::to_owned)).collect(),
+            connect_timeout_secs: self.connect_timeout_secs,
+            timeout: Duration::from_secs(self.timeout_secs.max(1)),
+        }
+    }
+}
+
 impl ReachArgs {
     fn destination(&self) -> Result<Destination> {
         if let Some(dir) = &self.to_dir {
             return Ok(Destination::Dir(dir.clone()));
         }
-        let ssh = Ssh {
-            program: self.ssh_program.clone(),
-            options: self.ssh_option.iter().flat_map(|o| o.split_whitespace().map(str::to_owned)).collect(),
-            connect_timeout_secs: self.connect_timeout_secs,
-            timeout: Duration::from_secs(self.timeout_secs.max(1)),
-        };
-        Ok(Destination::Ssh { ssh, remote_path: RemotePath::new(&self.remote_path)? })
+        Ok(Destination::Ssh { ssh: self.ssh.ssh(), remote_path: RemotePath::new(&self.remote_path)? })
     }
+}
+
+/// `ctl collect`.
+#[derive(Args, Debug)]
+struct CollectArgs {
+    /// Collect from every host of this inventory.
+    #[arg(long, required_unless_present = "hosts")]
+    inventory: Option<PathBuf>,
+    /// Only these hosts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    hosts: Option<Vec<String>>,
+    /// The agent's segment directory on each host (its `segment_dir`); `{host}` is replaced by
+    /// the host's name.
+    #[arg(long, default_value = "/var/lib/rocemesh/segments")]
+    remote_dir: String,
+    /// The collection directory: OUT/<YYYY-MM-DD>/<host>/<shard>/<file>.rseg.zst, damaged
+    /// files under OUT/damaged/<host>/.
+    #[arg(long)]
+    out: PathBuf,
+    /// Delete each file on its host once its local copy is verified (damaged ones stay).
+    #[arg(long)]
+    remove: bool,
+    /// Bandwidth of each host's transfer, MiB/s (0: unlimited); the total is at most
+    /// --parallel times this.
+    #[arg(long, default_value_t = 0.0)]
+    bwlimit_mib_s: f64,
+    /// A host whose newest sealed segment is older than this many seconds is reported stale.
+    #[arg(long, default_value_t = 3600)]
+    stale_after_s: u64,
+    #[command(flatten)]
+    ssh: SshArgs,
 }
 
 #[derive(Args, Debug)]
@@ -294,7 +340,44 @@ fn run(cli: Cli) -> Result<i32> {
         What::PushPinglist(args) => push_pinglist(args),
         What::Diff(args) => diff_cmd(args),
         What::Status(args) => status_cmd(args),
+        What::Collect(args) => collect_cmd(args),
     }
+}
+
+fn collect_cmd(args: CollectArgs) -> Result<i32> {
+    collect::check_remote_dir(&args.remote_dir)?;
+    if !(args.bwlimit_mib_s >= 0.0 && args.bwlimit_mib_s.is_finite()) {
+        bail!("--bwlimit-mib-s {} is not a rate (fix: 0 for unlimited, or MiB/s per host)", args.bwlimit_mib_s);
+    }
+    let hosts: Vec<String> = match (&args.hosts, &args.inventory) {
+        (Some(h), _) => h.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect(),
+        (None, Some(inv)) => Inventory::load(inv)?.hosts.into_iter().map(|h| h.name).collect(),
+        (None, None) => bail!("no hosts (fix: --inventory FILE or --hosts h1,h2)"),
+    };
+    if hosts.is_empty() {
+        bail!("no hosts to collect from (fix: --inventory FILE or --hosts h1,h2)");
+    }
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let opts = collect::Options {
+        ssh: args.ssh.ssh(),
+        remote_dir: args.remote_dir.clone(),
+        out: args.out.clone(),
+        parallel: args.ssh.parallel,
+        bwlimit_bytes_per_s: (args.bwlimit_mib_s * (1u64 << 20) as f64) as u64,
+        remove: args.remove,
+        stale_after: Duration::from_secs(args.stale_after_s),
+    };
+    let start = std::time::Instant::now();
+    let bar = progress(hosts.len(), "collect");
+    let reports = collect::collect(&hosts, &opts, |r| {
+        bar.inc(1);
+        if !r.error.is_empty() {
+            bar.println(format!("{}: {}", r.host, r.error));
+        }
+    });
+    bar.finish_and_clear();
+    print!("{}", collect::render(&reports, start.elapsed()));
+    Ok(if reports.iter().any(collect::HostReport::is_problem) { PROBLEMS } else { OK })
 }
 
 fn inventory_check(path: &Path) -> Result<i32> {
@@ -521,7 +604,7 @@ fn push_pinglist(args: PushArgs) -> Result<i32> {
     };
     let dest = args.reach.destination()?;
     let bar = progress(hosts.len(), "push");
-    let results = push::push(&from, &hosts, &dest, args.reach.parallel, |r| {
+    let results = push::push(&from, &hosts, &dest, args.reach.ssh.parallel, |r| {
         bar.inc(1);
         if !r.ok {
             bar.println(format!("{}: {}", r.host, r.error));
@@ -559,7 +642,7 @@ fn diff_cmd(args: DiffArgs) -> Result<i32> {
         (hosts, args.reach.destination()?)
     };
     let bar = progress(hosts.len(), "diff");
-    let diffs = diff::diff(&from, &hosts, &dest, args.reach.parallel, |_| bar.inc(1));
+    let diffs = diff::diff(&from, &hosts, &dest, args.reach.ssh.parallel, |_| bar.inc(1));
     bar.finish_and_clear();
     print!("{}", diff::render(&diffs, args.verbose));
     Ok(if diffs.iter().any(|d| d.error.is_some()) { PROBLEMS } else { OK })
@@ -570,7 +653,7 @@ fn status_cmd(args: StatusArgs) -> Result<i32> {
     let hosts = from.select(args.hosts.as_deref())?;
     let dest = args.reach.destination()?;
     let bar = progress(hosts.len(), "status");
-    let statuses = status::status(&from, &hosts, &dest, args.reach.parallel, |_| bar.inc(1));
+    let statuses = status::status(&from, &hosts, &dest, args.reach.ssh.parallel, |_| bar.inc(1));
     bar.finish_and_clear();
     print!("{}", status::render(&statuses));
     Ok(if statuses.iter().any(status::HostStatus::is_problem) { PROBLEMS } else { OK })
