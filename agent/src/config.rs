@@ -548,6 +548,16 @@ core = 0
     }
 
     #[test]
+    fn the_packaged_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let c = AgentConfig::parse(&text, Path::new("/etc/rocemesh/agent.toml")).expect("the example parses");
+        assert_eq!(c.segment_dir, Path::new("/var/lib/rocemesh/segments"), "what the systemd unit may write");
+        assert_eq!(c.shards.len(), 2);
+        assert!(c.metrics.listen.is_some());
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_field() {
         let p = Path::new("/x/agent.toml");
         let e = AgentConfig::parse(&GOOD.replace("core = 0", "core = 4096"), p).expect_err("core");

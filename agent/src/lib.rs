@@ -11,10 +11,12 @@
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
 //! - [`live`]: what each shard publishes while it runs; [`exporter`]: `/metrics` (Prometheus),
 //!   with the RNIC's hardware counters and PFC pause counters ([`hwcounters`]).
+//! - [`caps`]: capabilities used during setup only, then dropped per thread.
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
 //!   [`describe`]: what `ctl inventory import` needs to know about this host.
 
+pub mod caps;
 pub mod clock;
 pub mod config;
 pub mod demo;

@@ -60,6 +60,21 @@ enum What {
         #[arg(long)]
         busy_poll: bool,
     },
+    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
+    /// `powershell`) generated from these definitions; packages install them.
+    #[command(hide = true)]
+    Generate {
+        /// `man`, or a shell.
+        what: String,
+        /// The command's name as installed (packages install `rocemesh-agent`).
+        #[arg(long, default_value = "agent")]
+        name: String,
+    },
+}
+
+/// `agent generate WHAT`: the man page or a shell's completions, on standard output.
+fn generate(what: &str, name: &str) -> std::io::Result<()> {
+    rocemesh_formats::docs::generate(<Cli as clap::CommandFactory>::command(), what, name)
 }
 
 fn main() {
@@ -106,6 +121,10 @@ fn run(cli: Cli) -> Result<i32> {
             return Ok(0);
         }
         What::Run { config, duration_s } => (config, duration_s.map(Duration::from_secs)),
+        What::Generate { what, name } => {
+            generate(&what, &name)?;
+            return Ok(0);
+        }
         What::Demo { dir, shards, port, duration_s, busy_poll } => {
             let path = rocemesh_agent::demo::write(&dir, shards, port, busy_poll)?;
             eprintln!("agent demo: {shards} loopback shards for {duration_s} s; config {}", path.display());

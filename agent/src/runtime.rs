@@ -140,7 +140,8 @@ pub fn check_limits() -> Result<()> {
     Ok(())
 }
 
-/// Run until SIGTERM/SIGINT, `control.stop()`, or `duration` elapses.
+/// Run until SIGTERM/SIGINT, `control.stop()`, or `duration` elapses. The calling thread is
+/// the agent's main thread: after the privileged setup it drops its capabilities ([`crate::caps`]).
 pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardReport>> {
     check_limits()?;
     install_signal_handlers()?;
@@ -159,6 +160,40 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     });
     let epoch = random_u32();
     tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
+
+    // Privileged setup first, in this thread: path tracing's raw sockets (CAP_NET_RAW) and the
+    // service tracer's thread, which loads its eBPF programs (CAP_BPF, CAP_PERFMON) and then
+    // drops its own capabilities. Then this thread drops its own, before it starts any other
+    // thread, so that the shards, glommio's helpers, the sealer, the watcher and the metrics
+    // thread hold only CAP_IPC_LOCK, and that only when verbs shards may register memory again.
+    let mut path_tracers: Vec<Option<crate::pathtrace::PathTracer>> =
+        cfg.shards.iter().map(|sc| if cfg.path_tracing.enabled { open_path_tracer(cfg, sc) } else { None }).collect();
+    // Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
+    // no queues, and shards do not look for events.
+    let mut service_rx: Vec<Option<mpsc::Receiver<ServiceEvent>>> = cfg.shards.iter().map(|_| None).collect();
+    let tracer_stop = Arc::new(AtomicBool::new(false));
+    let tracer = if cfg.service_tracing.enabled {
+        let mut links = Vec::new();
+        for (sc, rx) in cfg.shards.iter().zip(&mut service_rx) {
+            let (tx, r) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
+            *rx = Some(r);
+            // A shard probes from the RoCEv2 GID of its bind address (verbs) or from that address.
+            let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
+            links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
+        }
+        let (st, stop) = (cfg.service_tracing.clone(), tracer_stop.clone());
+        Some(crate::tracer::spawn(st, links, stop, cfg.stats_interval_s)?)
+    } else {
+        None
+    };
+
+    let keep = if cfg.shards.iter().any(|s| s.transport == TransportKind::Verbs) {
+        1u64 << crate::caps::CAP_IPC_LOCK
+    } else {
+        0
+    };
+    crate::caps::drop_or_say("main", keep);
+    tracing::info!(kept = ?crate::caps::names(keep), "capabilities dropped after setup");
 
     let counters = Arc::new(AgentCounters::default());
     let lives: Vec<Arc<LiveShard>> = cfg.shards.iter().map(|s| Arc::new(LiveShard::new(&s.device, &s.tor))).collect();
@@ -200,30 +235,12 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     }
     spawn_watcher(cfg.pinglist.clone(), control.clone(), counters.clone())?;
 
-    // Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
-    // no queues, and shards do not look for events.
-    let mut service_rx: Vec<Option<mpsc::Receiver<ServiceEvent>>> = cfg.shards.iter().map(|_| None).collect();
-    let tracer_stop = Arc::new(AtomicBool::new(false));
-    let tracer = if cfg.service_tracing.enabled {
-        let mut links = Vec::new();
-        for (sc, rx) in cfg.shards.iter().zip(&mut service_rx) {
-            let (tx, r) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
-            *rx = Some(r);
-            // A shard probes from the RoCEv2 GID of its bind address (verbs) or from that address.
-            let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
-            links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
-        }
-        let (st, stop) = (cfg.service_tracing.clone(), tracer_stop.clone());
-        Some(crate::tracer::spawn(st, links, stop, cfg.stats_interval_s)?)
-    } else {
-        None
-    };
-
     let mut handles = Vec::new();
     for (i, sc) in cfg.shards.iter().enumerate() {
         let (cfg, sc, control, seal_tx) = (cfg.clone(), sc.clone(), control.clone(), seal_tx.clone());
         let services = service_rx[i].take();
         let live = lives[i].clone();
+        let path_tracer = path_tracers[i].take();
         let params = ShardParams {
             host: cfg.host.clone(),
             device: sc.device.clone(),
@@ -249,7 +266,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             .name(&format!("shard-{i}"))
             .io_memory(GLOMMIO_IO_MEMORY_BYTES)
             .spawn(move || async move {
-                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services, live).await;
+                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services, live, path_tracer).await;
                 if r.is_err() {
                     control.failed.store(true, Ordering::SeqCst);
                 }
@@ -304,8 +321,9 @@ async fn shard_main(
     shards: usize,
     services: Option<mpsc::Receiver<ServiceEvent>>,
     live: Arc<LiveShard>,
+    path_tracer: Option<crate::pathtrace::PathTracer>,
 ) -> Result<ShardReport> {
-    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services, live };
+    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer };
     match sc.transport {
         TransportKind::Udp => {
             let transport = UdpTransport::bind_with_source_ports(sc.bind, sc.source_ports)?;
@@ -338,6 +356,8 @@ struct ShardContext<'a> {
     services: Option<mpsc::Receiver<ServiceEvent>>,
     /// What the shard publishes for `/metrics`.
     live: Arc<LiveShard>,
+    /// Its path tracer, opened by the main thread while it had CAP_NET_RAW.
+    path_tracer: Option<crate::pathtrace::PathTracer>,
 }
 
 async fn run_shard<T: Transport>(
@@ -347,7 +367,7 @@ async fn run_shard<T: Transport>(
     resolver: &impl Resolve<T::Addr>,
     null: T::Addr,
 ) -> Result<ShardReport> {
-    let ShardContext { cfg, sc, control, seal_tx, shards, services, live } = ctx;
+    let ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer } = ctx;
     control.ready.fetch_add(1, Ordering::SeqCst);
     let ready_by = now_ns() + 5_000_000_000;
     while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
@@ -367,8 +387,9 @@ async fn run_shard<T: Transport>(
     let writer = SegmentWriter::new(wc, identity)?;
     let mut shard = Shard::new(params, transport, writer, null);
     shard.set_live(live);
-    if cfg.path_tracing.enabled {
-        start_path_tracing(&mut shard, cfg, sc);
+    if let Some(t) = path_tracer {
+        shard.set_path_tracer(t);
+        tracing::info!(device = %sc.device, "path tracing on");
     }
     let mut seen_generation = control.generation.load(Ordering::Acquire);
     reload(&mut shard, control, &sc.device, resolver);
@@ -455,22 +476,22 @@ async fn run_shard<T: Transport>(
     Ok(ShardReport { device, stats })
 }
 
-/// Gives the shard its path tracer, or says once why it has none (probing goes on).
-fn start_path_tracing<T: Transport>(shard: &mut Shard<T>, cfg: &AgentConfig, sc: &ShardConfig) {
+/// A shard's path tracer, or why it has none, said once (probing goes on).
+fn open_path_tracer(cfg: &AgentConfig, sc: &ShardConfig) -> Option<crate::pathtrace::PathTracer> {
     let std::net::IpAddr::V4(local) = sc.bind.ip() else {
         tracing::warn!(device = %sc.device, bind = %sc.bind, "path tracing is off for this shard: it traces IPv4 only");
-        return;
+        return None;
     };
     if local.is_unspecified() {
         tracing::warn!(device = %sc.device, bind = %sc.bind, "path tracing is off for this shard: give `bind` a specific address (traces carry it as their source)");
-        return;
+        return None;
     }
     match crate::pathtrace::PathTracer::open(local, cfg.path_tracing.params(), &sc.device) {
-        Ok(t) => {
-            shard.set_path_tracer(t);
-            tracing::info!(device = %sc.device, "path tracing on");
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(device = %sc.device, "path tracing is off for this shard: {e}");
+            None
         }
-        Err(e) => tracing::warn!(device = %sc.device, "path tracing is off for this shard: {e}"),
     }
 }
 

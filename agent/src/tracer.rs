@@ -238,7 +238,11 @@ fn pid_alive(pid: u32) -> bool {
 /// Run the tracer until `stop`. Without the tracer (no capability, no kernel support) it logs
 /// why, once, and returns: the agent goes on probing its pinglist.
 pub fn run(cfg: &ServiceTracing, shards: Vec<ShardLink>, stop: &AtomicBool, stats_interval_s: u64) {
-    let mut tracer = match Tracer::load() {
+    let loaded = Tracer::load();
+    // Loading needed CAP_BPF and CAP_PERFMON; reading the ring buffer and maps needs only the
+    // descriptors.
+    crate::caps::drop_or_say("service-tracer", 0);
+    let mut tracer = match loaded {
         Ok(t) => t,
         Err(e) => {
             tracing::error!("service tracing is off: {e}. The agent goes on probing its pinglist.");

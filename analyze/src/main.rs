@@ -44,6 +44,16 @@ enum What {
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
     },
+    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
+    /// `powershell`) generated from these definitions; packages install them.
+    #[command(hide = true)]
+    Generate {
+        /// `man`, or a shell.
+        what: String,
+        /// The command's name as installed (packages install `rocemesh-analyze`).
+        #[arg(long, default_value = "analyze")]
+        name: String,
+    },
 }
 
 /// polars allocates and frees column-sized buffers at every step of a query. glibc hands them
@@ -66,6 +76,11 @@ fn keep_freed_memory() {
     }
 }
 
+/// `analyze generate WHAT`: the man page or a shell's completions, on standard output.
+fn generate(what: &str, name: &str) -> std::io::Result<()> {
+    rocemesh_formats::docs::generate(<Cli as clap::CommandFactory>::command(), what, name)
+}
+
 fn main() {
     keep_freed_memory();
     let cli = Cli::parse();
@@ -74,6 +89,13 @@ fn main() {
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),
         What::Html(args) => rocemesh_analyze::cli::html(&args),
+        What::Generate { what, name } => match generate(&what, &name) {
+            Ok(()) => exit::OK,
+            Err(e) => {
+                eprintln!("analyze: {e}");
+                exit::USAGE
+            }
+        },
         What::Inspect { inputs } => match inspect::find_segments(&inputs) {
             Err(e) => {
                 eprintln!("analyze inspect: cannot list {inputs:?}: {e}");

@@ -138,7 +138,9 @@ impl Tracer {
     /// Checks that this kernel and process can trace, then opens the BPF object, loads it
     /// (CO-RE relocation, verification) and attaches both programs.
     pub fn load() -> Result<Tracer, TraceError> {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        // This thread's own capabilities: they are per thread, and the agent's main thread
+        // drops its own while this one may still be loading (/proc/self is the main thread's).
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
         preflight(Path::new("/sys"), cap_eff(&status))?;
         load_unchecked()
     }

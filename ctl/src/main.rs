@@ -53,6 +53,16 @@ enum What {
     /// Pull the agents' sealed segments into a collection directory (DATE/HOST/SHARD/FILE),
     /// verified on arrival; resumable: a re-run fetches only what is missing.
     Collect(CollectArgs),
+    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
+    /// `powershell`) generated from these definitions; packages install them.
+    #[command(hide = true)]
+    Generate {
+        /// `man`, or a shell.
+        what: String,
+        /// The command's name as installed (packages install `rocemesh-ctl`).
+        #[arg(long, default_value = "ctl")]
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -341,7 +351,16 @@ fn run(cli: Cli) -> Result<i32> {
         What::Diff(args) => diff_cmd(args),
         What::Status(args) => status_cmd(args),
         What::Collect(args) => collect_cmd(args),
+        What::Generate { what, name } => {
+            generate(&what, &name)?;
+            Ok(OK)
+        }
     }
+}
+
+/// `ctl generate WHAT`: the man page or a shell's completions, on standard output.
+fn generate(what: &str, name: &str) -> std::io::Result<()> {
+    rocemesh_formats::docs::generate(<Cli as clap::CommandFactory>::command(), what, name)
 }
 
 fn collect_cmd(args: CollectArgs) -> Result<i32> {

@@ -10,6 +10,8 @@
 //! tables operators read.
 
 pub mod describe;
+#[cfg(feature = "docs")]
+pub mod docs;
 pub mod gid;
 pub mod inventory;
 pub mod pinglist;
