@@ -385,8 +385,7 @@ async fn run_shard<T: Transport>(
         tool: concat!("rocemesh-agent ", env!("CARGO_PKG_VERSION")).into(),
     };
     let writer = SegmentWriter::new(wc, identity)?;
-    let mut shard = Shard::new(params, transport, writer, null);
-    shard.set_live(live);
+    let mut shard = Shard::new(params, transport, writer, null, live);
     if let Some(t) = path_tracer {
         shard.set_path_tracer(t);
         tracing::info!(device = %sc.device, "path tracing on");

@@ -256,8 +256,16 @@ impl Resolve<std::net::SocketAddr> for UdpResolver {
 }
 
 impl<T: Transport> Shard<T> {
-    /// A shard over `transport`, writing into `writer`. `null_addr` fills unused address slots.
-    pub fn new(params: ShardParams, transport: T, mut writer: SegmentWriter, null_addr: T::Addr) -> Self {
+    /// A shard over `transport`, writing into `writer` and publishing into `live` (shared with
+    /// the metrics exporter; its ToR slots are taken at pinglist load). `null_addr` fills unused
+    /// address slots.
+    pub fn new(
+        params: ShardParams,
+        transport: T,
+        mut writer: SegmentWriter,
+        null_addr: T::Addr,
+        live: std::sync::Arc<LiveShard>,
+    ) -> Self {
         let self_name = format!("{}/{}", params.host, params.device);
         let self_id = writer.endpoint(EndpointRole::Rnic, &self_name, &params.tor, params.addr);
         let ts_source = transport.ts_source();
@@ -272,7 +280,6 @@ impl<T: Transport> Shard<T> {
             null_addr,
             now_ns(),
         );
-        let live = std::sync::Arc::new(LiveShard::new(&params.device, &params.tor));
         Self {
             live,
             services,
@@ -337,17 +344,6 @@ impl<T: Transport> Shard<T> {
         s.transport_errors = self.transport.error_counts();
         s.device_up = self.transport.device_up();
         s
-    }
-
-    /// Publish into `live` (the runtime's, shared with the exporter) from now on; before the
-    /// first pinglist load, which takes its ToR slots.
-    pub fn set_live(&mut self, live: std::sync::Arc<LiveShard>) {
-        self.live = live;
-    }
-
-    /// What this shard publishes for the metrics exporter.
-    pub fn live(&self) -> std::sync::Arc<LiveShard> {
-        self.live.clone()
     }
 
     /// Copy the counters into the live state (a few times per second: the runtime's timer).

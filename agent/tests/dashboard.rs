@@ -5,8 +5,9 @@
 //! mlx5 driver), since this machine has no RNIC; PFC counters come from ethtool, which a file
 //! tree cannot stand in for, so their two names are taken from the exporter's own constants.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -104,13 +105,10 @@ fn exported() -> BTreeSet<String> {
         infiniband_prefix: "node_infiniband".into(),
     };
     let ep = spawn("127.0.0.1:0".parse().expect("addr"), src).expect("exporter");
-    let mut s = std::net::TcpStream::connect(ep.addr).expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").expect("send");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
+    let text = common::http_get(ep.addr, "/metrics").expect("scrape");
     let mut names: BTreeSet<String> = text
         .lines()
-        .filter(|l| !l.starts_with('#') && !l.starts_with("HTTP/") && !l.contains(": ") && !l.is_empty())
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_owned())
         .collect();
     names.insert(format!("{}_pause_frames_total", rocemesh_agent::hwcounters::PFC_PREFIX));

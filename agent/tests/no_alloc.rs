@@ -54,7 +54,8 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> 
         service_new_per_s: 10.0,
         service_interval_ns: 1_000_000,
     };
-    Shard::new(params, t, w, unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+    let live = std::sync::Arc::new(rocemesh_agent::live::LiveShard::new(device, "t"));
+    Shard::new(params, t, w, unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)), live)
 }
 
 #[test]

@@ -12,8 +12,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,20 +60,6 @@ fn pinglist(dir: &Path, i: usize, generation: u64, probe: bool) {
     std::fs::rename(&tmp, dir.join("pinglist.toml")).expect("rename");
 }
 
-/// GET `path` from `addr` (HTTP/1.0: no chunking); the body.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        return Err(std::io::Error::other(format!("GET {path}: {head}")));
-    }
-    Ok(body.to_owned())
-}
-
 fn encode(q: &str) -> String {
     q.bytes()
         .map(|b| {
@@ -85,7 +70,8 @@ fn encode(q: &str) -> String {
 
 /// An instant query: (labels, value) per series.
 fn query(prom: SocketAddr, q: &str) -> Vec<(HashMap<String, String>, f64)> {
-    let body = http_get(prom, &format!("/api/v1/query?query={}", encode(q))).unwrap_or_else(|e| panic!("{q}: {e}"));
+    let body =
+        common::http_get(prom, &format!("/api/v1/query?query={}", encode(q))).unwrap_or_else(|e| panic!("{q}: {e}"));
     let v: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["status"], "success", "{q}: {body}");
     v["data"]["result"]

@@ -3,7 +3,8 @@
 //! thresholds with their breach test. `analyze report`, `html`, `export` and `localize` all
 //! classify through this module, so an outcome means the same in every output.
 //!
-//! Per record, from the outcome byte and the arrival bitmap ([`Class::of`]):
+//! Per record, from the outcome byte and the arrival bitmap ([`Class::of`], defined in
+//! `formats::record` so that the agent's live metrics classify with the same function):
 //!
 //! | outcome | arrived | class | loss ratio | RTT sample |
 //! |---|---|---|---|---|

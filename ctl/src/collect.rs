@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 
 use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader};
 
-use crate::error::Error;
-use crate::remote::{Ssh, run_parallel, sh_quote};
+use crate::remote::{RemotePath, Ssh, run_parallel, sh_quote};
 
 /// How to collect.
 #[derive(Debug, Clone)]
@@ -34,7 +33,7 @@ pub struct Options {
     /// How hosts are reached (its timeout bounds the listing and each removal).
     pub ssh: Ssh,
     /// The agent's segment directory on each host; `{host}` is replaced by the host's name.
-    pub remote_dir: String,
+    pub remote_dir: RemotePath,
     /// The collection directory.
     pub out: PathBuf,
     /// Hosts handled at once.
@@ -101,7 +100,7 @@ pub fn collect(hosts: &[String], opts: &Options, done: impl Fn(&HostReport) + Sy
 fn collect_host(host: &str, opts: &Options) -> HostReport {
     let start = Instant::now();
     let mut r = HostReport { host: host.to_owned(), ..HostReport::default() };
-    let dir = opts.remote_dir.replace("{host}", host);
+    let dir = opts.remote_dir.for_host(host);
     let files = match list(host, &dir, &opts.ssh) {
         Ok(f) => f,
         Err(e) => {
@@ -540,18 +539,6 @@ pub fn render(reports: &[HostReport], elapsed: Duration) -> String {
         bytes as f64 / (1 << 20) as f64 / secs
     ));
     out
-}
-
-/// Checks `--remote-dir`: absolute, no control characters.
-pub fn check_remote_dir(template: &str) -> Result<(), Error> {
-    let fix = "give the agent's segment_dir as an absolute path, e.g. /var/lib/rocemesh/segments";
-    if !template.starts_with('/') {
-        return Err(Error::invalid(format!("remote directory {template:?} is not absolute"), fix));
-    }
-    if template.chars().any(char::is_control) {
-        return Err(Error::invalid(format!("remote directory {template:?} contains a control character"), fix));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

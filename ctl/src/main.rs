@@ -364,7 +364,7 @@ fn generate(what: &str, name: &str) -> std::io::Result<()> {
 }
 
 fn collect_cmd(args: CollectArgs) -> Result<i32> {
-    collect::check_remote_dir(&args.remote_dir)?;
+    let remote_dir = RemotePath::dir(&args.remote_dir)?;
     if !(args.bwlimit_mib_s >= 0.0 && args.bwlimit_mib_s.is_finite()) {
         bail!("--bwlimit-mib-s {} is not a rate (fix: 0 for unlimited, or MiB/s per host)", args.bwlimit_mib_s);
     }
@@ -379,7 +379,7 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let opts = collect::Options {
         ssh: args.ssh.ssh(),
-        remote_dir: args.remote_dir.clone(),
+        remote_dir,
         out: args.out.clone(),
         parallel: args.ssh.parallel,
         bwlimit_bytes_per_s: (args.bwlimit_mib_s * (1u64 << 20) as f64) as u64,

@@ -211,11 +211,20 @@ impl RemotePath {
     /// Checks `template`: absolute, a file (not ending in `/`), no control characters.
     pub fn new(template: &str) -> Result<RemotePath, Error> {
         let fix = "give an absolute file path, e.g. /etc/rocemesh/pinglist.toml or /srv/rocemesh/{host}/pinglist.toml";
-        if !template.starts_with('/') {
-            return Err(Error::invalid(format!("remote path {template:?} is not absolute"), fix));
-        }
         if template.ends_with('/') {
             return Err(Error::invalid(format!("remote path {template:?} is a directory"), fix));
+        }
+        Self::checked(template, fix)
+    }
+
+    /// Checks a directory `template`: absolute, no control characters.
+    pub fn dir(template: &str) -> Result<RemotePath, Error> {
+        Self::checked(template, "give an absolute directory, e.g. /var/lib/rocemesh/segments or /srv/{host}/segments")
+    }
+
+    fn checked(template: &str, fix: &str) -> Result<RemotePath, Error> {
+        if !template.starts_with('/') {
+            return Err(Error::invalid(format!("remote path {template:?} is not absolute"), fix));
         }
         if template.chars().any(char::is_control) {
             return Err(Error::invalid(format!("remote path {template:?} contains a control character"), fix));
@@ -280,6 +289,10 @@ mod tests {
         assert!(RemotePath::new("etc/x").is_err());
         assert!(RemotePath::new("/etc/").is_err());
         assert!(RemotePath::new("/etc/x\n").is_err());
+        let d = RemotePath::dir("/srv/{host}/segments/").unwrap();
+        assert_eq!(d.for_host("h2"), "/srv/h2/segments/");
+        assert!(RemotePath::dir("srv/segments").is_err());
+        assert!(RemotePath::dir("/srv/\tsegments").is_err());
     }
 
     #[test]

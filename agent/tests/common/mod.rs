@@ -2,9 +2,11 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use rocemesh_formats::pinglist::{Pinglist, ProbeKind, Target};
 use rocemesh_formats::record::{Outcome, ProbeRecord};
@@ -164,4 +166,18 @@ pub fn drop_startup_refusals(recs: &mut Vec<(String, ProbeRecord)>, prober: usiz
         );
     }
     recs.retain(|(_, r)| r.outcome != Outcome::Refused as u8);
+}
+
+/// GET `path` from `addr` (HTTP/1.0: no chunking); the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!("GET {path}: {head}")));
+    }
+    Ok(body.to_owned())
 }
