@@ -42,6 +42,11 @@
 //! min_retrace_interval_s = 10      # after a lost probe, trace that (target, label) again, at most this often
 //! traces_per_s = 2.0               # per shard; a trace is max_ttl packets the first time, switches + 1 after
 //! max_ttl = 6                      # switches on the longest path + 1 (3-tier Clos: 5 + 1)
+//!
+//! [auth]                           # authenticated probes: the fleet key file ctl pushes
+//! keys = "fleet-keys.toml"         # (`ctl keys rotate`); off unless set
+//! window_ms = 2000                 # packets stamped further than this from our clock are refused
+//! replay_slots = 131072            # replay table per shard: >= 2 x packets received/s x window
 //! ```
 
 use std::net::SocketAddr;
@@ -104,7 +109,8 @@ pub struct AgentConfig {
     /// A segment is closed and sealed once its records span this long (s).
     #[serde(default = "default_segment_max_age_s")]
     pub segment_max_age_s: u64,
-    /// Disk budget for all of this agent's segments (MiB); the oldest sealed ones are evicted.
+    /// Disk budget for all of this agent's sealed segments (MiB); the oldest are evicted. Each
+    /// shard's open segment (`segment_mib`) comes on top of it.
     #[serde(default = "default_segment_quota_mib")]
     pub segment_quota_mib: u64,
     /// zstd level of sealed segments.
@@ -125,6 +131,53 @@ pub struct AgentConfig {
     /// The Prometheus endpoint. Off unless `listen` is set.
     #[serde(default)]
     pub metrics: Metrics,
+    /// Probe authentication. Off unless `keys` is set.
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+/// `[auth]`: seal every probe and ACK with the fleet key and refuse packets that are not sealed
+/// with an accepted key, are forged, replayed, or stamped outside the window
+/// ([`crate::auth`]). Every agent of the fleet needs the same key file; `ctl keys rotate`
+/// writes it and `ctl push-pinglist` copies it beside each pinglist.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The key file (mode 0600; relative to this config). Reloaded when it changes, as the
+    /// pinglist is; a bad file is reported and the keys in force stay. Absent: no
+    /// authentication (packets are neither sealed nor checked).
+    #[serde(default)]
+    pub keys: Option<PathBuf>,
+    /// A packet whose sender's clock (sealed into it) is further than this from ours is refused
+    /// as stale: it bounds how long a captured packet can be replayed, and how far the fleet's
+    /// clocks may drift apart (ms). The replay table remembers packets this long.
+    #[serde(default = "default_auth_window_ms")]
+    pub window_ms: u64,
+    /// Slots of each shard's replay table (16 bytes each, allocated when keys are loaded).
+    /// Give it at least 2 x the packets a shard receives per second x the window: a probe
+    /// received is 1 packet, a probe sent 2 (its ACKs).
+    #[serde(default = "default_auth_replay_slots")]
+    pub replay_slots: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self { keys: None, window_ms: default_auth_window_ms(), replay_slots: default_auth_replay_slots() }
+    }
+}
+
+impl AuthConfig {
+    /// What shards run on.
+    pub fn params(&self) -> crate::auth::AuthParams {
+        crate::auth::AuthParams { window_ns: self.window_ms * 1_000_000, replay_slots: self.replay_slots }
+    }
+}
+
+fn default_auth_window_ms() -> u64 {
+    2_000
+}
+fn default_auth_replay_slots() -> usize {
+    131_072
 }
 
 /// `[metrics]`: `GET /metrics` in the OpenMetrics text format, served by a thread of its own:
@@ -385,6 +438,9 @@ impl AgentConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.pinglist = base.join(&cfg.pinglist);
         cfg.segment_dir = base.join(&cfg.segment_dir);
+        if let Some(k) = &mut cfg.auth.keys {
+            *k = base.join(&*k);
+        }
         cfg.validate().map_err(err)?;
         Ok(cfg)
     }
@@ -402,6 +458,19 @@ impl AgentConfig {
             return Err(format!(
                 "[metrics] infiniband_prefix = {p:?} is not a metric name: use letters, digits and '_' \
                  (e.g. \"node_infiniband\" or \"rocemesh_infiniband\")"
+            ));
+        }
+        let a = &self.auth;
+        if !(10..=600_000).contains(&a.window_ms) {
+            return Err(format!(
+                "auth.window_ms = {}: use 10 to 600000 (the fleet's clocks must agree to within it)",
+                a.window_ms
+            ));
+        }
+        if !(1024..=1 << 26).contains(&a.replay_slots) {
+            return Err(format!(
+                "auth.replay_slots = {}: use 1024 to 67108864 (2 x packets received per second x window)",
+                a.replay_slots
             ));
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

@@ -163,6 +163,16 @@ impl Collector for AgentCollector {
                 "New pinglist versions refused as invalid; the previous one stays in force.",
                 &a.pinglist_reload_errors,
             ),
+            agent_counter(
+                "auth_key_reloads",
+                "New fleet key files taken (valid versions published to the shards).",
+                &a.keys_reloads,
+            ),
+            agent_counter(
+                "auth_key_reload_errors",
+                "New fleet key files refused (invalid, or readable by others); the keys in force stay.",
+                &a.keys_reload_errors,
+            ),
             agent_counter("segments_sealed", "Segments sealed (zstd) for shipping.", &a.segments_sealed),
             agent_counter("segment_seal_errors", "Seals that failed; the open segment is kept.", &a.seal_errors),
             agent_counter("segment_evictions", "Sealed segments evicted by the disk quota.", &a.evictions),
@@ -187,6 +197,12 @@ impl Collector for AgentCollector {
         let mut sent = c("probes_sent", "Probes handed to the transport.");
         let mut answered = c("probes_answered", "Other agents' probes answered.");
         let mut ignored = c("packets_ignored", "Received packets that were no answer to a probe in flight, by reason.");
+        let mut refused = c(
+            "auth_refused",
+            "Packets refused by probe authentication, by reason: never answered, never matched to a probe.",
+        );
+        let mut send_key =
+            g("auth_send_key_id", "Id of the fleet key this shard seals packets with; -1: unauthenticated.");
         let mut drops = c("local_drops", "Probes that never left this host, by reason (never counted as loss).");
         let mut errors = c("errors", "Errors the shard survived, by kind (each also logged with its message).");
         let mut dropped =
@@ -225,9 +241,14 @@ impl Collector for AgentCollector {
                 ("unknown", s.unknown),
                 ("late", s.late),
                 ("trace_arrival", s.trace_arrivals),
+                ("duplicate_ack", s.duplicate_acks),
             ] {
                 ignored.add(with("reason", reason), v as f64);
             }
+            for (reason, v) in crate::auth::AuthRefusal::NAMES.iter().zip(s.auth_refused) {
+                refused.add(with("reason", reason), v as f64);
+            }
+            send_key.add(base(), s.send_key_id.map_or(-1.0, f64::from));
             for (reason, v) in DropReason::NAMES.iter().zip(s.local_drops) {
                 drops.add(with("reason", reason), v as f64);
             }
@@ -258,6 +279,8 @@ impl Collector for AgentCollector {
             &sent,
             &answered,
             &ignored,
+            &refused,
+            &send_key,
             &drops,
             &errors,
             &dropped,

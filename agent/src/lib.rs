@@ -2,7 +2,8 @@
 //! probing its pinglist's targets with the six-timestamp protocol and answering other agents'
 //! probes, and writing every probe into its segment files.
 //!
-//! - [`protocol`]: the 64-byte packet on the wire.
+//! - [`protocol`]: the 64-byte packet on the wire; [`auth`]: which packets are sealed with the
+//!   fleet key and which are let in (MAC, replay window).
 //! - [`transport`]: the trait a transport implements; [`udp`] is the kernel-UDP one, [`verbs`]
 //!   the RDMA one (UD queue pairs, RDMA CM peer resolution, device recovery).
 //! - [`shard`]: prober and responder state, sized at pinglist load, allocation-free per probe.
@@ -16,6 +17,7 @@
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
 //!   [`describe`]: what `ctl inventory import` needs to know about this host.
 
+pub mod auth;
 pub mod caps;
 pub mod clock;
 pub mod config;

@@ -302,6 +302,10 @@ pub struct AgentCounters {
     pub pinglist_reloads: AtomicU64,
     /// New versions refused (invalid); the previous stays in force.
     pub pinglist_reload_errors: AtomicU64,
+    /// Fleet key files reloaded (valid new versions published).
+    pub keys_reloads: AtomicU64,
+    /// Fleet key files refused (invalid, readable by others); the keys in force stay.
+    pub keys_reload_errors: AtomicU64,
     /// Segments sealed.
     pub segments_sealed: AtomicU64,
     /// Seals that failed (the open segment is kept).

@@ -6,13 +6,26 @@
 //! prober receives ACK1 (T5) and sees it in the application (T6). Two ACKs, because T4 exists
 //! only after ACK1 has left.
 //!
-//! Every field is little-endian; the last four bytes are a crc32c of the first 60, so garbage
-//! that happens to start with the magic is still refused. Decoding never panics.
+//! Every field is little-endian. Two versions share the layout of the first 40 bytes:
+//!
+//! - version 1 (unauthenticated): the last four bytes are a crc32c of the first 60, so garbage
+//!   that happens to start with the magic is still refused;
+//! - version 2 (authenticated, when the fleet has a key, [`crate::auth`]): byte 6 names the key,
+//!   bytes 40..48 carry the sender's clock when it sealed the packet (the replay window's
+//!   reference), and bytes 48..64 a MAC: the first 16 bytes of keyed BLAKE3 over bytes 0..48.
+//!   The MAC replaces the checksum; it catches damage as well as forgery.
+//!
+//! Decoding never panics.
 
 /// Size of every packet.
 pub const PACKET_BYTES: usize = 64;
 const MAGIC: u32 = u32::from_le_bytes(*b"RMPB");
-const VERSION: u8 = 1;
+const VERSION_PLAIN: u8 = 1;
+const VERSION_KEYED: u8 = 2;
+/// Bytes a MAC covers: everything before it.
+const MAC_COVERS: usize = 48;
+/// Bytes of the MAC (a 128-bit tag).
+pub const MAC_BYTES: usize = 16;
 
 /// What a packet is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,24 +77,88 @@ pub enum Refused {
     Checksum,
 }
 
+/// The authentication a version-2 packet carries; checked by [`crate::auth::Auth::admit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seal {
+    /// Which fleet key made the MAC.
+    pub key_id: u8,
+    /// The sender's CLOCK_REALTIME when it sealed the packet, ns.
+    pub sent_unix_ns: u64,
+    /// The tag.
+    pub mac: [u8; MAC_BYTES],
+}
+
+/// A fleet key, ready to seal and check packets.
+#[derive(Clone)]
+pub struct MacKey {
+    /// The id carried in byte 6.
+    pub id: u8,
+    secret: [u8; 32],
+}
+
+impl std::fmt::Debug for MacKey {
+    // Never the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MacKey({})", self.id)
+    }
+}
+
+impl MacKey {
+    /// The key `id` with `secret`.
+    pub fn new(id: u8, secret: [u8; 32]) -> Self {
+        MacKey { id, secret }
+    }
+
+    /// The tag of a packet's authenticated bytes.
+    fn tag(&self, covered: &[u8]) -> [u8; MAC_BYTES] {
+        let full = blake3::keyed_hash(&self.secret, covered);
+        let mut t = [0u8; MAC_BYTES];
+        t.copy_from_slice(&full.as_bytes()[..MAC_BYTES]);
+        t
+    }
+
+    /// Whether `b` (a version-2 packet) carries this key's MAC. Compared without an early exit,
+    /// so the time taken does not tell a forger how many bytes were right.
+    pub fn verify(&self, b: &[u8; PACKET_BYTES]) -> bool {
+        let want = self.tag(&b[..MAC_COVERS]);
+        want.iter().zip(&b[MAC_COVERS..]).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
 impl Packet {
-    /// Serialise into `out`.
-    pub fn encode(&self, out: &mut [u8; PACKET_BYTES]) {
+    fn write_fields(&self, out: &mut [u8; PACKET_BYTES], version: u8) {
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        out[4] = VERSION;
+        out[4] = version;
         out[5] = self.kind as u8;
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
         out[16..20].copy_from_slice(&self.flow_label.to_le_bytes());
         out[20..24].copy_from_slice(&self.responder_epoch.to_le_bytes());
         out[24..32].copy_from_slice(&self.t3_ns.to_le_bytes());
         out[32..40].copy_from_slice(&self.t4_ns.to_le_bytes());
+    }
+
+    /// Serialise into `out`, unauthenticated (version 1).
+    pub fn encode(&self, out: &mut [u8; PACKET_BYTES]) {
+        self.write_fields(out, VERSION_PLAIN);
         let crc = crc32c::crc32c(&out[..60]);
         out[60..64].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Parse a datagram.
-    pub fn decode(b: &[u8]) -> Result<Packet, Refused> {
+    /// Serialise into `out`, authenticated with `key` (version 2); `sent_unix_ns` is this
+    /// host's clock now.
+    pub fn seal(&self, out: &mut [u8; PACKET_BYTES], key: &MacKey, sent_unix_ns: u64) {
+        self.write_fields(out, VERSION_KEYED);
+        out[6] = key.id;
+        out[40..48].copy_from_slice(&sent_unix_ns.to_le_bytes());
+        let tag = key.tag(&out[..MAC_COVERS]);
+        out[MAC_COVERS..].copy_from_slice(&tag);
+    }
+
+    /// Parse a datagram's structure, either version. A version-2 packet's MAC is NOT checked
+    /// here: that is [`crate::auth::Auth::admit`]'s work, with the returned [`Seal`]; a packet
+    /// from the network is admitted by it before anything acts on it.
+    pub fn parse(b: &[u8]) -> Result<(Packet, Option<Seal>), Refused> {
         if b.len() != PACKET_BYTES {
             return Err(Refused::Length);
         }
@@ -94,26 +171,41 @@ impl Packet {
         if u32_at(0) != MAGIC {
             return Err(Refused::Magic);
         }
-        if b[4] != VERSION {
-            return Err(Refused::Version);
-        }
-        if crc32c::crc32c(&b[..60]) != u32_at(60) {
-            return Err(Refused::Checksum);
-        }
+        let seal = match b[4] {
+            VERSION_PLAIN => {
+                if crc32c::crc32c(&b[..60]) != u32_at(60) {
+                    return Err(Refused::Checksum);
+                }
+                None
+            }
+            VERSION_KEYED => {
+                let mut mac = [0u8; MAC_BYTES];
+                mac.copy_from_slice(&b[MAC_COVERS..]);
+                Some(Seal { key_id: b[6], sent_unix_ns: u64_at(40), mac })
+            }
+            _ => return Err(Refused::Version),
+        };
         let kind = match b[5] {
             1 => Kind::Probe,
             2 => Kind::Ack1,
             3 => Kind::Ack2,
             _ => return Err(Refused::Kind),
         };
-        Ok(Packet {
+        let p = Packet {
             kind,
             seq: u64_at(8),
             flow_label: u32_at(16),
             responder_epoch: u32_at(20),
             t3_ns: u64_at(24),
             t4_ns: u64_at(32),
-        })
+        };
+        Ok((p, seal))
+    }
+
+    /// [`Packet::parse`] without the seal: for packets this agent encoded itself (the
+    /// transport's send echoes) and tests. Never for a packet from the network.
+    pub fn decode(b: &[u8]) -> Result<Packet, Refused> {
+        Self::parse(b).map(|(p, _)| p)
     }
 }
 
@@ -143,5 +235,27 @@ mod tests {
         }
         assert_eq!(Packet::decode(&b[..63]), Err(Refused::Length));
         assert_eq!(Packet::decode(&[0u8; 64]), Err(Refused::Magic));
+    }
+
+    #[test]
+    fn a_sealed_packet_verifies_with_its_key_only_and_every_bit_flip_breaks_it() {
+        let p = Packet { kind: Kind::Probe, seq: 42, flow_label: 7, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
+        let key = MacKey::new(9, [0x5a; 32]);
+        let mut b = [0u8; PACKET_BYTES];
+        p.seal(&mut b, &key, 1_000);
+        let (q, seal) = Packet::parse(&b).expect("structure");
+        assert_eq!(q, p);
+        let seal = seal.expect("version 2 carries a seal");
+        assert_eq!((seal.key_id, seal.sent_unix_ns), (9, 1_000));
+        assert!(key.verify(&b));
+        assert!(!MacKey::new(9, [0x5b; 32]).verify(&b), "another secret");
+        for byte in 0..PACKET_BYTES {
+            for bit in 0..8 {
+                let mut c = b;
+                c[byte] ^= 1 << bit;
+                // A flip either breaks the structure or the MAC; never both pass.
+                assert!(Packet::parse(&c).is_err() || !key.verify(&c), "flip of bit {bit} in byte {byte} accepted");
+            }
+        }
     }
 }

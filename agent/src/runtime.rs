@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use glommio::{LocalExecutorBuilder, Placement};
+use rocemesh_formats::keys::FleetKeys;
 use rocemesh_formats::pinglist::Pinglist;
 use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, enforce_quota, seal};
 
@@ -59,6 +60,9 @@ pub struct Control {
     generation: AtomicU64,
     pinglist: Mutex<Published>,
     shards: usize,
+    /// The fleet keys in force (`[auth] keys`), and a counter bumped when they change.
+    keys: Mutex<Option<Arc<FleetKeys>>>,
+    keys_generation: AtomicU64,
 }
 
 /// The pinglist in force until every shard has built its tables from it; then it is dropped.
@@ -99,6 +103,15 @@ impl Control {
                 release_freed_memory();
             }
         }
+    }
+
+    fn publish_keys(&self, k: FleetKeys) {
+        *self.keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(k));
+        self.keys_generation.fetch_add(1, Ordering::Release);
+    }
+
+    fn current_keys(&self) -> Option<Arc<FleetKeys>> {
+        self.keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Ask every shard to finish.
@@ -150,6 +163,16 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         Err(e) => bail!("{e}\n(the agent will not start on an invalid pinglist; `agent check-config` shows the same)"),
     };
     release_freed_memory();
+    let keys = match &cfg.auth.keys {
+        Some(path) => match FleetKeys::load(path) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => bail!(
+                "{e}\n(the agent will not start without the fleet keys its config names in [auth] keys: \
+                 its peers would refuse every packet)"
+            ),
+        },
+        None => None,
+    };
     let control = Arc::new(Control {
         stop: AtomicBool::new(false),
         ready: std::sync::atomic::AtomicUsize::new(0),
@@ -157,6 +180,8 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         generation: AtomicU64::new(pinglist.generation.wrapping_add(1)),
         pinglist: Mutex::new(Published { pinglist: Some(Arc::new(pinglist)), unloaded: cfg.shards.len() }),
         shards: cfg.shards.len(),
+        keys: Mutex::new(keys),
+        keys_generation: AtomicU64::new(1),
     });
     let epoch = random_u32();
     tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
@@ -233,7 +258,9 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     for s in &cfg.shards {
         recover_leftovers(&cfg.segment_dir.join(&s.device), &seal_tx);
     }
-    spawn_watcher(cfg.pinglist.clone(), control.clone(), counters.clone())?;
+    let mut watched = vec![Watched::Pinglist(cfg.pinglist.clone())];
+    watched.extend(cfg.auth.keys.clone().map(Watched::Keys));
+    spawn_watcher(watched, control.clone(), counters.clone())?;
 
     let mut handles = Vec::new();
     for (i, sc) in cfg.shards.iter().enumerate() {
@@ -259,6 +286,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             service_max_targets: cfg.service_tracing.max_targets_per_shard,
             service_new_per_s: cfg.service_tracing.max_new_targets_per_s,
             service_interval_ns: (1e9 / cfg.service_tracing.probe_pps) as u64,
+            auth: cfg.auth.params(),
         };
         let (device, core) = (sc.device.clone(), sc.core);
         let shards = cfg.shards.len();
@@ -369,9 +397,11 @@ async fn run_shard<T: Transport>(
 ) -> Result<ShardReport> {
     let ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer } = ctx;
     control.ready.fetch_add(1, Ordering::SeqCst);
-    let ready_by = now_ns() + 5_000_000_000;
-    while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && now_ns() < ready_by
-    {
+    // The loop's own timers are CLOCK_MONOTONIC: a step of the wall clock must not stop stats,
+    // publishing or draining (the shard follows steps itself).
+    let mono = crate::clock::monotonic_ns;
+    let ready_by = mono() + 5_000_000_000;
+    while control.ready.load(Ordering::SeqCst) < shards && !control.failed.load(Ordering::SeqCst) && mono() < ready_by {
         glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     let mut wc = WriterConfig::new(cfg.segment_dir.join(&sc.device));
@@ -392,14 +422,16 @@ async fn run_shard<T: Transport>(
     }
     let mut seen_generation = control.generation.load(Ordering::Acquire);
     reload(&mut shard, control, &sc.device, resolver);
+    // 0: the keys (if any) are installed at the first round.
+    let mut seen_keys = 0;
     let stats_every_ns = cfg.stats_interval_s * 1_000_000_000;
-    let mut next_stats = now_ns() + stats_every_ns;
+    let mut next_stats = mono() + stats_every_ns;
     let mut next_publish = 0;
     let mut drain_until = u64::MAX;
     let coalesce_ns = cfg.event_coalesce_us * 1_000;
     let mut woke_ns = 0u64;
     loop {
-        let now = now_ns();
+        let now = mono();
         if drain_until == u64::MAX && control.stopping() {
             shard.begin_drain();
             drain_until = now + shard.timeout_ns() + 50_000_000;
@@ -412,6 +444,22 @@ async fn run_shard<T: Transport>(
             seen_generation = g;
             reload(&mut shard, control, &sc.device, resolver);
         }
+        let k = control.keys_generation.load(Ordering::Acquire);
+        if k != seen_keys {
+            seen_keys = k;
+            if let Some(keys) = control.current_keys() {
+                shard.set_keys(&keys);
+                let accepted: Vec<u8> = keys.keys.iter().map(|k| k.id).collect();
+                match shard.send_key_id() {
+                    Some(id) => tracing::info!(device = %sc.device, sending = id, ?accepted, "fleet keys in force"),
+                    None => tracing::info!(
+                        device = %sc.device,
+                        ?accepted,
+                        "fleet keys loaded; no key's sending time has come: sending unauthenticated until then"
+                    ),
+                }
+            }
+        }
         if let Some(rx) = &services {
             take_service_events(&mut shard, rx, &sc.device, resolver);
         }
@@ -421,7 +469,7 @@ async fn run_shard<T: Transport>(
         for p in shard.take_closed() {
             to_sealer(seal_tx, p);
         }
-        let now = now_ns();
+        let now = mono();
         if now >= next_publish {
             next_publish = now + PUBLISH_EVERY_NS;
             shard.publish();
@@ -441,13 +489,13 @@ async fn run_shard<T: Transport>(
                 // still win), so that the wait below finds a batch instead of one packet.
                 // A plain sleep on the shard's thread, as the wait below: a glommio timer cost
                 // more CPU at 250 us than waking at once saved.
-                let quiet_ns = (woke_ns + coalesce_ns).saturating_sub(now_ns()).min(wait_ns);
+                let quiet_ns = (woke_ns + coalesce_ns).saturating_sub(mono()).min(wait_ns);
                 if quiet_ns > 0 {
                     std::thread::sleep(Duration::from_nanos(quiet_ns));
                 }
                 let wait_ns = shard.next_deadline_ns().saturating_sub(now_ns());
                 if wait_ns == 0 {
-                    woke_ns = now_ns();
+                    woke_ns = mono();
                     continue;
                 }
                 // poll(2) on the transport's descriptors, on the shard's own thread. The shard
@@ -462,7 +510,7 @@ async fn run_shard<T: Transport>(
                 }
                 // Let glommio run its own housekeeping between waits.
                 glommio::yield_if_needed().await;
-                woke_ns = now_ns();
+                woke_ns = mono();
             }
         }
     }
@@ -600,6 +648,11 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         trace_peers_full = s.paths.peers_full,
         trace_peers_retired = s.paths.peers_retired,
         trace_arrivals = s.trace_arrivals,
+        duplicate_acks = s.duplicate_acks,
+        clock_steps = s.clock_steps,
+        send_key = s.send_key_id.map_or(-1, i32::from),
+        auth_refused = s.auth_refused.iter().sum::<u64>(),
+        auth_refused_by_reason = %ByReason(&s.auth_refused, &crate::auth::AuthRefusal::NAMES),
         "shard stats"
     );
 }
@@ -609,8 +662,17 @@ struct LocalDrops<'a>(&'a [u64; DropReason::COUNT]);
 
 impl std::fmt::Display for LocalDrops<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ByReason(self.0, &DropReason::NAMES).fmt(f)
+    }
+}
+
+/// Counts by reason, for the stats line: `name=n,...` for the reasons that happened.
+struct ByReason<'a>(&'a [u64], &'a [&'a str]);
+
+impl std::fmt::Display for ByReason<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut first = true;
-        for (name, n) in DropReason::NAMES.iter().zip(self.0).filter(|(_, n)| **n > 0) {
+        for (name, n) in self.1.iter().zip(self.0).filter(|(_, n)| **n > 0) {
             write!(f, "{}{name}={n}", if first { "" } else { "," })?;
             first = false;
         }
@@ -618,7 +680,15 @@ impl std::fmt::Display for LocalDrops<'_> {
     }
 }
 
+/// Evictions are logged at most this often per shard directory: once the quota is reached they
+/// happen at every seal (860 lines an hour in the soak), and `rocemesh_segment_evictions_total`
+/// counts each.
+const EVICTION_LOG_EVERY: Duration = Duration::from_secs(600);
+
 fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: i32, counters: &AgentCounters) {
+    // Per directory: when evictions were last logged, and files and bytes evicted since.
+    let mut evicted: std::collections::HashMap<PathBuf, (Option<std::time::Instant>, u64, u64)> =
+        std::collections::HashMap::new();
     for path in rx {
         match seal(&path, level) {
             Ok(r) => {
@@ -635,7 +705,19 @@ fn sealer_loop(rx: &mpsc::Receiver<PathBuf>, quota_bytes_per_shard: u64, level: 
                 Ok(ev) if ev.files_evicted > 0 => {
                     AgentCounters::add(&counters.evictions, ev.files_evicted);
                     AgentCounters::add(&counters.evicted_bytes, ev.bytes_evicted);
-                    tracing::warn!(dir = %sub.display(), files = ev.files_evicted, bytes = ev.bytes_evicted, "quota: evicted the oldest sealed segments")
+                    let e = evicted.entry(sub.to_path_buf()).or_insert((None, 0, 0));
+                    e.1 += ev.files_evicted;
+                    e.2 += ev.bytes_evicted;
+                    if e.0.is_none_or(|t| t.elapsed() >= EVICTION_LOG_EVERY) {
+                        tracing::warn!(
+                            dir = %sub.display(),
+                            files = e.1,
+                            bytes = e.2,
+                            "quota: evicted the oldest sealed segments before they were collected (logged at most \
+                             every 10 min; collect more often, or raise segment_quota_mib)"
+                        );
+                        *e = (Some(std::time::Instant::now()), 0, 0);
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("quota enforcement in {} failed: {e}", sub.display()),
@@ -689,10 +771,32 @@ fn install_signal_handlers() -> Result<()> {
     Ok(())
 }
 
-/// Watch the pinglist's directory (ctl replaces the file by rename) and publish every valid new
-/// version; an invalid one is logged with its file and line, and the previous stays in force.
-fn spawn_watcher(path: PathBuf, control: Arc<Control>, counters: Arc<AgentCounters>) -> Result<()> {
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+/// A file the agent reloads when it changes.
+#[derive(Debug, Clone)]
+enum Watched {
+    Pinglist(PathBuf),
+    Keys(PathBuf),
+}
+
+impl Watched {
+    fn path(&self) -> &Path {
+        match self {
+            Watched::Pinglist(p) | Watched::Keys(p) => p,
+        }
+    }
+
+    fn reload(&self, control: &Control, counters: &AgentCounters) {
+        match self {
+            Watched::Pinglist(p) => reload_pinglist(p, control, counters),
+            Watched::Keys(p) => reload_keys(p, control, counters),
+        }
+    }
+}
+
+/// Watch the directories of the pinglist and the key file (ctl replaces them by rename) and
+/// publish every valid new version; an invalid one is logged with its file and line, and the
+/// previous stays in force.
+fn spawn_watcher(files: Vec<Watched>, control: Arc<Control>, counters: Arc<AgentCounters>) -> Result<()> {
     // SAFETY: plain syscalls; results checked.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
@@ -701,23 +805,26 @@ fn spawn_watcher(path: PathBuf, control: Arc<Control>, counters: Arc<AgentCounte
             std::io::Error::last_os_error()
         );
     }
-    let cdir = CString::new(dir.as_os_str().as_bytes()).context("pinglist directory")?;
-    let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_CREATE;
-    // SAFETY: valid descriptor and NUL-terminated path.
-    if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
-        bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
+    for f in &files {
+        let dir = f.path().parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let cdir = CString::new(dir.as_os_str().as_bytes()).context("watched directory")?;
+        let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_CREATE;
+        // SAFETY: valid descriptor and NUL-terminated path; a directory watched twice gets the
+        // same watch back.
+        if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
+            bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
+        }
     }
     std::thread::Builder::new()
         .name("pinglist-watch".into())
-        .spawn(move || watch_pinglist(fd, &path, &control, &counters))?;
+        .spawn(move || watch_files(fd, &files, &control, &counters))?;
     Ok(())
 }
 
-/// The watcher thread: reload on every inotify event about the pinglist's name. Should reading
-/// the events fail, say so and fall back to polling the file rather than stop watching: an
+/// The watcher thread: reload a file on every inotify event about its name. Should reading
+/// the events fail, say so and fall back to polling the files rather than stop watching: an
 /// agent that silently stopped taking pinglists would probe a stale mesh for months.
-fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control, counters: &AgentCounters) {
-    let name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+fn watch_files(fd: libc::c_int, files: &[Watched], control: &Control, counters: &AgentCounters) {
     let mut buf = [0u8; 4096];
     loop {
         // SAFETY: reading into our own buffer from our own descriptor.
@@ -727,20 +834,24 @@ fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control, counters: &Ag
         }
         if n <= 0 {
             let e = if n == 0 { "end of file".to_string() } else { std::io::Error::last_os_error().to_string() };
+            let names: Vec<String> = files.iter().map(|f| f.path().display().to_string()).collect();
             tracing::error!(
-                "reading inotify events for {} failed ({e}); watching it by polling every {} s instead",
-                path.display(),
+                "reading inotify events for {} failed ({e}); watching by polling every {} s instead",
+                names.join(", "),
                 PINGLIST_POLL.as_secs()
             );
             if fd >= 0 {
                 // SAFETY: our descriptor, closed once.
                 unsafe { libc::close(fd) };
             }
-            poll_pinglist(path, control, counters);
+            poll_files(files, control, counters);
             return;
         }
-        if events_name(&buf[..n as usize], name.as_bytes()) {
-            reload_pinglist(path, control, counters);
+        for f in files {
+            let name = f.path().file_name().map(|n| n.as_bytes()).unwrap_or_default();
+            if events_name(&buf[..n as usize], name) {
+                f.reload(control, counters);
+            }
         }
     }
 }
@@ -748,29 +859,46 @@ fn watch_pinglist(fd: libc::c_int, path: &Path, control: &Control, counters: &Ag
 /// How often the pinglist is checked when inotify has failed.
 const PINGLIST_POLL: Duration = Duration::from_secs(2);
 
-/// The fallback watcher: reload when the file's identity (inode, size, mtime) changes. ctl
+/// The fallback watcher: reload a file when its identity (inode, size, mtime) changes. ctl
 /// replaces it by rename, so the inode changes with every push.
-fn poll_pinglist(path: &Path, control: &Control, counters: &AgentCounters) {
+fn poll_files(files: &[Watched], control: &Control, counters: &AgentCounters) {
     use std::os::unix::fs::MetadataExt;
     let identity = |p: &Path| std::fs::metadata(p).map(|m| (m.ino(), m.size(), m.mtime_nsec(), m.mtime()));
-    let mut seen = identity(path).ok();
+    let mut seen: Vec<_> = files.iter().map(|f| identity(f.path()).ok()).collect();
     // Logged when it starts (a file that cannot be looked at is never reloaded), not per poll.
-    let mut failing = false;
+    let mut failing = vec![false; files.len()];
     while !control.stopping() {
         std::thread::sleep(PINGLIST_POLL);
-        match identity(path) {
-            Ok(now) => {
-                failing = false;
-                if seen != Some(now) {
-                    seen = Some(now);
-                    reload_pinglist(path, control, counters);
+        for (i, f) in files.iter().enumerate() {
+            match identity(f.path()) {
+                Ok(now) => {
+                    failing[i] = false;
+                    if seen[i] != Some(now) {
+                        seen[i] = Some(now);
+                        f.reload(control, counters);
+                    }
                 }
+                Err(e) if !failing[i] => {
+                    failing[i] = true;
+                    tracing::error!("looking at {} failed ({e}); the version in force stays", f.path().display());
+                }
+                Err(_) => {}
             }
-            Err(e) if !failing => {
-                failing = true;
-                tracing::error!("looking at the pinglist {} failed ({e}); the one in force stays", path.display());
-            }
-            Err(_) => {}
+        }
+    }
+}
+
+fn reload_keys(path: &Path, control: &Control, counters: &AgentCounters) {
+    match FleetKeys::load(path) {
+        Ok(k) => {
+            AgentCounters::add(&counters.keys_reloads, 1);
+            let ids: Vec<u8> = k.keys.iter().map(|k| k.id).collect();
+            tracing::info!(keys = ?ids, "fleet keys reloaded");
+            control.publish_keys(k);
+        }
+        Err(e) => {
+            AgentCounters::add(&counters.keys_reload_errors, 1);
+            tracing::error!("fleet keys not reloaded, the keys in force stay: {e}")
         }
     }
 }
@@ -852,6 +980,8 @@ mod tests {
             generation: AtomicU64::new(0),
             pinglist: Mutex::new(Published { pinglist: None, unloaded: 0 }),
             shards,
+            keys: Mutex::new(None),
+            keys_generation: AtomicU64::new(0),
         }
     }
 
@@ -884,7 +1014,7 @@ mod tests {
         let c = Arc::new(control(1));
         let watcher = {
             let (c, path) = (c.clone(), path.clone());
-            std::thread::spawn(move || watch_pinglist(-1, &path, &c, &AgentCounters::default()))
+            std::thread::spawn(move || watch_files(-1, &[Watched::Pinglist(path)], &c, &AgentCounters::default()))
         };
         std::thread::sleep(Duration::from_millis(200));
         let tmp = dir.path().join("pinglist.toml.tmp");

@@ -19,6 +19,7 @@ use rocemesh_formats::record::{
 };
 use rocemesh_formats::segment::{SegmentError, SegmentWriter};
 
+use crate::auth::{Auth, AuthParams};
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
 use crate::live::{Class, LiveShard};
@@ -64,6 +65,16 @@ pub struct ShardStats {
     pub unknown: u64,
     /// Datagrams refused: wrong length, magic, version, kind or checksum (garbage or forged).
     pub malformed: u64,
+    /// Well-formed packets refused by probe authentication, per
+    /// [`crate::auth::AuthRefusal::index`]: never answered, never matched to a probe.
+    pub auth_refused: [u64; crate::auth::AuthRefusal::COUNT],
+    /// A second ACK of the same kind for one probe (a duplicate or a replay): ignored.
+    pub duplicate_acks: u64,
+    /// Steps of CLOCK_REALTIME seen (an operator's `date -s`, a PTP or NTP step); the shard's
+    /// timers were moved with the clock.
+    pub clock_steps: u64,
+    /// Id of the fleet key packets are sealed with; `None`: unauthenticated.
+    pub send_key_id: Option<u8>,
     /// Probes whose target host answered that its agent is not running (UDP only).
     pub peer_down: u64,
     /// Probes answered as responder.
@@ -123,6 +134,8 @@ pub struct ShardParams {
     pub service_new_per_s: f64,
     /// Probe interval of each service target.
     pub service_interval_ns: u64,
+    /// Probe authentication's window and replay table (used once keys are loaded).
+    pub auth: AuthParams,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -210,7 +223,14 @@ pub struct Shard<T: Transport> {
     services: ServiceTable<T::Addr>,
     paths: Option<PathTracer>,
     live: std::sync::Arc<LiveShard>,
+    auth: Auth,
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC at the last step; `None` before the first.
+    clock_offset_ns: Option<i64>,
 }
+
+/// A change of CLOCK_REALTIME against CLOCK_MONOTONIC larger than this between two rounds is a
+/// step, not the two reads being apart (a preempted thread) or a slew (NTP's at most 500 ppm).
+const CLOCK_STEP_NS: u64 = 50_000_000;
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -282,6 +302,8 @@ impl<T: Transport> Shard<T> {
         );
         Self {
             live,
+            auth: Auth::new(params.auth),
+            clock_offset_ns: None,
             services,
             ignore_state: u64::from(params.epoch) | 1,
             next_flush_ns: now_ns() + params.flush_interval_ns,
@@ -316,6 +338,16 @@ impl<T: Transport> Shard<T> {
         }
     }
 
+    /// Seal and check packets with the keys of `file` from now on (a reload replaces them).
+    pub fn set_keys(&mut self, file: &rocemesh_formats::keys::FleetKeys) {
+        self.auth.set_keys(file, now_ns());
+    }
+
+    /// The id of the key packets are sealed with now; `None`: unauthenticated.
+    pub fn send_key_id(&self) -> Option<u8> {
+        self.auth.send_key_id()
+    }
+
     /// Trace the paths of this shard's inter-ToR probes and answers from now on.
     pub fn set_path_tracer(&mut self, tracer: PathTracer) {
         self.paths = Some(tracer);
@@ -342,6 +374,8 @@ impl<T: Transport> Shard<T> {
             s.paths = p.stats();
         }
         s.transport_errors = self.transport.error_counts();
+        s.auth_refused = self.auth.refused;
+        s.send_key_id = self.auth.send_key_id();
         s.device_up = self.transport.device_up();
         s
     }
@@ -534,7 +568,9 @@ impl<T: Transport> Shard<T> {
 
     /// One round of work.
     pub fn step(&mut self) -> Result<(), SegmentError> {
+        self.follow_clock_steps();
         self.transport.housekeeping(now_ns());
+        self.auth.refresh(now_ns());
         self.collect_tx_timestamps(true)?;
         // Drain the socket (bounded): one batch per round would let a busy responder fall behind
         // its peers' send rate until its receive buffer overflows.
@@ -560,6 +596,38 @@ impl<T: Transport> Shard<T> {
             }
         }
         Ok(())
+    }
+
+    /// The shard's timers (probe schedule, in-flight deadlines, flush) are CLOCK_REALTIME, the
+    /// clock its records and the kernel's timestamps use. A step of that clock would otherwise
+    /// stop probing until the clock caught up again (a step back) or time out every probe in
+    /// flight (a step forward): when one is seen, every timer moves with it. A probe in flight
+    /// across the step gets an absurd delay and is recorded invalid, never lost.
+    fn follow_clock_steps(&mut self) {
+        let offset = now_ns().wrapping_sub(crate::clock::monotonic_ns()) as i64;
+        let Some(before) = self.clock_offset_ns.replace(offset) else { return };
+        let delta = offset.wrapping_sub(before);
+        // The reference follows every round, so a slew never adds up to a false step.
+        if delta.unsigned_abs() <= CLOCK_STEP_NS {
+            return;
+        }
+        self.stats.clock_steps += 1;
+        let shift = |t: u64| t.saturating_add_signed(delta);
+        // Rebuilt in place: into_vec and from reuse the heap's buffer.
+        let mut due = std::mem::take(&mut self.schedule).into_vec();
+        for Reverse((t, _)) in &mut due {
+            *t = shift(*t);
+        }
+        self.schedule = BinaryHeap::from(due);
+        for e in self.inflight.iter_mut().filter(|e| e.seq != 0) {
+            e.deadline = shift(e.deadline);
+        }
+        self.next_flush_ns = shift(self.next_flush_ns);
+        tracing::warn!(
+            device = %self.params.device,
+            step_ms = delta / 1_000_000,
+            "CLOCK_REALTIME stepped: probe timers moved with it; probes in flight across the step are recorded invalid"
+        );
     }
 
     /// Path tracing's round, and the path records of the traces it finished.
@@ -736,7 +804,7 @@ impl<T: Transport> Shard<T> {
                             t4_ns: ts,
                         };
                         let mut b = [0u8; PACKET_BYTES];
-                        ack2.encode(&mut b);
+                        self.auth.encode(&ack2, &mut b, now_ns());
                         self.enqueue(&pa.to, pa.flow_label, &b, false, NOT_A_PROBE)?;
                     }
                 }
@@ -760,8 +828,14 @@ impl<T: Transport> Shard<T> {
             let from = self.rx.from[i];
             let stamped = self.rx.rx_ns[i] != 0;
             let rx_ns = if stamped { self.rx.rx_ns[i] } else { t6 };
-            let p = match Packet::decode(&self.rx.buf[i][..self.rx.len[i]]) {
-                Ok(p) => p,
+            let bytes = &self.rx.buf[i][..self.rx.len[i]];
+            let p = match Packet::parse(bytes) {
+                Ok((p, seal)) => {
+                    if self.auth.admit(bytes, seal, t6).is_err() {
+                        continue;
+                    }
+                    p
+                }
                 Err(_) => {
                     if is_trace_payload(&self.rx.buf[i][..self.rx.len[i]]) {
                         self.stats.trace_arrivals += 1;
@@ -788,6 +862,12 @@ impl<T: Transport> Shard<T> {
                         continue;
                     }
                     let e = &mut self.inflight[slot];
+                    let bit = if p.kind == Kind::Ack1 { Arrived::ACK1 } else { Arrived::ACK2 };
+                    if e.arrived & bit != 0 {
+                        // The first one counts; a second must not move T5 or T4 after the fact.
+                        self.stats.duplicate_acks += 1;
+                        continue;
+                    }
                     e.responder_epoch = p.responder_epoch;
                     if p.kind == Kind::Ack1 {
                         e.arrived |= Arrived::ACK1;
@@ -830,7 +910,7 @@ impl<T: Transport> Shard<T> {
             t4_ns: token,
         };
         let mut b = [0u8; PACKET_BYTES];
-        ack1.encode(&mut b);
+        self.auth.encode(&ack1, &mut b, now_ns());
         self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
         if let Some(paths) = &mut self.paths
@@ -884,7 +964,8 @@ impl<T: Transport> Shard<T> {
                 self.finalize(slot)?;
             }
             let mut b = [0u8; PACKET_BYTES];
-            Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }.encode(&mut b);
+            let probe = Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
+            self.auth.encode(&probe, &mut b, now);
             let t1 = now_ns();
             self.stats.probes_sent += 1;
             // Marked sent now; a flush that could not send it takes the mark back and records

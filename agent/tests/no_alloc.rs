@@ -36,6 +36,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter is process-wide: the tests of this file take turns, or each would count the
+/// other's allocations.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> Shard<UdpTransport> {
     // With source ports: epoll and the per-socket grouping must not allocate either.
     let t = UdpTransport::bind_with_source_ports("127.0.0.1:0".parse().expect("addr"), 8).expect("bind");
@@ -53,6 +57,8 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> 
         service_max_targets: 4,
         service_new_per_s: 10.0,
         service_interval_ns: 1_000_000,
+        // ~50k probes/s: 100k ACKs/s received, held for the 2 s window.
+        auth: rocemesh_agent::auth::AuthParams { window_ns: 2_000_000_000, replay_slots: 1 << 20 },
     };
     let live = std::sync::Arc::new(rocemesh_agent::live::LiveShard::new(device, "t"));
     Shard::new(params, t, w, unspecified_like(IpAddr::V4(Ipv4Addr::LOCALHOST)), live)
@@ -60,7 +66,13 @@ fn shard(dir: &std::path::Path, device: &str, epoch: u32, default_port: u16) -> 
 
 #[test]
 fn probing_and_answering_do_not_allocate_after_warm_up() {
-    no_allocation_after_warm_up(false);
+    no_allocation_after_warm_up(false, false);
+}
+
+/// With a fleet key: every packet sealed, MAC-checked and entered in the replay table.
+#[test]
+fn authenticated_probing_does_not_allocate_after_warm_up() {
+    no_allocation_after_warm_up(false, true);
 }
 
 /// The same with path tracing on both shards and every target inter-ToR: the tracer's per-probe
@@ -69,11 +81,12 @@ fn probing_and_answering_do_not_allocate_after_warm_up() {
 #[test]
 #[ignore = "needs root (raw sockets); scripts/test runs it"]
 fn probing_and_answering_with_path_tracing_do_not_allocate_after_warm_up() {
-    let stats = no_allocation_after_warm_up(true);
+    let stats = no_allocation_after_warm_up(true, false);
     assert!(stats.started > 0 && stats.packets_sent > 0, "the tracer must have run: {stats:?}");
 }
 
-fn no_allocation_after_warm_up(trace: bool) -> rocemesh_agent::pathtrace::PathStats {
+fn no_allocation_after_warm_up(trace: bool, keyed: bool) -> rocemesh_agent::pathtrace::PathStats {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut responder = shard(dir.path(), "b", 0xB, 0);
     let target_port = responder.transport().local_addr().port();
@@ -85,6 +98,14 @@ fn no_allocation_after_warm_up(trace: bool) -> rocemesh_agent::pathtrace::PathSt
             let t = rocemesh_agent::pathtrace::PathTracer::open(Ipv4Addr::LOCALHOST, params, "test")
                 .expect("raw sockets (run as root)");
             s.set_path_tracer(t);
+        }
+    }
+    if keyed {
+        let mut keys = rocemesh_formats::keys::FleetKeys::new();
+        keys.rotate(0, 0, [0x42; 32]).expect("a key");
+        for s in [&mut prober, &mut responder] {
+            s.set_keys(&keys);
+            assert!(s.send_key_id().is_some());
         }
     }
     let kind = if trace { ProbeKind::InterTor } else { ProbeKind::TorMesh };
@@ -135,6 +156,10 @@ fn no_allocation_after_warm_up(trace: bool) -> rocemesh_agent::pathtrace::PathSt
     let completed = prober.stats().ok - ok_before;
     assert!(completed > 20_000, "the measured span must see real traffic: {completed} probes, {:?}", prober.stats());
     assert_eq!(prober.stats().lost, 0, "{:?}", prober.stats());
+    for s in [prober.stats(), responder.stats()] {
+        assert_eq!(s.auth_refused, [0; rocemesh_agent::auth::AuthRefusal::COUNT], "{s:?}");
+        assert_eq!(s.send_key_id.is_some(), keyed);
+    }
     assert_eq!(allocations, 0, "allocations over {completed} completed probes");
     assert_eq!(prober.service_stats().active, 2);
 

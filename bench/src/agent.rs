@@ -8,6 +8,9 @@
 //! - The `/metrics` endpoint's cost: CPU per probe with both agents scraped every second
 //!   against not scraped (the first event-mode row), and the size of one scrape of the
 //!   10k-target agent (its targets under 32 ToRs: the 32-ToR-peer pinglist of the issue).
+//! - Probe authentication's cost: CPU per probe with a fleet key (every probe and ACK sealed
+//!   with keyed BLAKE3, checked, and entered in the replay table) against without (the first
+//!   event-mode row).
 //!
 //! Baseline in the same run: a blocking std UDP ping-pong between two threads (2 packets per
 //! round trip where a probe is 3 plus 3 timestamp reads), CPU per round trip.
@@ -53,13 +56,17 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     // at once, then with interrupt moderation (event_coalesce_us).
     // The default (32 source ports) first, then one bound socket for everything.
     let mut at_once_us = None;
-    for (coalesce_us, source_ports, metrics) in
-        [(0, 32, false), (0, 32, true), (0, 0, false), (250, 32, false), (1000, 32, false)]
-    {
-        let setup = Setup { coalesce_us, source_ports, metrics, ..Setup::EVENT };
+    for (coalesce_us, source_ports, metrics, auth) in [
+        (0, 32, false, false),
+        (0, 32, true, false),
+        (0, 0, false, false),
+        (250, 32, false, false),
+        (1000, 32, false, false),
+    ] {
+        let setup = Setup { coalesce_us, source_ports, metrics, auth, ..Setup::EVENT };
         let m = pair(
             agent,
-            &root.path().join(format!("event{coalesce_us}-{source_ports}-{metrics}")),
+            &root.path().join(format!("event{coalesce_us}-{source_ports}-{metrics}-{auth}")),
             setup,
             100,
             100.0,
@@ -70,8 +77,9 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
         at_once_us.get_or_insert(m.cpu_us_per_probe);
         out.push(Figure {
             what: format!(
-                "event mode at 10k probes/s, event_coalesce_us = {coalesce_us}, source_ports = {source_ports}{}: CPU per completed probe",
-                if metrics { ", both agents' /metrics scraped every 1 s" } else { "" }
+                "event mode at 10k probes/s, event_coalesce_us = {coalesce_us}, source_ports = {source_ports}{}{}: CPU per completed probe",
+                if metrics { ", both agents' /metrics scraped every 1 s" } else { "" },
+                if auth { ", authenticated (fleet key)" } else { "" }
             ),
             value: m.cpu_us_per_probe,
             unit: "us",
@@ -91,6 +99,30 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
             ),
         });
     }
+    // Authentication's cost is a few percent, below one pair's run-to-run noise on a shared
+    // machine: pairs without and with a key, alternated, and the medians compared.
+    let (mut plain, mut keyed) = (Vec::new(), Vec::new());
+    for round in 0..AUTH_ROUNDS {
+        for auth in [false, true] {
+            let setup = Setup { auth, ..Setup::EVENT };
+            let m = pair(agent, &root.path().join(format!("auth{round}-{auth}")), setup, 100, 100.0, seconds)?;
+            if m.lost > 0 {
+                bail!("{} probes lost in the authentication comparison (auth = {auth})", m.lost);
+            }
+            if auth { &mut keyed } else { &mut plain }.push(m.cpu_us_per_probe);
+        }
+    }
+    let (p50_plain, p50_keyed) = (median(&mut plain), median(&mut keyed));
+    out.push(Figure {
+        what: "event mode at 10k probes/s, authenticated (fleet key): CPU per completed probe, median".into(),
+        value: p50_keyed,
+        unit: "us",
+        note: format!(
+            "{:.3}x the unauthenticated median ({p50_plain:.2} us) of {AUTH_ROUNDS} alternated pairs each; \
+             runs without {plain:.2?}, with {keyed:.2?}",
+            p50_keyed / p50_plain
+        ),
+    });
     // Busy-poll: offer more and more; the ceiling is the most that completes with < 1% loss
     // (beyond it the responder's socket overflows and what "completes" is not a rate anyone
     // would run at).
@@ -137,6 +169,13 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     Ok(out)
 }
 
+const AUTH_ROUNDS: usize = 3;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// How both agents of a pair run.
 #[derive(Clone, Copy)]
 struct Setup {
@@ -145,11 +184,13 @@ struct Setup {
     source_ports: usize,
     /// Serve /metrics and scrape both agents every second.
     metrics: bool,
+    /// Authenticated probes: both agents share a fleet key.
+    auth: bool,
 }
 
 impl Setup {
-    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32, metrics: false };
-    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32, metrics: false };
+    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32, metrics: false, auth: false };
+    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32, metrics: false, auth: false };
 }
 
 /// What the scraper saw.
@@ -302,6 +343,17 @@ fn write_agent(
         setup.source_ports
     );
     let cfg = if setup.metrics { format!("{cfg}[metrics]\nlisten = \"{ip}:{}\"\n", PORT + 1) } else { cfg };
+    let cfg = if setup.auth {
+        let mut keys = rocemesh_formats::keys::FleetKeys::new();
+        keys.rotate(0, 0, [0x3c; 32]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let path = d.join(rocemesh_formats::keys::FILE_NAME);
+        std::fs::write(&path, keys.to_toml_string()?)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        format!("{cfg}[auth]\nkeys = \"{}\"\n", rocemesh_formats::keys::FILE_NAME)
+    } else {
+        cfg
+    };
     let pl = Pinglist {
         version: 1,
         host: name.into(),

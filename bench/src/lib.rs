@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod analyze;
+pub mod auth;
 pub mod collect;
 pub mod formats;
 pub mod pinglists;

@@ -18,6 +18,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum What {
+    /// Probe authentication's cost per packet (seal, parse, admit) against the unauthenticated
+    /// packet path, in process.
+    Auth {
+        /// Packets timed each way (at most what the replay table holds in one 2 s window).
+        #[arg(long, default_value_t = 60_000)]
+        packets: u64,
+    },
     /// Agent processes on loopback: CPU per probe (event mode, 10k/s), busy-poll ceiling, RSS
     /// with 10k targets. Needs the agent binary: `cargo build --release -p rocemesh-agent`.
     Agent {
@@ -124,6 +131,12 @@ fn main() -> Result<()> {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
             );
             for f in rocemesh_bench::agent::run(&agent, seconds)? {
+                println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
+            }
+        }
+        What::Auth { packets } => {
+            println!("bench auth: {packets} packets each way, one thread");
+            for f in rocemesh_bench::auth::run(packets)? {
                 println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
             }
         }

@@ -20,6 +20,7 @@
 //!   (within a rail on rail-optimised fabrics) in a computed number of generations, and flow
 //!   labels sized by the ECMP coverage formula.
 //! - [`collect`]: the agents' sealed segments into a collection directory, verified on arrival.
+//! - [`keys`]: the fleet key file that authenticates probes, rotated without a probing gap.
 //! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
 
@@ -31,6 +32,7 @@ pub mod diff;
 mod error;
 pub mod generation;
 pub mod import;
+pub mod keys;
 pub mod pinglist_dir;
 pub mod push;
 pub mod remote;

@@ -44,8 +44,12 @@ enum What {
     Inventory(InventoryCmd),
     /// Write one pinglist per host into a directory.
     GenPinglists(GenArgs),
-    /// Copy each host's pinglist to the host (ssh) or into a shared directory, atomically.
+    /// Copy each host's pinglist to the host (ssh) or into a shared directory, atomically; the
+    /// fleet key file (`ctl keys rotate`) goes with it.
     PushPinglist(PushArgs),
+    /// The fleet key that authenticates every probe and ACK (agent config: `[auth] keys`).
+    #[command(subcommand)]
+    Keys(KeysCmd),
     /// Show what a push would change on each host.
     Diff(DiffArgs),
     /// Show which hosts hold the current generation, and which are stale or missing.
@@ -62,6 +66,29 @@ enum What {
         /// The command's name as installed (packages install `rocemesh-ctl`).
         #[arg(long, default_value = "ctl")]
         name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCmd {
+    /// Add a new key to DIR/fleet-keys.toml (creating it): accepted by every agent as soon as
+    /// it arrives, sent with after --grace-s; the key in force stays accepted --grace-s after
+    /// that. Push within the grace (`ctl push-pinglist --from DIR`) and no probe is refused.
+    Rotate {
+        /// The pinglist directory (what `ctl push-pinglist --from` reads).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Seconds until agents send with the new key, and that the old one is accepted after.
+        /// The first key of a fleet: 0 starts authentication at the next push (agents accept
+        /// unauthenticated packets until they send authenticated ones themselves).
+        #[arg(long, default_value_t = 900)]
+        grace_s: u64,
+    },
+    /// Show the keys of DIR/fleet-keys.toml and their times (never the secrets).
+    Show {
+        /// The pinglist directory.
+        #[arg(long)]
+        dir: PathBuf,
     },
 }
 
@@ -348,6 +375,25 @@ fn run(cli: Cli) -> Result<i32> {
         What::Inventory(InventoryCmd::SwitchAddrs(args)) => inventory_switch_addrs(args),
         What::GenPinglists(args) => gen_pinglists(args),
         What::PushPinglist(args) => push_pinglist(args),
+        What::Keys(KeysCmd::Rotate { dir, grace_s }) => {
+            if !dir.is_dir() {
+                bail!(
+                    "{} is not a directory (fix: pass the pinglist directory, --from of push-pinglist)",
+                    dir.display()
+                );
+            }
+            let now = unix_now_s();
+            let r = rocemesh_ctl::keys::rotate(&dir, now, grace_s)?;
+            println!("{}: key {} added; sent from {} s from now", r.path.display(), r.id, grace_s);
+            print!("{}", rocemesh_ctl::keys::render(&r.keys, now));
+            println!("push it within {grace_s} s: ctl push-pinglist --from {}", dir.display());
+            Ok(OK)
+        }
+        What::Keys(KeysCmd::Show { dir }) => {
+            let keys = rocemesh_formats::keys::FleetKeys::load(rocemesh_ctl::keys::path(&dir))?;
+            print!("{}", rocemesh_ctl::keys::render(&keys, unix_now_s()));
+            Ok(OK)
+        }
         What::Diff(args) => diff_cmd(args),
         What::Status(args) => status_cmd(args),
         What::Collect(args) => collect_cmd(args),
@@ -356,6 +402,10 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(OK)
         }
     }
+}
+
+fn unix_now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// `ctl generate WHAT`: the man page or a shell's completions, on standard output.

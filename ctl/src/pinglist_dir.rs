@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rocemesh_formats::inventory::FileError;
+use rocemesh_formats::keys::FleetKeys;
 use rocemesh_formats::pinglist::Pinglist;
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +160,7 @@ impl PinglistDir {
             if let Some(host) = name.strip_suffix(".toml")
                 && !host.is_empty()
                 && !host.starts_with('.')
+                && name != rocemesh_formats::keys::FILE_NAME
             {
                 hosts.push(host.to_owned());
             }
@@ -203,6 +205,21 @@ impl PinglistDir {
     /// Where `host`'s pinglist is.
     pub fn path(&self, host: &str) -> PathBuf {
         self.dir.join(format!("{host}.toml"))
+    }
+
+    /// The fleet key file beside the pinglists (`ctl keys rotate`), its bytes as on disk and
+    /// validated; `None` when the fleet has no keys.
+    pub fn keys(&self) -> Option<Result<(Vec<u8>, FleetKeys), FileError>> {
+        let path = self.dir.join(rocemesh_formats::keys::FILE_NAME);
+        if !path.exists() {
+            return None;
+        }
+        Some(FleetKeys::load(&path).and_then(|k| {
+            let bytes = std::fs::read(&path).map_err(|e| {
+                FileError::new(&path, None, "", format!("cannot read the key file: {e}"), "check its permissions")
+            })?;
+            Ok((bytes, k))
+        }))
     }
 
     /// The pinglist of `host`, its bytes as on disk, validated, and checked to be `host`'s.
@@ -388,7 +405,8 @@ fn pinglist_names(dir: &Path) -> Vec<String> {
         .filter_map(|entry| {
             let name = entry.ok()?.file_name().into_string().ok()?;
             let host = name.strip_suffix(".toml")?;
-            (!host.is_empty() && !host.starts_with('.')).then(|| host.to_owned())
+            (!host.is_empty() && !host.starts_with('.') && name != rocemesh_formats::keys::FILE_NAME)
+                .then(|| host.to_owned())
         })
         .collect()
 }

@@ -6,6 +6,11 @@
 //! agent, which reloads the file when it changes, sees the old list or the new one. With
 //! [`Destination::Dir`] the same is done locally into `DIR/<host>/pinglist.toml` (a shared
 //! filesystem the agents read).
+//!
+//! When the pinglist directory holds the fleet key file (`ctl keys rotate`), it goes first, to
+//! the same directory as the pinglist on the host, readable only by its owner and the group of
+//! that directory (the agent's group under the package's `/etc/rocemesh`): a pinglist never
+//! arrives without the keys its probes will be checked with.
 
 use rocemesh_formats::inventory::FileError;
 
@@ -84,6 +89,15 @@ fn push_one(from: &PinglistDir, host: &str, dest: &Destination) -> HostResult {
         Err(e) => return result(false, format!("local pinglist refused: {e}"), None),
     };
     let generation = Some(pinglist.generation);
+    if let Some(keys) = from.keys() {
+        let bytes = match keys {
+            Ok((bytes, _)) => bytes,
+            Err(e) => return result(false, format!("local key file refused: {e}"), generation),
+        };
+        if let Err(e) = push_keys(host, dest, &bytes) {
+            return result(false, format!("key file not installed (pinglist not pushed): {e}"), generation);
+        }
+    }
     match dest {
         Destination::Dir(dir) => {
             let path = dir_path(dir, host);
@@ -105,18 +119,58 @@ fn push_one(from: &PinglistDir, host: &str, dest: &Destination) -> HostResult {
     }
 }
 
+/// Where the key file goes for a pinglist at `pinglist_path`: beside it.
+pub fn keys_path_beside(pinglist_path: &str) -> String {
+    match pinglist_path.rfind('/') {
+        Some(i) => format!("{}/{}", &pinglist_path[..i], rocemesh_formats::keys::FILE_NAME),
+        None => rocemesh_formats::keys::FILE_NAME.to_owned(),
+    }
+}
+
+fn push_keys(host: &str, dest: &Destination, bytes: &[u8]) -> Result<(), String> {
+    match dest {
+        Destination::Dir(dir) => {
+            let path = dir.join(host).join(rocemesh_formats::keys::FILE_NAME);
+            (|| {
+                std::fs::create_dir_all(dir.join(host))?;
+                atomic_write(&path, bytes, true)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            })()
+            .map_err(|e| format!("{}: {e}", path.display()))
+        }
+        Destination::Ssh { ssh, remote_path } => {
+            let command = install_command(&keys_path_beside(&remote_path.for_host(host)), bytes.len(), true);
+            match ssh.run(host, &command, Some(bytes)) {
+                Ok(out) if out.success() => Ok(()),
+                Ok(out) => Err(out.failure_summary(ssh.timeout)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    }
+}
+
 /// The remote command that installs stdin at `path`, refusing anything but `len` bytes.
 /// Run by `sh` whatever the login shell is.
 pub fn push_command(path: &str, len: usize) -> String {
+    install_command(path, len, false)
+}
+
+/// [`push_command`]; `secret`: the file is created mode 0640 with the group of its directory
+/// (the key file: the agent reads it through its group, nobody else can).
+fn install_command(path: &str, len: usize, secret: bool) -> String {
+    let (umask, chgrp) =
+        if secret { ("027", r#"chgrp --reference="$d" -- "$t" 2>/dev/null || true"#) } else { ("022", "") };
     let script = format!(
         r#"set -eu
 f={path}
 d=$(dirname -- "$f")
-umask 022
+umask {umask}
 mkdir -p -- "$d"
 t="$d/.$(basename -- "$f").ctl-tmp.$$"
 trap 'rm -f -- "$t"' EXIT
 cat > "$t"
+{chgrp}
 n=$(($(wc -c < "$t")))
 if [ "$n" -ne {len} ]; then echo "received $n of {len} bytes; $f left as it was" >&2; exit 1; fi
 sync -- "$t" 2>/dev/null || sync

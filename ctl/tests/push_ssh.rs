@@ -201,3 +201,55 @@ fn push_status_and_diff_over_real_ssh() {
     let out = ssh.run("host1", "sleep 30", None).unwrap();
     assert!(out.timed_out && out.elapsed < Duration::from_secs(10), "{out:?}");
 }
+
+/// The fleet key file goes with the pinglists: beside each host's pinglist, readable only by its
+/// owner and the directory's group, never listed as a host; a key file others can read is
+/// refused on the bastion and nothing is pushed.
+#[test]
+fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = start_sshd();
+    write_inventory(&f.path("inventory.toml"));
+    generate(&f, "gen1", "1");
+    let gen1 = f.path("gen1");
+    let out = ctl(&["keys", "rotate", "--dir", gen1.to_str().unwrap(), "--grace-s", "0"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let local_keys = gen1.join(rocemesh_formats::keys::FILE_NAME);
+    let remote = format!("{}/remote/{{host}}/etc/pinglist.toml", f.dir.path().display());
+    let keys_of = |host: &str| PathBuf::from(remote.replace("{host}", host)).with_file_name("fleet-keys.toml");
+    let ssh_option = f.ssh_option();
+    let push = || {
+        ctl(&[
+            "push-pinglist",
+            "--from",
+            gen1.to_str().unwrap(),
+            "--hosts",
+            "host0,host1",
+            "--remote-path",
+            &remote,
+            "--ssh-option",
+            &ssh_option,
+            "--results",
+            f.path("results.tsv").to_str().unwrap(),
+        ])
+    };
+    let out = push();
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("2 ok, 0 failed") && !report.contains("fleet-keys"), "{report}");
+    for host in ["host0", "host1"] {
+        let path = keys_of(host);
+        assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(&local_keys).unwrap(), "{host}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "{host}: the key file is private to its owner and the directory's group");
+        rocemesh_formats::keys::FleetKeys::load(&path).expect("the agent accepts it");
+    }
+    // A key file others can read is refused before anything leaves the bastion.
+    std::fs::set_permissions(&local_keys, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::remove_file(keys_of("host0")).unwrap();
+    let out = push();
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("local key file refused") && report.contains("chmod 600"), "{report}");
+    assert!(!keys_of("host0").exists());
+}

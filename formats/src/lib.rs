@@ -3,7 +3,7 @@
 //! Everything that crosses a crate or a machine boundary is defined here and nowhere else:
 //! the probe and path records an agent writes ([`record`]), the segment files they live in
 //! ([`segment`]), the per-host pinglist `ctl` pushes ([`pinglist`]), the fabric inventory
-//! it is generated from ([`inventory`]), what an agent reports about its host ([`describe`]), and
+//! it is generated from ([`inventory`]), the fleet's probe keys ([`keys`]), what an agent reports about its host ([`describe`]), and
 //! how an address becomes a RoCE GID ([`gid`]).
 //! Each is versioned; a reader refuses what it does not understand with an error that names the
 //! file and what to do about it. [`time`] turns the records' Unix timestamps into dates for the
@@ -14,6 +14,7 @@ pub mod describe;
 pub mod docs;
 pub mod gid;
 pub mod inventory;
+pub mod keys;
 pub mod pinglist;
 pub mod record;
 pub mod scenario;

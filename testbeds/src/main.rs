@@ -408,7 +408,16 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     );
                     Ok(0)
                 }
-                other => anyhow::bail!("rxe-lab {other}: use `run` or `bench`"),
+                // Steps the machine's clock: only inside the VM (`rxe-lab run` ends with it).
+                "clock-step" => {
+                    let checks =
+                        rocemesh_testbeds::clockstep::run(&opts.bin.join("agent"), &opts.lab.join("clockstep"))?;
+                    for c in &checks {
+                        println!("{}  {}  {}", if c.ok { "ok  " } else { "FAIL" }, c.name, c.detail);
+                    }
+                    Ok(if checks.iter().all(|c| c.ok) { 0 } else { 1 })
+                }
+                other => anyhow::bail!("rxe-lab {other}: use `run`, `bench` or `clock-step`"),
             }
         }
     }

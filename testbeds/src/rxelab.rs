@@ -538,6 +538,8 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     };
     checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
     checks.extend(crate::rxemetrics::checks(&scrapes));
+    // Last: it steps the guest's clock (and puts it back).
+    checks.extend(crate::clockstep::run(&bin("agent"), &lab.join("clockstep"))?);
     let services = ServicesRun { perftest, storm, tracer_cpu };
     let result = LabResult { phases, checks, records: records.len() as u64, findings, services };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
