@@ -169,7 +169,11 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
             assert_eq!(got, n, "{reason}, with no kernel drops every one is counted\n{line}");
         }
     }
-    assert_eq!(final_stat(&errs[0], "answered"), final_stat(&errs[1], "sent") + valid.len() as u64);
+    // Agent 0 answered the 50 valid probes and agent 1's, nothing of the attack: at least every
+    // probe agent 1 completed, at most every one it sent (its last may meet agent 0 stopping).
+    let answered = final_stat(&errs[0], "answered") - valid.len() as u64;
+    let (ok1, sent1) = (final_stat(&errs[1], "ok"), final_stat(&errs[1], "sent"));
+    assert!((ok1..=sent1).contains(&answered), "answered {answered} of agent 1's {sent1} sent, {ok1} ok");
     // The agents' own authenticated probing lost nothing under attack.
     for (i, err) in errs.iter().enumerate() {
         assert!(err.contains("fleet keys in force") && err.contains("sending=2"), "{err}");
