@@ -113,18 +113,16 @@ impl Auth {
         }
     }
 
-    /// Whether keys are loaded.
-    pub fn keyed(&self) -> bool {
-        !self.keys.is_empty()
-    }
-
     /// Take the keys of a (re)loaded key file. The replay table is allocated the first time
     /// and kept across reloads, so a rotation does not forget what was admitted.
     pub fn set_keys(&mut self, file: &FleetKeys, now_ns: u64) {
         self.keys.clear();
         for k in file.keys.iter().take(MAX_KEYS) {
-            // A file that `FleetKeys::parse` accepted has valid secrets; anything else is skipped.
-            let Some(secret) = k.secret_bytes() else { continue };
+            // A file that `FleetKeys::parse` accepted has valid secrets; one built otherwise may not.
+            let Some(secret) = k.secret_bytes() else {
+                tracing::error!(id = k.id, "fleet key skipped: its secret is not 64 hex digits");
+                continue;
+            };
             self.keys.push(Slot {
                 key: MacKey::new(k.id, secret),
                 send_from_ns: k.send_from_unix_s.saturating_mul(1_000_000_000),

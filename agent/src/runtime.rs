@@ -622,7 +622,7 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         answered = s.answered,
         unreachable = s.unreachable,
         local_drops = s.local_drops.iter().sum::<u64>(),
-        local_drops_by_reason = %LocalDrops(&s.local_drops),
+        local_drops_by_reason = %ByReason(&s.local_drops, &DropReason::NAMES),
         acks_not_sent = s.acks_not_sent,
         recv_errors = s.recv_errors,
         tx_stamp_errors = s.tx_stamp_errors,
@@ -655,15 +655,6 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         auth_refused_by_reason = %ByReason(&s.auth_refused, &crate::auth::AuthRefusal::NAMES),
         "shard stats"
     );
-}
-
-/// Local drops by reason, for the stats line: only the reasons that happened.
-struct LocalDrops<'a>(&'a [u64; DropReason::COUNT]);
-
-impl std::fmt::Display for LocalDrops<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        ByReason(self.0, &DropReason::NAMES).fmt(f)
-    }
 }
 
 /// Counts by reason, for the stats line: `name=n,...` for the reasons that happened.

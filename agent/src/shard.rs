@@ -568,9 +568,10 @@ impl<T: Transport> Shard<T> {
 
     /// One round of work.
     pub fn step(&mut self) -> Result<(), SegmentError> {
-        self.follow_clock_steps();
-        self.transport.housekeeping(now_ns());
-        self.auth.refresh(now_ns());
+        let start = now_ns();
+        self.follow_clock_steps(start);
+        self.transport.housekeeping(start);
+        self.auth.refresh(start);
         self.collect_tx_timestamps(true)?;
         // Drain the socket (bounded): one batch per round would let a busy responder fall behind
         // its peers' send rate until its receive buffer overflows.
@@ -603,8 +604,8 @@ impl<T: Transport> Shard<T> {
     /// stop probing until the clock caught up again (a step back) or time out every probe in
     /// flight (a step forward): when one is seen, every timer moves with it. A probe in flight
     /// across the step gets an absurd delay and is recorded invalid, never lost.
-    fn follow_clock_steps(&mut self) {
-        let offset = now_ns().wrapping_sub(crate::clock::monotonic_ns()) as i64;
+    fn follow_clock_steps(&mut self, now: u64) {
+        let offset = now.wrapping_sub(crate::clock::monotonic_ns()) as i64;
         let Some(before) = self.clock_offset_ns.replace(offset) else { return };
         let delta = offset.wrapping_sub(before);
         // The reference follows every round, so a slew never adds up to a false step.
@@ -756,6 +757,8 @@ impl<T: Transport> Shard<T> {
                 return Ok(false);
             }
         };
+        // The time ACK2s of this batch are sealed with: one clock read per batch, not per ACK.
+        let now = if n > 0 { now_ns() } else { 0 };
         for i in 0..n {
             let Ok(p) = Packet::decode(&self.tx.payload[i]) else { continue };
             let ts = self.tx.tx_ns[i];
@@ -804,7 +807,7 @@ impl<T: Transport> Shard<T> {
                             t4_ns: ts,
                         };
                         let mut b = [0u8; PACKET_BYTES];
-                        self.auth.encode(&ack2, &mut b, now_ns());
+                        self.auth.encode(&ack2, &mut b, now);
                         self.enqueue(&pa.to, pa.flow_label, &b, false, NOT_A_PROBE)?;
                     }
                 }
@@ -846,7 +849,7 @@ impl<T: Transport> Shard<T> {
                 }
             };
             match p.kind {
-                Kind::Probe => self.answer(p, from, rx_ns)?,
+                Kind::Probe => self.answer(p, from, rx_ns, t6)?,
                 Kind::Ack1 | Kind::Ack2 => {
                     let Some(slot) = self.slot_of(p.seq) else {
                         if (p.seq >> 32) as u32 == self.params.epoch {
@@ -889,7 +892,8 @@ impl<T: Transport> Shard<T> {
         Ok(n == crate::transport::BATCH)
     }
 
-    fn answer(&mut self, p: Packet, from: T::Addr, t3: u64) -> Result<(), SegmentError> {
+    /// Answer a probe received at `t3`; `now` is the receive batch's clock, ACK1's seal time.
+    fn answer(&mut self, p: Packet, from: T::Addr, t3: u64, now: u64) -> Result<(), SegmentError> {
         if self.params.ignore_probe_fraction > 0.0 {
             // xorshift: a deterministic "lossy peer" for tests of loss accounting.
             self.ignore_state ^= self.ignore_state << 13;
@@ -910,7 +914,7 @@ impl<T: Transport> Shard<T> {
             t4_ns: token,
         };
         let mut b = [0u8; PACKET_BYTES];
-        self.auth.encode(&ack1, &mut b, now_ns());
+        self.auth.encode(&ack1, &mut b, now);
         self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
         if let Some(paths) = &mut self.paths

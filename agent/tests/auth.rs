@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{PORT, addr, final_stat, finish, name, records, setup, spawn, tally};
+use common::{PORT, addr, assert_pair_lossless, final_stat, finish, finish_all, setup, spawn};
 use rocemesh_agent::protocol::{Kind, MacKey, PACKET_BYTES, Packet};
 use rocemesh_formats::keys::{FILE_NAME, FleetKey, FleetKeys};
 
@@ -139,12 +139,7 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
     let answered_during_attack = drain(&attacker, Duration::from_millis(1000));
     let dropped = socket_drops(target) - drops_before;
 
-    let mut errs = Vec::new();
-    for c in children {
-        let (code, err) = finish(c);
-        assert_eq!(code, 0, "{err}");
-        errs.push(err);
-    }
+    let errs = finish_all(children);
     assert_eq!(answered_during_attack, 0, "nothing of the attack is answered ({total} sent)");
     let refused = final_stat(&errs[0], "auth_refused");
     eprintln!("attack: {total} packets in 2 s ({sent:?}), refused {refused}, dropped by the kernel {dropped}");
@@ -175,12 +170,10 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
     let (ok1, sent1) = (final_stat(&errs[1], "ok"), final_stat(&errs[1], "sent"));
     assert!((ok1..=sent1).contains(&answered), "answered {answered} of agent 1's {sent1} sent, {ok1} ok");
     // The agents' own authenticated probing lost nothing under attack.
-    for (i, err) in errs.iter().enumerate() {
+    for err in &errs {
         assert!(err.contains("fleet keys in force") && err.contains("sending=2"), "{err}");
-        assert_eq!(final_stat(err, "lost"), 0, "agent {i}:\n{err}");
-        let (ok, lost, _) = tally(&records(root.path(), i))[&name(1 - i)];
-        assert!(ok > 200 && lost == 0, "agent {i}: ok {ok}, lost {lost}");
     }
+    assert_pair_lossless(root.path(), &errs, 200);
 }
 
 /// A rotation pushed to one agent 2 s after the other, within the grace: the new key is
@@ -207,20 +200,13 @@ fn a_key_rotation_pushed_unevenly_within_the_grace_loses_no_probe() {
     write_keys(&dirs[0], &keys);
     std::thread::sleep(Duration::from_secs(2));
     write_keys(&dirs[1], &keys);
-    let mut errs = Vec::new();
-    for c in children {
-        let (code, err) = finish(c);
-        assert_eq!(code, 0, "{err}");
-        errs.push(err);
-    }
+    let errs = finish_all(children);
     for (i, err) in errs.iter().enumerate() {
         assert!(err.contains("fleet keys reloaded"), "agent {i} took the new file:\n{err}");
         assert_eq!(final_stat(err, "send_key"), 2, "agent {i} ends sending with the new key");
         assert_eq!(final_stat(err, "auth_refused"), 0, "agent {i}:\n{err}");
-        assert_eq!(final_stat(err, "lost"), 0, "agent {i}:\n{err}");
-        let (ok, lost, _) = tally(&records(root.path(), i))[&name(1 - i)];
-        assert!(ok > 300 && lost == 0, "agent {i}: ok {ok}, lost {lost}");
     }
+    assert_pair_lossless(root.path(), &errs, 300);
 }
 
 /// A key file others can read stops the agent at start, naming the file and the chmod.

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
-use common::{addr, final_stat, finish, name, records, setup, spawn, tally};
+use common::{addr, assert_pair_lossless, final_stat, finish_all, setup, spawn};
 
 /// Local addresses of the sockets process `pid` holds, from /proc: (udp, tcp listeners).
 fn listening(pid: u32) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
@@ -98,16 +98,7 @@ fn garbage_to_every_port_the_agent_listens_on_is_counted_and_never_answered() {
     s.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
     assert!(s.recv(&mut buf).is_err(), "nothing is ever answered to garbage");
 
-    let mut errs = Vec::new();
-    for c in children {
-        let (code, err) = finish(c);
-        assert_eq!(code, 0, "{err}");
-        errs.push(err);
-    }
+    let errs = finish_all(children);
     assert_eq!(final_stat(&errs[0], "malformed"), datagrams, "every datagram counted, on every socket");
-    for (i, err) in errs.iter().enumerate() {
-        assert_eq!(final_stat(err, "lost"), 0, "agent {i}:\n{err}");
-        let (ok, lost, _) = tally(&records(root.path(), i))[&name(1 - i)];
-        assert!(ok > 150 && lost == 0, "agent {i}: ok {ok}, lost {lost}");
-    }
+    assert_pair_lossless(root.path(), &errs, 150);
 }

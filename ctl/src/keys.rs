@@ -32,9 +32,12 @@ pub struct Rotated {
 pub fn rotate(dir: &Path, now_unix_s: u64, grace_s: u64) -> Result<Rotated, Error> {
     let path = path(dir);
     let mut keys = if path.exists() { FleetKeys::load(&path)? } else { FleetKeys::new() };
-    let id = keys
-        .rotate(now_unix_s, grace_s, random_secret()?)
-        .map_err(|e| Error::invalid(format!("{}: {e}", path.display()), "see above"))?;
+    let id = keys.rotate(now_unix_s, grace_s, random_secret()?).map_err(|e| {
+        Error::invalid(
+            format!("{}: {e}", path.display()),
+            "rotate after the oldest key's grace ends, or with a shorter --grace-s",
+        )
+    })?;
     let text = keys
         .to_toml_string()
         .map_err(|e| Error::invalid(format!("cannot write the key file: {e}"), "report this as a ctl bug"))?;
@@ -42,7 +45,8 @@ pub fn rotate(dir: &Path, now_unix_s: u64, grace_s: u64) -> Result<Rotated, Erro
     Ok(Rotated { path, id, keys })
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `path` durably, mode 0600 from the temporary file's first byte on.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     // Written under a umask that keeps the temporary file private from its first byte.
     // SAFETY: umask only changes this process's file creation mask.

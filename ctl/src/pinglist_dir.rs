@@ -211,15 +211,7 @@ impl PinglistDir {
     /// validated; `None` when the fleet has no keys.
     pub fn keys(&self) -> Option<Result<(Vec<u8>, FleetKeys), FileError>> {
         let path = self.dir.join(rocemesh_formats::keys::FILE_NAME);
-        if !path.exists() {
-            return None;
-        }
-        Some(FleetKeys::load(&path).and_then(|k| {
-            let bytes = std::fs::read(&path).map_err(|e| {
-                FileError::new(&path, None, "", format!("cannot read the key file: {e}"), "check its permissions")
-            })?;
-            Ok((bytes, k))
-        }))
+        path.exists().then(|| FleetKeys::read(&path).map(|(text, keys)| (text.into_bytes(), keys)))
     }
 
     /// The pinglist of `host`, its bytes as on disk, validated, and checked to be `host`'s.

@@ -71,10 +71,13 @@ pub fn push(
     parallel: usize,
     done: impl Fn(&HostResult) + Sync,
 ) -> Vec<HostResult> {
-    run_parallel(hosts, parallel, |host| push_one(from, host, dest), done)
+    // The key file is the fleet's, not a host's: read and validated once for every host. A
+    // refused one fails every host, each with the reason.
+    let keys = from.keys().map(|r| r.map(|(bytes, _)| bytes).map_err(|e| e.to_string()));
+    run_parallel(hosts, parallel, |host| push_one(from, keys.as_ref(), host, dest), done)
 }
 
-fn push_one(from: &PinglistDir, host: &str, dest: &Destination) -> HostResult {
+fn push_one(from: &PinglistDir, keys: Option<&Result<Vec<u8>, String>>, host: &str, dest: &Destination) -> HostResult {
     let start = Instant::now();
     let result = |ok: bool, error: String, generation: Option<u64>| HostResult {
         host: host.to_owned(),
@@ -89,12 +92,12 @@ fn push_one(from: &PinglistDir, host: &str, dest: &Destination) -> HostResult {
         Err(e) => return result(false, format!("local pinglist refused: {e}"), None),
     };
     let generation = Some(pinglist.generation);
-    if let Some(keys) = from.keys() {
+    if let Some(keys) = keys {
         let bytes = match keys {
-            Ok((bytes, _)) => bytes,
+            Ok(bytes) => bytes,
             Err(e) => return result(false, format!("local key file refused: {e}"), generation),
         };
-        if let Err(e) = push_keys(host, dest, &bytes) {
+        if let Err(e) = push_keys(host, dest, bytes) {
             return result(false, format!("key file not installed (pinglist not pushed): {e}"), generation);
         }
     }
@@ -131,13 +134,9 @@ fn push_keys(host: &str, dest: &Destination, bytes: &[u8]) -> Result<(), String>
     match dest {
         Destination::Dir(dir) => {
             let path = dir.join(host).join(rocemesh_formats::keys::FILE_NAME);
-            (|| {
-                std::fs::create_dir_all(dir.join(host))?;
-                atomic_write(&path, bytes, true)?;
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            })()
-            .map_err(|e| format!("{}: {e}", path.display()))
+            std::fs::create_dir_all(dir.join(host))
+                .and_then(|()| crate::keys::write_private(&path, bytes))
+                .map_err(|e| format!("{}: {e}", path.display()))
         }
         Destination::Ssh { ssh, remote_path } => {
             let command = install_command(&keys_path_beside(&remote_path.for_host(host)), bytes.len(), true);
@@ -159,8 +158,16 @@ pub fn push_command(path: &str, len: usize) -> String {
 /// [`push_command`]; `secret`: the file is created mode 0640 with the group of its directory
 /// (the key file: the agent reads it through its group, nobody else can).
 fn install_command(path: &str, len: usize, secret: bool) -> String {
-    let (umask, chgrp) =
-        if secret { ("027", r#"chgrp --reference="$d" -- "$t" 2>/dev/null || true"#) } else { ("022", "") };
+    // A key file the agent's group cannot read would make the agent refuse every packet, so a
+    // failed chgrp fails the push (with the file left as it was) instead of passing quietly.
+    let (umask, chgrp) = if secret {
+        (
+            "027",
+            r#"chgrp --reference="$d" -- "$t" || { echo "cannot give $f the group of $d, which the agent reads it through: push as root or as a member of that group" >&2; exit 1; }"#,
+        )
+    } else {
+        ("022", "")
+    };
     let script = format!(
         r#"set -eu
 f={path}

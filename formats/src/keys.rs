@@ -139,7 +139,7 @@ pub enum RotateError {
     #[error(
         "the key file already holds {MAX_KEYS} keys that are still accepted (the oldest until unix time {until}); \
          rotating again before then would drop a key some agents may still send with (wait until then, \
-         or rotate with a shorter --grace)"
+         or rotate with a shorter --grace-s)"
     )]
     TooManyKeys {
         /// When the oldest accepted key expires.
@@ -156,9 +156,17 @@ impl FleetKeys {
     /// Reads and validates the key file at `path`, refusing one that others can read or write or
     /// its group can write.
     pub fn load(path: impl AsRef<Path>) -> Result<FleetKeys, FileError> {
+        Self::read(path).map(|(_, keys)| keys)
+    }
+
+    /// [`FleetKeys::load`], with the file's text as it is on disk (what `ctl push-pinglist`
+    /// copies to the hosts, read once with the keys it holds).
+    pub fn read(path: impl AsRef<Path>) -> Result<(String, FleetKeys), FileError> {
         let path = path.as_ref();
         check_private(path)?;
-        Self::parse(&tomlfile::read_text(path)?, path)
+        let text = tomlfile::read_text(path)?;
+        let keys = Self::parse(&text, path)?;
+        Ok((text, keys))
     }
 
     /// Parses and validates `text`; `path` is only used in errors.

@@ -99,6 +99,28 @@ pub fn finish(child: Child) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Wait for every agent: their stderr, each having exited 0.
+pub fn finish_all(children: Vec<Child>) -> Vec<String> {
+    children
+        .into_iter()
+        .map(|c| {
+            let (code, err) = finish(c);
+            assert_eq!(code, 0, "{err}");
+            err
+        })
+        .collect()
+}
+
+/// Agents 0 and 1, probing each other, lost nothing: none in their final stats, none in their
+/// records, and each recorded more than `min_ok` ok probes to the other.
+pub fn assert_pair_lossless(root: &Path, errs: &[String], min_ok: u64) {
+    for (i, err) in errs.iter().enumerate() {
+        assert_eq!(final_stat(err, "lost"), 0, "agent {i}:\n{err}");
+        let (ok, lost, _) = tally(&records(root, i))[&name(1 - i)];
+        assert!(ok > min_ok && lost == 0, "agent {i}: ok {ok}, lost {lost}");
+    }
+}
+
 /// A counter from the agent's final stats line.
 pub fn final_stat(stderr: &str, key: &str) -> u64 {
     let line = stderr
