@@ -38,7 +38,8 @@ const ERR_FULL: usize = 3;
 const ERR_QUEUE: usize = 4;
 const ERR_KERNEL: usize = 5;
 const ERR_NO_AV: usize = 6;
-const ERROR_NAMES: [&str; 7] = [
+const ERR_SKIPPED: usize = 7;
+const ERROR_NAMES: [&str; 8] = [
     "malformed_event",
     "event_rate",
     "unowned_gid",
@@ -46,6 +47,7 @@ const ERROR_NAMES: [&str; 7] = [
     "shard_queue_full",
     "ring_buffer",
     "no_address_vector",
+    "kernel_skipped",
 ];
 
 /// A shard as the tracer sees it: the GID it owns and its queue.
@@ -80,11 +82,17 @@ pub struct TracerStats {
     pub no_av: u64,
     /// The kernel side's count of events lost to a full ring buffer.
     pub kernel_dropped: u64,
+    /// RTRs of a connection already handed, towards the same peer: not handed again.
+    pub repeated_rtr: u64,
+    /// Hook calls the kernel skipped the programs for ([`rocemesh_bpf::KernelCounters::skipped_runs`]).
+    pub kernel_skipped: u64,
 }
 
 struct Conn {
     shard: usize,
     pid: u32,
+    /// Remote QPN, remote GID and requested flow label of the RTR handed.
+    peer: (u32, [u8; 16], u32),
 }
 
 /// What the tracer thread keeps between events; pure apart from the queues, so it is tested
@@ -95,7 +103,7 @@ pub struct Router {
     max_conns: usize,
     bucket: TokenBucket,
     stats: TracerStats,
-    errors: ErrorLog<7>,
+    errors: ErrorLog<8>,
 }
 
 impl std::fmt::Debug for Router {
@@ -173,6 +181,13 @@ impl Router {
             return;
         };
         let key = (ev.device.clone(), ev.local_qpn);
+        let peer = (ev.remote_qpn, ev.remote_gid, ev.flow_label);
+        if self.conns.get(&key).is_some_and(|c| c.pid == ev.pid && c.peer == peer) {
+            // The same connection again: a copy of the record the tracer let through (it
+            // arrived after its window), or a re-RTR towards the same peer. Nothing is new.
+            self.stats.repeated_rtr += 1;
+            return;
+        }
         if !self.conns.contains_key(&key) && self.conns.len() >= self.max_conns {
             self.stats.table_full += 1;
             let msg =
@@ -180,7 +195,7 @@ impl Router {
             self.errors.record(ERR_FULL, now_ns, msg);
             return;
         }
-        self.conns.insert(key, Conn { shard, pid: ev.pid });
+        self.conns.insert(key, Conn { shard, pid: ev.pid, peer });
         self.stats.handed += 1;
         let s = NewService {
             local_qpn: ev.local_qpn,
@@ -219,6 +234,18 @@ impl Router {
                 self.send(c.shard, ServiceEvent::Remove { local_qpn: k.1, why }, now_ns);
             }
         }
+    }
+
+    /// Fold in the kernel's count of hook calls it ran the programs for not at all.
+    pub fn kernel_skipped(&mut self, total: u64, now_ns: u64) {
+        if total > self.stats.kernel_skipped {
+            let msg = format_args!(
+                "the kernel skipped the QP tracer's programs {total} times (a run preempted on a CPU while \
+                 another process hit the same hook): connections set up at those moments were not seen"
+            );
+            self.errors.record(ERR_SKIPPED, now_ns, msg);
+        }
+        self.stats.kernel_skipped = total;
     }
 
     /// Fold in the kernel side's count of events lost to a full ring buffer.
@@ -265,7 +292,10 @@ pub fn run(cfg: &ServiceTracing, shards: Vec<ShardLink>, stop: &AtomicBool, stat
             next_sweep = now + SWEEP_NS;
             router.sweep(now, pid_alive);
             match tracer.kernel_counters() {
-                Ok(k) => router.kernel_dropped(k.ringbuf_full, now),
+                Ok(k) => {
+                    router.kernel_dropped(k.ringbuf_full, now);
+                    router.kernel_skipped(k.skipped_runs, now);
+                }
                 Err(e) => {
                     poll_errors.record(0, now, format_args!("reading the tracer's counters failed: {e}"));
                 }
@@ -293,6 +323,8 @@ fn log_stats(s: &TracerStats, last: bool) {
         queue_full = s.queue_full,
         no_av = s.no_av,
         kernel_dropped = s.kernel_dropped,
+        kernel_skipped = s.kernel_skipped,
+        repeated_rtr = s.repeated_rtr,
         "service tracer stats"
     );
 }
@@ -361,6 +393,25 @@ mod tests {
         assert_eq!(rb.try_recv(), Ok(ServiceEvent::Remove { local_qpn: 17, why: RemoveReason::Destroyed }));
         let s = r.stats();
         assert_eq!((s.events, s.handed, s.ended, s.unowned), (4, 1, 1, 1));
+    }
+
+    /// A late copy of a handed RTR is not handed again; a re-RTR to another peer is.
+    #[test]
+    fn a_repeated_rtr_of_a_held_connection_is_not_news() {
+        let (mut r, _ra, rb) = router(&ServiceTracing::default(), 16);
+        r.event(Ok(ev(QpEventKind::Rtr, 17, 2, 5)), 10);
+        r.event(Ok(ev(QpEventKind::Rtr, 17, 2, 5)), 11);
+        let mut moved = ev(QpEventKind::Rtr, 17, 2, 5);
+        moved.remote_qpn = 40;
+        r.event(Ok(moved), 12);
+        let added: Vec<u32> = std::iter::from_fn(|| rb.try_recv().ok())
+            .map(|e| match e {
+                ServiceEvent::Add(s) => s.remote_qpn,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(added, [18, 40]);
+        assert_eq!((r.stats().handed, r.stats().repeated_rtr), (2, 1));
     }
 
     #[test]

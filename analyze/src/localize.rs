@@ -1224,9 +1224,12 @@ fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
     }
     let [loss_llrs, slow_llrs] = llrs;
     let cuts = [bh_llr_cut(loss_llrs, opts.fdr), bh_llr_cut(slow_llrs, opts.fdr)];
+    // Picks per window and mode, (element, ratio, bad, total), held once every window's are
+    // known: a pick at the edge of a neighbouring window's may be that one's tail.
+    let mut all_picks: BTreeMap<u32, [Vec<Pick>; 2]> = BTreeMap::new();
     for (&w, groups) in &e.by_window {
         let mut explained = vec![false; groups.len()];
-        for (m, &(mode, how, _)) in modes.iter().enumerate() {
+        for (m, &(mode, _, _)) in modes.iter().enumerate() {
             let null = Null { share: shares[&w][m], llr_cut: cuts[m] };
             let mut picks = cover(groups, &mut explained, mode, e.names.len(), opts, null);
             // Every RNIC of a ToR picked (a lossy two-RNIC ToR can read so): that is the ToR.
@@ -1240,7 +1243,15 @@ fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
                     picks.push((*tor, ratio, bad, total));
                 }
             }
-            for (el, ratio, bad, total) in picks {
+            all_picks.entry(w).or_default()[m] = picks;
+        }
+    }
+    let tails = neighbours_tails(e, modes.map(|m| m.0), &mut all_picks);
+    for (&w, by_mode) in &all_picks {
+        let groups = &e.by_window[&w];
+        for (m, &(mode, how, _)) in modes.iter().enumerate() {
+            let null = Null { share: shares[&w][m], llr_cut: cuts[m] };
+            for &(el, ratio, bad, total) in &by_mode[m] {
                 let (kind, name) = &e.names[el as usize];
                 let mut ev = format!(
                     "{name}: {bad}/{total} probes crossing it {how} ({}) against the fleet's {} in the window \
@@ -1256,11 +1267,70 @@ fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
                         .fold(TsSources::default(), |m, g| TsSources(m.0 | g.acc.slow_ts));
                     ev.push_str(&slow_sources(ts, base));
                 }
+                if let Some(&x) = tails.get(&(w, m, el)) {
+                    let x = &e.names[x as usize].1;
+                    ev.push_str(&format!(
+                        " (the edge of its finding in a neighbouring window: every probe {how} across {x} in this \
+                         window crossed it too)"
+                    ));
+                }
                 held.hold(kind, name, w, ratio, ev);
             }
         }
     }
     absorb_edges(e, held);
+}
+
+/// One pick of a cover: (element, bad share, bad, total).
+type Pick = (u32, f64, u32, u32);
+
+/// Re-attributes a pick found in one window only to an element picked in a neighbouring window
+/// (same mode) that every one of its bad probes crossed: a fault that ends (or begins) within a
+/// window leaves a few bad probes there, and they cross every element of their paths, the far
+/// end's uplink as well as the faulty one. The far end's has fewer probes, hence the higher
+/// share, and the cover would name it for that window (the rxe lab: a lossy tor1 uplink healed
+/// 0.4 s into a window left 3 lost tor1<->tor2 probes, and tor2|spine0 was named on them). The
+/// neighbouring finding explains them as well and is the simpler account. Returns, per
+/// (window, mode, element put in), the element taken out.
+fn neighbours_tails(
+    e: &Evidence,
+    modes: [Mode; 2],
+    picks: &mut BTreeMap<u32, [Vec<Pick>; 2]>,
+) -> BTreeMap<(u32, usize, u32), u32> {
+    let before = picks.clone();
+    let picked = |w: Option<u32>, m: usize| -> Vec<u32> {
+        w.and_then(|w| before.get(&w)).map(|p| p[m].iter().map(|x| x.0).collect()).unwrap_or_default()
+    };
+    let mut tails = BTreeMap::new();
+    for (&w, by_mode) in picks.iter_mut() {
+        let groups = &e.by_window[&w];
+        for (m, mode) in modes.iter().enumerate() {
+            let count = counter(*mode);
+            let near: Vec<u32> = [picked(w.checked_sub(1), m), picked(w.checked_add(1), m)].concat();
+            let isolated: Vec<u32> = by_mode[m].iter().map(|p| p.0).filter(|x| !near.contains(x)).collect();
+            for x in isolated {
+                let crossed_by_all = |y: u32| {
+                    groups
+                        .iter()
+                        .filter(|g| g.elements.contains(&x) && count(&g.acc).0 > 0)
+                        .all(|g| g.elements.contains(&y))
+                };
+                let Some(y) = near.iter().copied().find(|&y| y != x && crossed_by_all(y)) else { continue };
+                by_mode[m].retain(|p| p.0 != x);
+                if by_mode[m].iter().any(|p| p.0 == y) {
+                    continue;
+                }
+                let (bad, total) = groups
+                    .iter()
+                    .filter(|g| g.elements.contains(&y))
+                    .map(|g| count(&g.acc))
+                    .fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
+                by_mode[m].push((y, f64::from(bad) / f64::from(total.max(1)), bad, total));
+                tails.insert((w, m, y), x);
+            }
+        }
+    }
+    tails
 }
 
 /// Folds a finding's windows into an element containing it (an RNIC's ToR, a link's spine or
@@ -2275,6 +2345,51 @@ mod tests {
         let mut held = Held::default();
         blame(&e, &base, &Options::default(), &mut held);
         held
+    }
+
+    /// Links a (0), b (1) and c (2). Window 0: lossy a. Window 1: a healed early, leaving 3 lost
+    /// probes that crossed a and b, with fewer probes across b, so the cover named b. They are
+    /// a's: b is put back to a. Not when one of b's lost probes avoided a, nor when b is named
+    /// in the next window too.
+    #[test]
+    fn an_isolated_pick_whose_bad_probes_all_cross_a_neighbouring_finding_is_that_finding() {
+        let group = |elements: Vec<u32>, lost: u32| Group {
+            elements,
+            acc: Acc { valid: 100, lost, ok: 100 - lost, ..Acc::default() },
+        };
+        let evidence = |w1: Vec<Group>| Evidence {
+            names: vec![("link", "t1|s0".into()), ("link", "t2|s0".into()), ("link", "t0|s0".into())],
+            rnic_element: vec![],
+            tor_element: vec![],
+            by_window: BTreeMap::from([
+                (0, vec![group(vec![0, 2], 30)]),
+                (1, w1),
+                (2, vec![group(vec![0, 1], 0), group(vec![2, 1], 0)]),
+            ]),
+            without_path: 0,
+        };
+        let picks = |w1: Vec<Pick>, w2: Vec<Pick>| {
+            BTreeMap::from([(0, [vec![(0, 0.3, 30, 100)], vec![]]), (1, [w1, vec![]]), (2, [w2, vec![]])])
+        };
+        let modes = [Mode::Lossy, Mode::Slow];
+        let tail = || vec![group(vec![0, 1], 3), group(vec![0, 2], 0), group(vec![0, 2], 0)];
+        let e = evidence(tail());
+        let mut p = picks(vec![(1, 0.03, 3, 100)], vec![]);
+        let tails = neighbours_tails(&e, modes, &mut p);
+        assert_eq!(p[&1][0], vec![(0, 0.01, 3, 300)]);
+        assert_eq!(tails, BTreeMap::from([((1, 0, 0), 1)]));
+
+        let mut own = tail();
+        own.push(group(vec![2, 1], 1));
+        let e = evidence(own);
+        let mut p = picks(vec![(1, 0.02, 4, 200)], vec![]);
+        assert!(neighbours_tails(&e, modes, &mut p).is_empty());
+        assert_eq!(p[&1][0], vec![(1, 0.02, 4, 200)]);
+
+        let e = evidence(tail());
+        let mut p = picks(vec![(1, 0.03, 3, 100)], vec![(1, 0.03, 3, 100)]);
+        assert!(neighbours_tails(&e, modes, &mut p).is_empty());
+        assert_eq!(p[&1][0], vec![(1, 0.03, 3, 100)]);
     }
 
     /// Every element slow alike (a fabric-wide slowdown): the window's null is the slowdown

@@ -337,8 +337,8 @@ pub(crate) mod tests {
         assert_eq!(l::GID_LEN, 16);
         assert_eq!(l::EVENT_SIZE % 8, 0);
         assert_eq!(l::OFF_DEVICE + l::DEVICE_LEN, l::EVENT_SIZE);
-        // 160 B + the ring's 8 B header: the sizing note in rdma_qp.bpf.c counts 1560 records.
-        assert_eq!(l::RINGBUF_BYTES / (l::EVENT_SIZE + 8), 1560);
+        // 160 B + the ring's 8 B header: the sizing note in rdma_qp.bpf.c counts 3120 records.
+        assert_eq!(l::RINGBUF_BYTES / (l::EVENT_SIZE + 8), 3120);
         assert!(l::RINGBUF_BYTES.is_power_of_two());
     }
 }

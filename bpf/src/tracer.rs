@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -16,7 +17,7 @@ use libbpf_rs::skel::{OpenSkel as _, SkelBuilder as _};
 use libbpf_rs::{ErrorKind, Link, MapCore as _, MapFlags, OpenObject, PrintLevel, RingBuffer, RingBufferBuilder};
 use thiserror::Error;
 
-use crate::event::{DecodeError, QpEvent, decode, layout as l};
+use crate::event::{DecodeError, QpEvent, QpEventKind, decode, layout as l};
 use crate::skel::{RdmaQpSkel, RdmaQpSkelBuilder};
 
 /// The kernel functions [`Tracer`] hooks, as `fexit/<function>` and `fentry/<function>`, for logs.
@@ -71,6 +72,8 @@ pub enum TraceError {
     Poll(#[source] io::Error),
     #[error("reading the kernel counters failed: {0}")]
     Counters(#[source] libbpf_rs::Error),
+    #[error("reading a program's run counts (bpf_prog_get_info_by_fd) failed: {0}")]
+    ProgInfo(#[source] io::Error),
 }
 
 fn memlock_hint(e: &libbpf_rs::Error) -> &'static str {
@@ -108,12 +111,20 @@ impl fmt::Display for LibbpfLog {
 /// Sums of the BPF program's per-CPU counters since load.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCounters {
-    /// Records submitted to the ring buffer.
+    /// Records submitted to the ring buffer: two per hook call reported, one per program copy.
     pub emitted: u64,
     /// Records lost because the ring buffer was full: poll more often.
     pub ringbuf_full: u64,
     /// RTR transitions without an address vector (their records have `has_av == false`).
     pub rtr_without_av: u64,
+    /// Runs of a program the kernel skipped (`recursion_misses`, summed over the four): a run
+    /// of that program was in progress on the CPU, preempted (fentry/fexit programs run with
+    /// migration, not preemption, disabled), when a second process reached the hook. The other
+    /// copy of the hook's program reports that call; a call is lost only when both copies were
+    /// skipped for it, which needs two processes preempted inside the two. Before the copies,
+    /// the rxe VM lost 1 of 1,800 RTRs to one skipped run with two SCHED_IDLE QP storms and CPU
+    /// load.
+    pub skipped_runs: u64,
 }
 
 /// Decoded records between the ring buffer callback and [`Tracer::poll`]'s caller.
@@ -124,8 +135,74 @@ pub struct Tracer {
     // Fields drop in order: the ring buffer and links go before the object they refer to.
     ring: RingBuffer<'static>,
     inbox: Inbox,
-    _links: [Link; 2],
+    dedup: Dedup,
+    _links: [Link; 4],
     skel: RdmaQpSkel<'static>,
+}
+
+/// How many recent events [`Dedup`] remembers. The two copies of one call are normally
+/// adjacent in the ring; a process preempted between its two programs lets other processes'
+/// events in between, and a copy arriving later than this is one more event to the consumer
+/// (the agent's router also ignores a repeated RTR of a connection it holds).
+const DEDUP_RECENT: usize = 64;
+
+/// Keeps the first of the two records every hook call produces (one per program copy; the
+/// reason is in rdma_qp.bpf.c). Two records are copies when kind, device, QP, process and
+/// peer agree; their times differ. Once a QP's destroy is taken its RTR records are forgotten,
+/// and once an RTR is taken its destroys are, so a QP number reused for the same peer is news.
+#[derive(Debug)]
+pub(crate) struct Dedup {
+    recent: VecDeque<Fingerprint>,
+    duplicates: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    kind: QpEventKind,
+    device_hash: u64,
+    local_qpn: u32,
+    pid: u32,
+    remote_qpn: u32,
+    remote_gid: [u8; 16],
+    flow_label: u32,
+}
+
+impl Fingerprint {
+    fn of(e: &QpEvent) -> Self {
+        // FNV-1a: device names are short, and a collision only merges two devices' copies.
+        let device_hash =
+            e.device.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        Self {
+            kind: e.kind,
+            device_hash,
+            local_qpn: e.local_qpn,
+            pid: e.pid,
+            remote_qpn: e.remote_qpn,
+            remote_gid: e.remote_gid,
+            flow_label: e.flow_label,
+        }
+    }
+}
+
+impl Dedup {
+    pub(crate) fn new() -> Self {
+        Self { recent: VecDeque::with_capacity(DEDUP_RECENT), duplicates: 0 }
+    }
+
+    /// Whether `e` is news (true) or a copy of a recent event (false, counted).
+    pub(crate) fn admit(&mut self, e: &QpEvent) -> bool {
+        let f = Fingerprint::of(e);
+        if self.recent.contains(&f) {
+            self.duplicates += 1;
+            return false;
+        }
+        self.recent.retain(|r| !(r.kind != f.kind && r.device_hash == f.device_hash && r.local_qpn == f.local_qpn));
+        if self.recent.len() == DEDUP_RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(f);
+        true
+    }
 }
 
 impl fmt::Debug for Tracer {
@@ -162,6 +239,7 @@ impl Tracer {
         loop {
             let next = self.inbox.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
             match next {
+                Some(Ok(ev)) if !self.dedup.admit(&ev) => {}
                 Some(ev) => on_event(ev),
                 None => break,
             }
@@ -170,6 +248,11 @@ impl Tracer {
             return Err(TraceError::Poll(io::Error::from_raw_os_error(-ret)));
         }
         Ok(())
+    }
+
+    /// Records dropped as the second copy of a hook call (about one per event handed over).
+    pub fn duplicates(&self) -> u64 {
+        self.dedup.duplicates
     }
 
     /// Sums the per-CPU counters.
@@ -193,8 +276,25 @@ impl Tracer {
             emitted: read(l::CNT_EMITTED)?,
             ringbuf_full: read(l::CNT_DROPPED)?,
             rtr_without_av: read(l::CNT_RTR_NO_AV)?,
+            skipped_runs: missed_runs(self.skel.progs.on_modify.as_fd())?
+                + missed_runs(self.skel.progs.on_modify_copy.as_fd())?
+                + missed_runs(self.skel.progs.on_destroy.as_fd())?
+                + missed_runs(self.skel.progs.on_destroy_copy.as_fd())?,
         })
     }
+}
+
+/// Runs of a program the kernel skipped: `recursion_misses` of its `bpf_prog_info`.
+fn missed_runs(prog: BorrowedFd<'_>) -> Result<u64, TraceError> {
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of_val(&info) as u32;
+    // SAFETY: `info` is a bpf_prog_info of `len` bytes that outlives the call; the kernel
+    // fills at most `len` bytes and sets none of the pointer fields (all zero: not asked for).
+    let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(prog.as_raw_fd(), &raw mut info, &raw mut len) };
+    if ret < 0 {
+        return Err(TraceError::ProgInfo(io::Error::from_raw_os_error(-ret)));
+    }
+    Ok(info.recursion_misses)
 }
 
 /// The checks libbpf would otherwise fail on with a bare errno, against a sysfs mounted at
@@ -301,8 +401,18 @@ pub(crate) fn load_unchecked() -> Result<Tracer, TraceError> {
 fn attach(skel: RdmaQpSkel<'static>) -> Result<Tracer, TraceError> {
     let on_modify =
         skel.progs.on_modify.attach().map_err(|source| attach_error("on_modify", "ib_modify_qp_with_udata", source))?;
+    let on_modify_copy = skel
+        .progs
+        .on_modify_copy
+        .attach()
+        .map_err(|source| attach_error("on_modify_copy", "ib_modify_qp_with_udata", source))?;
     let on_destroy =
         skel.progs.on_destroy.attach().map_err(|source| attach_error("on_destroy", "ib_destroy_qp_user", source))?;
+    let on_destroy_copy = skel
+        .progs
+        .on_destroy_copy
+        .attach()
+        .map_err(|source| attach_error("on_destroy_copy", "ib_destroy_qp_user", source))?;
 
     let inbox: Inbox = Arc::default();
     let sink = Arc::clone(&inbox);
@@ -315,12 +425,73 @@ fn attach(skel: RdmaQpSkel<'static>) -> Result<Tracer, TraceError> {
         .map_err(TraceError::RingBuffer)?;
     let ring = builder.build().map_err(TraceError::RingBuffer)?;
 
-    Ok(Tracer { ring, inbox, _links: [on_modify, on_destroy], skel })
+    Ok(Tracer {
+        ring,
+        inbox,
+        dedup: Dedup::new(),
+        _links: [on_modify, on_modify_copy, on_destroy, on_destroy_copy],
+        skel,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(kind: QpEventKind, qpn: u32, remote_qpn: u32, time_mono_ns: u64) -> QpEvent {
+        QpEvent {
+            kind,
+            time_mono_ns,
+            pid: 7,
+            comm: "ib_write_bw".into(),
+            device: "rxe0".into(),
+            port: 1,
+            local_qpn: qpn,
+            remote_qpn,
+            local_gid: [1; 16],
+            remote_gid: [2; 16],
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            qp_type: 2,
+            has_av: kind == QpEventKind::Rtr,
+        }
+    }
+
+    #[test]
+    fn dedup_keeps_the_first_copy_of_each_call_and_a_reused_qpn() {
+        use QpEventKind::{Destroyed, Rtr};
+        let mut d = Dedup::new();
+        let admitted: Vec<bool> = [
+            event(Rtr, 18, 20, 1),
+            event(Rtr, 18, 20, 2), // the other program's copy: a later time, same call
+            event(Rtr, 19, 21, 3), // another QP
+            event(Destroyed, 18, 0, 4),
+            event(Rtr, 19, 21, 5), // 19's copy, after 18's destroy
+            event(Destroyed, 18, 0, 6),
+            event(Rtr, 18, 20, 7), // QPN 18 reused, same peer: a new connection
+            event(Rtr, 18, 20, 8),
+            event(Destroyed, 18, 0, 9), // and its destroy is news too
+            event(Rtr, 18, 22, 10),     // re-targeted: news
+        ]
+        .iter()
+        .map(|e| d.admit(e))
+        .collect();
+        assert_eq!(admitted, [true, false, true, true, false, false, true, false, true, true]);
+        assert_eq!(d.duplicates, 4);
+    }
+
+    #[test]
+    fn dedup_forgets_beyond_its_window() {
+        let mut d = Dedup::new();
+        assert!(d.admit(&event(QpEventKind::Rtr, 1, 1, 0)));
+        for q in 0..DEDUP_RECENT as u32 {
+            assert!(d.admit(&event(QpEventKind::Rtr, 100 + q, 1, 0)));
+        }
+        // Evicted: a copy this late is let through (the agent's router drops it).
+        assert!(d.admit(&event(QpEventKind::Rtr, 1, 1, 0)));
+        assert_eq!(d.recent.len(), DEDUP_RECENT);
+    }
 
     const ROOT_CAPS: u64 = 0x1ff_ffff_ffff;
 
@@ -437,7 +608,7 @@ mod tests {
         assert!(msg.contains("ib_modify_qp_with_udata") || msg.contains("ib_qp"), "{msg}");
     }
 
-    /// The verifier accepts both programs' bodies, with CO-RE relocations taken from a
+    /// The verifier accepts the programs' bodies, with CO-RE relocations taken from a
     /// stand-in BTF of the RDMA types (src/bpf/testdata/kernel_standin.c, laid out as kernel
     /// 7.3.4) as this host has no RDMA. The sandbox kernel refuses every fentry/fexit load
     /// (EPERM even for an empty program), so both programs are retyped as tp_btf on
@@ -472,7 +643,9 @@ mod tests {
         builder.obj_builder.btf_custom_path(&btf).unwrap();
         let slot = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = builder.open(slot).unwrap();
-        for prog in [&mut open.progs.on_modify, &mut open.progs.on_destroy] {
+        let progs = &mut open.progs;
+        for prog in [&mut progs.on_modify, &mut progs.on_modify_copy, &mut progs.on_destroy, &mut progs.on_destroy_copy]
+        {
             prog.set_attach_type(ProgramAttachType::TraceRawTp);
             prog.set_attach_target(0, Some("kmalloc".into())).unwrap();
         }

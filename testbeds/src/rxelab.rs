@@ -366,6 +366,11 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         }
         std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
     }
+    // A second run in the same guest must not read the first one's segments.
+    let local = local_segments();
+    if local.exists() {
+        std::fs::remove_dir_all(&local).with_context(|| format!("clearing {}", local.display()))?;
+    }
     let layout = Layout::new(3, 2)?;
     let inv = rxefabric::up(layout)?;
     let inventory = lab.join("inventory.toml");

@@ -125,11 +125,23 @@ pub fn connection_checks(
     let slow: Vec<String> =
         ours.iter().filter(|d| d.delay_ms >= 1_000.0).map(|d| format!("{} {:.0} ms", d.host, d.delay_ms)).collect();
     let delays: Vec<String> = ours.iter().map(|d| format!("{} {:.1} ms", d.host, d.delay_ms)).collect();
+    // An end that was not discovered: what its agent's tracer and shard said, so that a failure
+    // in CI (where only this line is kept) tells which step lost it.
+    let missing: Vec<String> = ENDS
+        .iter()
+        .filter(|h| !ours.iter().any(|d| d.host == **h))
+        .map(|h| format!("{h} [{}]", why_missing(&agents_dir.join(format!("{h}.log")))))
+        .collect();
     checks.push(Check {
         name: "services: discovered < 1 s".into(),
         // Both ends of both connections.
         ok: ours.len() >= 4 && slow.is_empty(),
-        detail: format!("{} connection ends: {}", ours.len(), delays.join(", ")),
+        detail: format!(
+            "{} connection ends: {}{}",
+            ours.len(),
+            delays.join(", "),
+            if missing.is_empty() { String::new() } else { format!("; missing: {}", missing.join("; ")) }
+        ),
     });
     let probed = probed(segments)?;
     let mine: Vec<&Probed> = probed.values().filter(|p| p.name.contains(&format!("({COMM}["))).collect();
@@ -204,6 +216,44 @@ pub fn connection_checks(
         ),
     });
     Ok(checks)
+}
+
+/// The hosts at the ends of connections A and B.
+const ENDS: [&str; 4] = ["tor0-h0", "tor1-h1", "tor0-h1", "tor2-h1"];
+
+/// An agent's own account of a connection end it did not add: its tracer's start (or why it is
+/// off), the tracer stats line with the most events, and every line about a service target
+/// refused or without an address or from the service tracer's error log.
+fn why_missing(log: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else { return format!("no log {}", log.display()) };
+    let mut out: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("service tracing")
+                || l.contains("service target refused")
+                || l.contains("service target has no address")
+                || l.contains("scope=service-tracer")
+        })
+        .take(8)
+        .collect();
+    // The first stats lines at which the tracer's event count moved (before the storm's).
+    let mut last_events = 0;
+    let moved: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("service tracer stats"))
+        .filter(|l| {
+            let events = between(l, " events=", " ").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let moved = events != last_events;
+            last_events = events;
+            moved
+        })
+        .take(2)
+        .collect();
+    out.extend(moved);
+    out.iter()
+        .map(|l| l.split_once(" INFO ").or_else(|| l.split_once(" WARN ")).map_or(*l, |x| x.1))
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// What the storm did to one agent.

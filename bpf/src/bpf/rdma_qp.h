@@ -37,7 +37,7 @@
 #define RQ_COMM_LEN 16         /* TASK_COMM_LEN */
 #define RQ_DEVICE_LEN 64       /* IB_DEVICE_NAME_MAX */
 #define RQ_GID_LEN 16
-#define RQ_RINGBUF_BYTES 262144 /* 256 KiB: see the sizing note in rdma_qp.bpf.c */
+#define RQ_RINGBUF_BYTES 524288 /* 512 KiB: see the sizing note in rdma_qp.bpf.c */
 
 /* Offsets of struct rq_event's fields, in bytes. */
 #define RQ_OFF_VERSION 0
