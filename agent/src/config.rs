@@ -134,6 +134,116 @@ pub struct AgentConfig {
     /// Probe authentication. Off unless `keys` is set.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// One-sided collection: the shards' live view, read by collectors with RDMA READ. Off
+    /// unless `allow` names a collector.
+    #[serde(default)]
+    pub view: ViewConfig,
+}
+
+/// `[view]`: every verbs shard keeps its live state (counters, per target ToR the window in
+/// progress and the last, host delays, pinglist and health) in a fixed memory region
+/// (`rocemesh_formats::view`) and lets the collectors named here read it with RDMA READ over RC
+/// queue pairs (`ctl scrape`), so that being observed costs the training node's CPU nothing.
+/// UDP shards have no view.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ViewConfig {
+    /// Collectors allowed to connect: addresses or prefixes, e.g. ["10.0.9.5", "10.0.9.0/24"].
+    /// Empty: no view (the default).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// The RDMA CM port (RC) collectors connect to, on each verbs shard's bind address.
+    #[serde(default = "default_view_port")]
+    pub port: u16,
+    /// Length of the view's windows (s), wall-clock aligned as `analyze`'s.
+    #[serde(default = "default_view_window_s")]
+    pub window_s: u64,
+    /// Collectors connected to one shard at once; more are refused.
+    #[serde(default = "default_view_max_readers")]
+    pub max_readers: usize,
+}
+
+impl Default for ViewConfig {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            port: default_view_port(),
+            window_s: default_view_window_s(),
+            max_readers: default_view_max_readers(),
+        }
+    }
+}
+
+impl ViewConfig {
+    /// Whether any collector may read.
+    pub fn enabled(&self) -> bool {
+        !self.allow.is_empty()
+    }
+
+    /// The allow list as prefixes; the first entry that does not parse is the error.
+    pub fn prefixes(&self) -> Result<Vec<Prefix>, String> {
+        self.allow.iter().map(|a| Prefix::parse(a)).collect()
+    }
+}
+
+fn default_view_port() -> u16 {
+    18_601
+}
+fn default_view_window_s() -> u64 {
+    10
+}
+fn default_view_max_readers() -> usize {
+    4
+}
+
+/// An address prefix of the view's allow list (an address alone is a full-length prefix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    addr: std::net::IpAddr,
+    len: u8,
+}
+
+impl Prefix {
+    /// "10.0.9.5", "10.0.9.0/24", "fd00::/8".
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (a, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("view.allow entry {s:?} is not an address or prefix (e.g. \"10.0.9.0/24\")"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            None => max,
+            Some(l) => l
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| format!("view.allow entry {s:?}: the prefix length must be 0 to {max}"))?,
+        };
+        Ok(Self { addr, len })
+    }
+
+    /// Whether `ip` is inside (an IPv4-mapped IPv6 address counts as its IPv4 address).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let (a, b, bits) = match (self.addr, ip) {
+            (std::net::IpAddr::V4(a), std::net::IpAddr::V4(b)) => {
+                (u128::from(u32::from(a)), u128::from(u32::from(b)), 32)
+            }
+            (std::net::IpAddr::V6(a), std::net::IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+            _ => return false,
+        };
+        // A /0 shifts everything out: every address of the family.
+        let shift = bits - u32::from(self.len);
+        a.checked_shr(shift).unwrap_or(0) == b.checked_shr(shift).unwrap_or(0)
+    }
 }
 
 /// `[auth]`: seal every probe and ACK with the fleet key and refuse packets that are not sealed
@@ -473,6 +583,17 @@ impl AgentConfig {
                 a.replay_slots
             ));
         }
+        let v = &self.view;
+        v.prefixes()?;
+        if !(1..=3600).contains(&v.window_s) {
+            return Err(format!("view.window_s = {}: use 1 to 3600", v.window_s));
+        }
+        if !(1..=64).contains(&v.max_readers) {
+            return Err(format!("view.max_readers = {}: use 1 to 64", v.max_readers));
+        }
+        if v.port == 0 {
+            return Err("view.port = 0: name the port collectors connect to (default 18601)".into());
+        }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         for (i, s) in self.shards.iter().enumerate() {
             if s.device.is_empty() || s.device.contains('/') {
@@ -624,6 +745,25 @@ core = 0
         assert_eq!(c.segment_dir, Path::new("/var/lib/rocemesh/segments"), "what the systemd unit may write");
         assert_eq!(c.shards.len(), 2);
         assert!(c.metrics.listen.is_some());
+    }
+
+    #[test]
+    fn view_allow_list_prefixes() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let p = Prefix::parse("10.0.9.0/24").unwrap();
+        assert!(p.contains(ip("10.0.9.77")) && p.contains(ip("::ffff:10.0.9.1")));
+        assert!(!p.contains(ip("10.0.8.1")) && !p.contains(ip("fd00::1")));
+        assert!(Prefix::parse("10.0.9.5").unwrap().contains(ip("10.0.9.5")));
+        assert!(!Prefix::parse("10.0.9.5").unwrap().contains(ip("10.0.9.6")));
+        assert!(Prefix::parse("0.0.0.0/0").unwrap().contains(ip("192.168.1.1")));
+        assert!(Prefix::parse("fd00::/8").unwrap().contains(ip("fd12::1")));
+        let e = AgentConfig::parse(&format!("{GOOD}\n[view]\nallow = [\"10.0.9.0/33\"]\n"), Path::new("/x/a.toml"))
+            .expect_err("bad prefix");
+        assert!(e.to_string().contains("view.allow entry \"10.0.9.0/33\": the prefix length must be 0 to 32"), "{e}");
+        let c = AgentConfig::parse(&format!("{GOOD}\n[view]\nallow = [\"10.0.9.5\"]\n"), Path::new("/x/a.toml"))
+            .expect("a view");
+        assert!(c.view.enabled() && !ViewConfig::default().enabled());
+        assert_eq!((c.view.port, c.view.window_s, c.view.max_readers), (18_601, 10, 4));
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   traced with the probes' own 5-tuple.
 //! - [`runtime`]: executors, signals, pinglist reload, sealing.
 //! - [`live`]: what each shard publishes while it runs; [`exporter`]: `/metrics` (Prometheus),
-//!   with the RNIC's hardware counters and PFC pause counters ([`hwcounters`]).
+//!   with the RNIC's hardware counters and PFC pause counters ([`hwcounters`]); [`view`]: the
+//!   same, kept in a fixed memory region a collector reads with RDMA READ.
 //! - [`caps`]: capabilities used during setup only, then dropped per thread.
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
@@ -36,3 +37,4 @@ pub mod tracer;
 pub mod transport;
 pub mod udp;
 pub mod verbs;
+pub mod view;

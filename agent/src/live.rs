@@ -22,24 +22,9 @@ use crate::shard::ShardStats;
 
 /// Upper bounds (ns) of the RTT and host-delay histogram buckets, a 1-2-5 series from 2 µs to
 /// 100 ms. The SLA's RTT p99 bound (500 µs, `deploy/sla.toml`) is one of them, so the alert
-/// "p99 above 500 µs" is exact: more than 1% of samples above `le="0.0005"`.
-pub const BOUNDS_NS: [u64; 15] = [
-    2_000,
-    5_000,
-    10_000,
-    20_000,
-    50_000,
-    100_000,
-    200_000,
-    500_000,
-    1_000_000,
-    2_000_000,
-    5_000_000,
-    10_000_000,
-    20_000_000,
-    50_000_000,
-    100_000_000,
-];
+/// "p99 above 500 µs" is exact: more than 1% of samples above `le="0.0005"`. They are the live
+/// view's (`formats::view`), whose layout a collector reads.
+pub const BOUNDS_NS: [u64; 15] = rocemesh_formats::view::BOUNDS_NS;
 /// Buckets, the last one unbounded (+Inf).
 pub const BUCKETS: usize = BOUNDS_NS.len() + 1;
 
@@ -269,6 +254,14 @@ impl LiveShard {
         }
     }
 
+    /// Runs `f` over the target ToRs without allocating or waiting: None (and `f` not run) when a
+    /// scrape holds the names at this instant. For the shard's view (`crate::view`).
+    pub fn try_view_tors<R>(&self, f: impl FnOnce(&TorView<'_>) -> R) -> Option<R> {
+        let names = self.names.try_lock().ok()?;
+        let overflow = self.cells[MAX_TORS].outcomes.iter().any(|c| c.load(Ordering::Relaxed) > 0);
+        Some(f(&TorView { live: self, names: &names.names, overflow }))
+    }
+
     /// Prober and responder delay histograms.
     pub fn host_delays(&self) -> [HistogramSnapshot; 2] {
         [self.prober_delay.snapshot(), self.responder_delay.snapshot()]
@@ -292,6 +285,37 @@ impl LiveShard {
     /// Whether the device is usable.
     pub fn device_up(&self) -> bool {
         self.device_up.load(Ordering::Relaxed)
+    }
+}
+
+/// The target ToRs in slot order, the overflow slot last when it counted anything.
+#[derive(Debug)]
+pub struct TorView<'a> {
+    live: &'a LiveShard,
+    names: &'a [String],
+    overflow: bool,
+}
+
+impl TorView<'_> {
+    /// Slots in use.
+    pub fn len(&self) -> usize {
+        self.names.len() + usize::from(self.overflow)
+    }
+
+    /// Whether no slot is in use.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slot `i`'s `target_tor`.
+    pub fn name(&self, i: usize) -> &str {
+        self.names.get(i).map_or(OVERFLOW_TOR, String::as_str)
+    }
+
+    /// Slot `i`'s probes per class ([`CLASSES`] order) and RTT histogram.
+    pub fn figures(&self, i: usize) -> ([u64; CLASSES.len()], HistogramSnapshot) {
+        let c = &self.live.cells[if i < self.names.len() { i } else { MAX_TORS }];
+        (std::array::from_fn(|k| c.outcomes[k].load(Ordering::Relaxed)), c.rtt.snapshot())
     }
 }
 

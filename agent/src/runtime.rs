@@ -244,6 +244,42 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         )?),
         None => None,
     };
+    // The shards' live views and the thread that serves them (verbs shards; `[view]`).
+    let mut views: Vec<Option<crate::view::ViewPublisher>> = cfg
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (cfg.view.enabled() && s.transport == TransportKind::Verbs).then(|| {
+                crate::view::ViewPublisher::new(&cfg.host, cfg.view.window_s * 1_000_000_000, shard_epoch(epoch, i))
+            })
+        })
+        .collect();
+    if cfg.view.enabled() {
+        for s in cfg.shards.iter().filter(|s| s.transport != TransportKind::Verbs) {
+            tracing::warn!(device = %s.device, "[view] is for verbs shards: this UDP shard has no view");
+        }
+    }
+    let view_stop = Arc::new(AtomicBool::new(false));
+    let view_thread = if views.iter().any(Option::is_some) {
+        let served = views
+            .iter()
+            .zip(&cfg.shards)
+            .filter_map(|(v, s)| {
+                v.as_ref().map(|v| crate::verbs::view::ViewShard {
+                    device: s.device.clone(),
+                    bind: s.bind.ip(),
+                    region: v.region(),
+                })
+            })
+            .collect();
+        Some(
+            crate::verbs::view::spawn(served, &cfg.view, view_stop.clone(), cfg.stats_interval_s)
+                .map_err(|e| anyhow::anyhow!("[view]: {e} (remove [view] allow to run without a view)"))?,
+        )
+    } else {
+        None
+    };
     let (seal_tx, seal_rx) = mpsc::channel::<PathBuf>();
     let sealer = {
         // Each shard writes into its own sub-directory and gets an equal share of the quota, so
@@ -268,14 +304,13 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         let services = service_rx[i].take();
         let live = lives[i].clone();
         let path_tracer = path_tracers[i].take();
+        let view = views[i].take();
         let params = ShardParams {
             host: cfg.host.clone(),
             device: sc.device.clone(),
             tor: sc.tor.clone(),
             addr: if sc.bind.ip().is_unspecified() { [0; 16] } else { rocemesh_formats::gid::gid_bytes(sc.bind.ip()) },
-            // Distinct per shard: shards of one agent start their counters together, and equal
-            // sequence numbers from two probers must not meet at a responder.
-            epoch: epoch.wrapping_add((i as u32).wrapping_mul(0x9E37_79B9)).max(1),
+            epoch: shard_epoch(epoch, i),
             default_port: sc.bind.port(),
             flush_interval_ns: cfg.flush_interval_ms * 1_000_000,
             ignore_probe_fraction: sc.ignore_probe_fraction,
@@ -294,7 +329,18 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             .name(&format!("shard-{i}"))
             .io_memory(GLOMMIO_IO_MEMORY_BYTES)
             .spawn(move || async move {
-                let r = shard_main(&cfg, &sc, params, &control, &seal_tx, shards, services, live, path_tracer).await;
+                let ctx = ShardContext {
+                    cfg: &cfg,
+                    sc: &sc,
+                    control: &control,
+                    seal_tx: &seal_tx,
+                    shards,
+                    services,
+                    live,
+                    path_tracer,
+                    view,
+                };
+                let r = shard_main(ctx, params).await;
                 if r.is_err() {
                     control.failed.store(true, Ordering::SeqCst);
                 }
@@ -325,6 +371,12 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         std::thread::sleep(Duration::from_millis(20));
     };
     tracer_stop.store(true, Ordering::SeqCst);
+    view_stop.store(true, Ordering::SeqCst);
+    if let Some(t) = view_thread
+        && t.join().is_err()
+    {
+        tracing::error!("the view thread panicked");
+    }
     if let Some(t) = tracer
         && t.join().is_err()
     {
@@ -339,19 +391,14 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     Ok(reports)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn shard_main(
-    cfg: &AgentConfig,
-    sc: &ShardConfig,
-    params: ShardParams,
-    control: &Control,
-    seal_tx: &mpsc::Sender<PathBuf>,
-    shards: usize,
-    services: Option<mpsc::Receiver<ServiceEvent>>,
-    live: Arc<LiveShard>,
-    path_tracer: Option<crate::pathtrace::PathTracer>,
-) -> Result<ShardReport> {
-    let ctx = ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer };
+/// Shard `i`'s epoch: distinct per shard, as shards of one agent start their counters together
+/// and equal sequence numbers from two probers must not meet at a responder.
+fn shard_epoch(epoch: u32, i: usize) -> u32 {
+    epoch.wrapping_add((i as u32).wrapping_mul(0x9E37_79B9)).max(1)
+}
+
+async fn shard_main(ctx: ShardContext<'_>, params: ShardParams) -> Result<ShardReport> {
+    let sc = ctx.sc;
     match sc.transport {
         TransportKind::Udp => {
             let transport = UdpTransport::bind_with_source_ports(sc.bind, sc.source_ports)?;
@@ -386,6 +433,8 @@ struct ShardContext<'a> {
     live: Arc<LiveShard>,
     /// Its path tracer, opened by the main thread while it had CAP_NET_RAW.
     path_tracer: Option<crate::pathtrace::PathTracer>,
+    /// Its live view (`[view]`, verbs shards), updated when it publishes.
+    view: Option<crate::view::ViewPublisher>,
 }
 
 async fn run_shard<T: Transport>(
@@ -395,7 +444,7 @@ async fn run_shard<T: Transport>(
     resolver: &impl Resolve<T::Addr>,
     null: T::Addr,
 ) -> Result<ShardReport> {
-    let ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer } = ctx;
+    let ShardContext { cfg, sc, control, seal_tx, shards, services, live, path_tracer, mut view } = ctx;
     control.ready.fetch_add(1, Ordering::SeqCst);
     // The loop's own timers are CLOCK_MONOTONIC: a step of the wall clock must not stop stats,
     // publishing or draining (the shard follows steps itself).
@@ -415,7 +464,7 @@ async fn run_shard<T: Transport>(
         tool: concat!("rocemesh-agent ", env!("CARGO_PKG_VERSION")).into(),
     };
     let writer = SegmentWriter::new(wc, identity)?;
-    let mut shard = Shard::new(params, transport, writer, null, live);
+    let mut shard = Shard::new(params, transport, writer, null, live.clone());
     if let Some(t) = path_tracer {
         shard.set_path_tracer(t);
         tracing::info!(device = %sc.device, "path tracing on");
@@ -473,6 +522,9 @@ async fn run_shard<T: Transport>(
         if now >= next_publish {
             next_publish = now + PUBLISH_EVERY_NS;
             shard.publish();
+            if let Some(v) = &mut view {
+                v.update(&live, &shard.stats(), now_ns(), services.is_some(), drain_until != u64::MAX);
+            }
         }
         if stats_every_ns > 0 && now >= next_stats {
             next_stats = now + stats_every_ns;
@@ -516,6 +568,9 @@ async fn run_shard<T: Transport>(
     }
     let stats = shard.stats();
     shard.publish();
+    if let Some(v) = &mut view {
+        v.update(&live, &stats, now_ns(), services.is_some(), true);
+    }
     let device = sc.device.clone();
     for p in shard.finish()? {
         to_sealer(seal_tx, p);

@@ -593,7 +593,7 @@ pub(crate) fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::so
     }
 }
 
-fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match ss.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.

@@ -23,6 +23,7 @@
 //! - [`keys`]: the fleet key file that authenticates probes, rotated without a probing gap.
 //! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
+//! - [`scrape`]: the agents' live views, read with RDMA READ (the agents do nothing).
 
 pub mod check;
 pub mod collect;
@@ -37,6 +38,7 @@ pub mod pinglist_dir;
 pub mod push;
 pub mod remote;
 mod rng;
+pub mod scrape;
 pub mod status;
 pub mod switch_addrs;
 

@@ -57,6 +57,10 @@ enum What {
     /// Pull the agents' sealed segments into a collection directory (DATE/HOST/SHARD/FILE),
     /// verified on arrival; resumable: a re-run fetches only what is missing.
     Collect(CollectArgs),
+    /// Read the agents' live views with RDMA READ (agent `[view]`): the agents do nothing while
+    /// read. Prints JSON lines (one per consistent snapshot) and a summary; `--prom` keeps a
+    /// Prometheus text file. Exit 1 if a target could not be read at the end.
+    Scrape(ScrapeArgs),
     /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
     /// `powershell`) generated from these definitions; packages install them.
     #[command(hide = true)]
@@ -310,6 +314,38 @@ struct CollectArgs {
     ssh: SshArgs,
 }
 
+/// `ctl scrape`.
+#[derive(Args, Debug)]
+struct ScrapeArgs {
+    /// Agent shards to read: each shard's bind address and the agents' `[view] port`, e.g.
+    /// 10.0.1.5:18601 (comma-separated).
+    #[arg(long, value_delimiter = ',', required_unless_present = "inventory")]
+    targets: Vec<std::net::SocketAddr>,
+    /// Read every RNIC of this inventory (its `ip`) on --port.
+    #[arg(long)]
+    inventory: Option<PathBuf>,
+    /// The agents' `[view] port`, with --inventory.
+    #[arg(long, default_value_t = 18_601)]
+    port: u16,
+    /// Reads per second of each target.
+    #[arg(long, default_value_t = 1.0)]
+    rate_hz: f64,
+    /// Stop after this many seconds (0: until interrupted).
+    #[arg(long, default_value_t = 0)]
+    duration_s: u64,
+    /// Do not print a JSON line per snapshot (only the summary).
+    #[arg(long)]
+    quiet: bool,
+    /// Rewrite this Prometheus text file after every tick (for node_exporter's textfile
+    /// collector).
+    #[arg(long)]
+    prom: Option<PathBuf>,
+    /// Read wrongly on purpose, to check that agents refuse it: `rkey` (a wrong key) or `oob`
+    /// (past the region's end).
+    #[arg(long, hide = true)]
+    forge: Option<String>,
+}
+
 #[derive(Args, Debug)]
 struct PushArgs {
     /// Directory of generated pinglists.
@@ -397,6 +433,7 @@ fn run(cli: Cli) -> Result<i32> {
         What::Diff(args) => diff_cmd(args),
         What::Status(args) => status_cmd(args),
         What::Collect(args) => collect_cmd(args),
+        What::Scrape(args) => scrape_cmd(args),
         What::Generate { what, name } => {
             generate(&what, &name)?;
             Ok(OK)
@@ -447,6 +484,76 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
     bar.finish_and_clear();
     print!("{}", collect::render(&reports, start.elapsed()));
     Ok(if reports.iter().any(collect::HostReport::is_problem) { PROBLEMS } else { OK })
+}
+
+fn scrape_cmd(args: ScrapeArgs) -> Result<i32> {
+    use rocemesh_ctl::scrape::{self, Forge, ScrapeOptions};
+    let mut targets = args.targets.clone();
+    if let Some(inv) = &args.inventory {
+        for h in Inventory::load(inv)?.hosts {
+            targets.extend(h.rnics.iter().map(|r| std::net::SocketAddr::new(r.ip, args.port)));
+        }
+    }
+    if targets.is_empty() {
+        bail!("no targets (fix: --targets ADDR:PORT,... or --inventory FILE)");
+    }
+    if !(args.rate_hz > 0.0 && args.rate_hz <= 10_000.0) {
+        bail!("--rate-hz {} is not a rate (fix: 0 < rate <= 10000)", args.rate_hz);
+    }
+    let forge = match args.forge.as_deref() {
+        None => None,
+        Some("rkey") => Some(Forge::Rkey),
+        Some("oob") => Some(Forge::OutOfBounds),
+        Some(other) => bail!("--forge {other}: use rkey or oob"),
+    };
+    let opts = ScrapeOptions {
+        targets,
+        rate_hz: args.rate_hz,
+        duration: (args.duration_s > 0).then(|| Duration::from_secs(args.duration_s)),
+        json: !args.quiet,
+        prom: args.prom.clone(),
+        forge,
+        read_timeout: Duration::from_secs(2),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+    }
+    STOP.set(stop.clone()).ok();
+    let mut out = std::io::stdout().lock();
+    let summary = scrape::run(&opts, &stop, &mut out)?;
+    drop(out);
+    let mut failed = false;
+    for t in &summary.targets {
+        eprintln!(
+            "{}: {} snapshots of {} reads ({} torn, read again), {} failures{}",
+            t.target,
+            t.snapshots,
+            t.reads,
+            t.torn,
+            t.failures,
+            t.last_failure.as_ref().map_or(String::new(), |f| format!(", last: {f}"))
+        );
+        failed |= t.snapshots == 0;
+    }
+    eprintln!(
+        "scrape: {} targets, {:.1} snapshots/s over {:.1} s, collector CPU {:.2} s ({:.0} snapshots per CPU second)",
+        summary.targets.len(),
+        summary.snapshots_per_s(),
+        summary.seconds,
+        summary.cpu_s,
+        summary.targets.iter().map(|t| t.snapshots).sum::<u64>() as f64 / summary.cpu_s.max(1e-6)
+    );
+    Ok(if failed { PROBLEMS } else { OK })
+}
+
+static STOP: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> = std::sync::OnceLock::new();
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    if let Some(s) = STOP.get() {
+        s.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn inventory_check(path: &Path) -> Result<i32> {

@@ -17,6 +17,7 @@ pub mod rxefabric;
 pub mod rxelab;
 pub mod rxemetrics;
 pub mod rxeservices;
+pub mod rxeview;
 pub mod rxevm;
 pub mod score;
 pub mod simulate;

@@ -119,7 +119,7 @@ enum What {
     /// else (exit 1 if a check fails). `bench`: the agent beside perftest on one rxe path.
     #[command(name = "rxe-lab")]
     RxeLab {
-        /// `run` or `bench`.
+        /// `run`, `bench`, `view` (one-sided collection alone) or `clock-step`.
         what: String,
         /// Results, segments, logs (result.json, bench.json).
         #[arg(long)]
@@ -408,6 +408,15 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     );
                     Ok(0)
                 }
+                // One-sided collection alone (`rxe-lab run` includes it).
+                "view" => {
+                    let (checks, bench) = rocemesh_testbeds::rxeview::run(&opts.bin, &opts.lab.join("view"))?;
+                    for c in &checks {
+                        println!("{}  {}  {}", if c.ok { "ok  " } else { "FAIL" }, c.name, c.detail);
+                    }
+                    print!("{}", bench.render());
+                    Ok(if checks.iter().all(|c| c.ok) { 0 } else { 1 })
+                }
                 // Steps the machine's clock: only inside the VM (`rxe-lab run` ends with it).
                 "clock-step" => {
                     let checks =
@@ -417,7 +426,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     }
                     Ok(if checks.iter().all(|c| c.ok) { 0 } else { 1 })
                 }
-                other => anyhow::bail!("rxe-lab {other}: use `run`, `bench` or `clock-step`"),
+                other => anyhow::bail!("rxe-lab {other}: use `run`, `bench`, `view` or `clock-step`"),
             }
         }
     }

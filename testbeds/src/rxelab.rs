@@ -97,6 +97,8 @@ pub struct LabResult {
     pub records: u64,
     pub findings: serde_json::Value,
     pub services: ServicesRun,
+    /// One-sided collection's bench line (`rxeview`).
+    pub view: crate::rxeview::ViewBench,
 }
 
 /// What the service-tracing part measured besides its checks.
@@ -171,6 +173,7 @@ impl LabResult {
         for c in &self.checks {
             s.push_str(&format!("{:4}  {:28} {}\n", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail));
         }
+        s.push_str(&self.view.render());
         s
     }
 }
@@ -216,21 +219,23 @@ fn sleep_until(t_ns: u64) {
 }
 
 /// One verbs agent of the lab: its configuration, written as `<dir>/<host>.toml`.
-struct AgentSpec<'a> {
-    host: &'a str,
-    device: &'a str,
-    tor: &'a str,
-    ip: std::net::IpAddr,
-    pinglist: &'a Path,
-    segments: &'a Path,
-    mode: &'a str,
-    core: usize,
-    stats_interval_s: u64,
-    flush_interval_ms: u64,
-    rust_log: &'a str,
-    duration_s: Option<u64>,
+pub(crate) struct AgentSpec<'a> {
+    pub(crate) host: &'a str,
+    pub(crate) device: &'a str,
+    pub(crate) tor: &'a str,
+    pub(crate) ip: std::net::IpAddr,
+    pub(crate) pinglist: &'a Path,
+    pub(crate) segments: &'a Path,
+    pub(crate) mode: &'a str,
+    pub(crate) core: usize,
+    pub(crate) stats_interval_s: u64,
+    pub(crate) flush_interval_ms: u64,
+    pub(crate) rust_log: &'a str,
+    pub(crate) duration_s: Option<u64>,
     /// Load the eBPF service tracer (`[service_tracing]`).
-    service_tracing: bool,
+    pub(crate) service_tracing: bool,
+    /// `[view] allow` (one collector address): serve the live view.
+    pub(crate) view_allow: Option<&'a str>,
 }
 
 /// `[service_tracing]` of the lab's agents: the bounds the storm check holds them to.
@@ -242,7 +247,7 @@ const UNTRACED: [&str; 2] = ["tor1-h0", "tor2-h0"];
 
 /// Write the agent's configuration and start it in its host's namespace, logging to
 /// `<dir>/<host>.log`.
-fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
+pub(crate) fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
     let cfg = dir.join(format!("{}.toml", s.host));
     let text = format!(
         "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"{mode}\"\n\
@@ -269,6 +274,10 @@ fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child>
         )
     } else {
         text
+    };
+    let text = match s.view_allow {
+        Some(a) => format!("{text}\n[view]\nallow = [\"{a}\"]\n"),
+        None => text,
     };
     std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
     let log = std::fs::File::create(dir.join(format!("{}.log", s.host)))?;
@@ -341,7 +350,7 @@ impl Agents {
     }
 
     /// CPU time of each agent so far, in clock ticks.
-    fn cpu_ticks(&self) -> anyhow::Result<Vec<(String, u64)>> {
+    pub(crate) fn cpu_ticks(&self) -> anyhow::Result<Vec<(String, u64)>> {
         self.children.iter().map(|(h, c)| Ok((h.clone(), rxeservices::cpu_ticks(c.id())?))).collect()
     }
 }
@@ -410,6 +419,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
             rust_log: "info,rocemesh_agent=debug",
             duration_s: None,
             service_tracing: !UNTRACED.contains(&h.name.as_str()),
+            view_allow: None,
         };
         let child = start_agent(&bin("agent"), &spec, &lab.join("agents"))?;
         agents.children.push((h.name.clone(), child));
@@ -543,10 +553,12 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     };
     checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
     checks.extend(crate::rxemetrics::checks(&scrapes));
+    let (view_checks, view) = crate::rxeview::run(&opts.bin, &lab.join("view"))?;
+    checks.extend(view_checks);
     // Last: it steps the guest's clock (and puts it back).
     checks.extend(crate::clockstep::run(&bin("agent"), &lab.join("clockstep"))?);
     let services = ServicesRun { perftest, storm, tracer_cpu };
-    let result = LabResult { phases, checks, records: records.len() as u64, findings, services };
+    let result = LabResult { phases, checks, records: records.len() as u64, findings, services, view };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
     Ok(result)
 }
@@ -860,6 +872,7 @@ pub fn bench(opts: &LabOptions, rtt_pps: f64, flood_pps: f64, seconds: u64) -> a
                 rust_log: "info",
                 duration_s: Some(seconds + 4),
                 service_tracing: name == "tracer-on",
+                view_allow: None,
             };
             let child = start_agent(&opts.bin.join("agent"), &spec, &dir)?;
             agents.children.push((host.clone(), child));

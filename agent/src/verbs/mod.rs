@@ -48,6 +48,7 @@ mod clock;
 pub mod device;
 mod resolve;
 mod resources;
+pub mod view;
 
 use clock::Clock;
 use device::timed;
