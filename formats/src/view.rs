@@ -312,14 +312,18 @@ fn name_of(words: &[u64]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// `name` as `N` words, NUL-padded and truncated to leave at least one NUL. No allocation: the
+/// shard calls this at every update.
 fn name_words<const N: usize>(name: &str) -> [u64; N] {
-    let mut bytes = vec![0u8; N * 8];
-    // Truncated to the field, leaving at least one NUL.
-    let n = name.len().min(N * 8 - 1);
-    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let b = name.as_bytes();
+    let n = b.len().min(N * 8 - 1);
     let mut out = [0u64; N];
     for (i, w) in out.iter_mut().enumerate() {
-        *w = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let mut word = [0u8; 8];
+        let from = (i * 8).min(n);
+        let to = (i * 8 + 8).min(n);
+        word[..to - from].copy_from_slice(&b[from..to]);
+        *w = u64::from_le_bytes(word);
     }
     out
 }

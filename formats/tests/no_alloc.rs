@@ -74,3 +74,35 @@ fn measure(mode: WriteMode) {
     assert_eq!(after - before, 0, "allocations on the append path ({mode:?})");
     w.finish().expect("finish");
 }
+
+/// A view update (the shard's, four times a second) allocates nothing either.
+#[test]
+fn view_updates_do_not_allocate() {
+    use rocemesh_formats::view::{Region, STATE_NAMES, Update, Window};
+    let r = Region::new(64);
+    let tors: Vec<String> = (0..64).map(|i| format!("tor-with-a-long-name-{i}")).collect();
+    let windows = vec![Window::default(); 64];
+    let counters = [7u64; 30];
+    let update = |n: u64| {
+        let u = Update {
+            updated_unix_ns: n,
+            window_ns: 10,
+            host: "a-host-name-of-some-length",
+            device: "mlx5_0",
+            tor: "tor-0",
+            state: [n; STATE_NAMES.len()],
+            counters: &counters,
+            ..Update::default()
+        };
+        r.update(&u, tors.iter().zip(&windows).map(|(t, w)| (t.as_str(), w, w)));
+    };
+    update(1);
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    COUNTED.with(|c| c.set(true));
+    for n in 2..1_000 {
+        update(n);
+    }
+    COUNTED.with(|c| c.set(false));
+    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0, "allocations in view updates");
+    assert_eq!(r.version(), 999);
+}
