@@ -325,7 +325,9 @@ impl Collector {
         let rc = unsafe {
             let mut sge = ffi::ibv_sge { addr: buf.as_mut_ptr() as u64, length, lkey: (**mr).lkey };
             let mut wr: ffi::ibv_send_wr = zeroed();
-            wr.wr_id = i as u64;
+            // The connection's number rides along: a completion of an earlier connection's read
+            // (flushed when its QP failed) must not fail the one that replaced it.
+            wr.wr_id = (t.summary.connects << 32) | i as u64;
             wr.sg_list = &raw mut sge;
             wr.num_sge = 1;
             wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
@@ -356,8 +358,8 @@ impl Collector {
                     break;
                 }
                 for w in &wc[..n as usize] {
-                    let i = w.wr_id as usize;
-                    if i >= self.targets.len() {
+                    let (i, connection) = ((w.wr_id & 0xffff_ffff) as usize, w.wr_id >> 32);
+                    if i >= self.targets.len() || self.targets[i].summary.connects != connection {
                         continue;
                     }
                     if w.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
