@@ -521,9 +521,9 @@ async fn run_shard<T: Transport>(
         let now = mono();
         if now >= next_publish {
             next_publish = now + PUBLISH_EVERY_NS;
-            shard.publish();
+            let stats = shard.publish();
             if let Some(v) = &mut view {
-                v.update(&live, &shard.stats(), now_ns(), services.is_some(), drain_until != u64::MAX);
+                v.update(&live, &stats, now_ns(), services.is_some(), drain_until != u64::MAX);
             }
         }
         if stats_every_ns > 0 && now >= next_stats {
@@ -566,8 +566,7 @@ async fn run_shard<T: Transport>(
             }
         }
     }
-    let stats = shard.stats();
-    shard.publish();
+    let stats = shard.publish();
     if let Some(v) = &mut view {
         v.update(&live, &stats, now_ns(), services.is_some(), true);
     }

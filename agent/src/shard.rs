@@ -380,11 +380,13 @@ impl<T: Transport> Shard<T> {
         s
     }
 
-    /// Copy the counters into the live state (a few times per second: the runtime's timer).
-    pub fn publish(&self) {
+    /// Copy the counters into the live state (a few times per second: the runtime's timer);
+    /// returns them, for the view.
+    pub fn publish(&self) -> ShardStats {
         let s = self.stats();
         self.live.set_device_up(s.device_up);
         self.live.publish_stats(&s);
+        s
     }
 
     /// The transport (for the runtime's readiness wait).

@@ -11,7 +11,6 @@
 //! the reason, and the target is connected again a second later. What was read is printed as
 //! JSON lines and, with `--prom`, written as a Prometheus text file at every tick.
 
-use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::mem::zeroed;
 use std::net::SocketAddr;
@@ -60,9 +59,6 @@ pub struct TargetSummary {
     pub failures: u64,
     /// The last failure, as said.
     pub last_failure: Option<String>,
-    /// The last snapshot's counters by name.
-    pub last_counters: BTreeMap<String, u64>,
-    pub last_version: u64,
 }
 
 /// The run's totals.
@@ -406,9 +402,6 @@ impl Collector {
             Ok(s) => {
                 *want = s.read_bytes().min(grant.len as usize);
                 t.summary.snapshots += 1;
-                t.summary.last_version = s.version;
-                t.summary.last_counters =
-                    COUNTER_NAMES.iter().zip(&s.counters).map(|(n, v)| ((*n).to_string(), *v)).collect();
                 if opts.json {
                     writeln!(out, "{}", json_line(&t.addr, &s))?;
                 }
@@ -665,8 +658,13 @@ pub fn run(
     };
     // SAFETY: the channel is live.
     let fd = unsafe { (*channel).fd };
-    // SAFETY: fcntl on our descriptor.
-    unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) };
+    // SAFETY: fcntl on our descriptor. A blocking channel would stall the read loop in
+    // rdma_get_cm_event, so a failure is an error.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(os_error("fcntl(rdma_cm fd, O_NONBLOCK)"));
+    }
     let started = Instant::now();
     let cpu0 = cpu_seconds();
     let tick = Duration::from_secs_f64(1.0 / opts.rate_hz.max(0.001));

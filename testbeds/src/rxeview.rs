@@ -99,7 +99,12 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
-    let _ = std::fs::remove_dir_all(SEGMENTS);
+    match std::fs::remove_dir_all(SEGMENTS) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("clearing {SEGMENTS}"));
+        }
+        _ => {}
+    }
     std::fs::create_dir_all(dir.join("pinglists"))?;
     let inv = rxefabric::up(Layout::new(3, 2)?)?;
     let inventory = dir.join("inventory.toml");
@@ -162,7 +167,7 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
     let (again_ok, again_err) =
         scrape(&ctl, first, &["--duration-s", "3", "--rate-hz", "5"], &dir.join("again.jsonl"))?;
     // A collector the agents do not allow: from an agent's own host.
-    let outsider = inv.hosts.iter().find(|h| h.name != COLLECTOR).map(|h| h.name.clone()).unwrap_or_default();
+    let outsider = inv.hosts.iter().find(|h| h.name != COLLECTOR).map(|h| h.name.clone()).context("no agent host")?;
     let o = Command::new("ip")
         .args(["netns", "exec", &outsider])
         .arg(&ctl)

@@ -293,7 +293,11 @@ impl Server {
         let l = &mut self.listeners[li];
         let reject = |why: &str| {
             // SAFETY: a live request id; the reason is copied by the call.
-            unsafe { ffi::rdma_reject(id, why.as_ptr().cast(), why.len() as u8) };
+            if unsafe { ffi::rdma_reject(id, why.as_ptr().cast(), why.len() as u8) } != 0 {
+                // The collector then times out instead of reading the reason; the refusal
+                // itself is counted and logged by the caller.
+                tracing::debug!("rdma_reject ({why}) failed: {}", io::Error::last_os_error());
+            }
         };
         let Some(peer) = peer.filter(|p| self.allow.iter().any(|a| a.contains(*p))) else {
             self.stats.rejected_not_allowed += 1;
