@@ -540,6 +540,35 @@ impl PathTracer {
         true
     }
 
+    /// CLOCK_REALTIME stepped by `delta_ns` (see the shard's `follow_clock_steps`): every timer
+    /// moves with it, so a step back does not hold traces until the clock catches up and a step
+    /// forward does not time out the flights under way. A flight across the step keeps the hops
+    /// it has.
+    pub fn shift_clock(&mut self, delta_ns: i64) {
+        let shift = |t: &mut u64| {
+            if *t != 0 && *t != u64::MAX {
+                *t = t.saturating_add_signed(delta_ns);
+            }
+        };
+        for e in self.forward.iter_mut().chain(self.peers.iter_mut()) {
+            shift(&mut e.due_ns);
+            shift(&mut e.last_ns);
+            shift(&mut e.seen_ns);
+        }
+        for f in self.flights.iter_mut().filter(|f| f.active) {
+            shift(&mut f.started_ns);
+            shift(&mut f.deadline_ns);
+        }
+        // Rebuilt in place: into_vec and from reuse the heap's buffer.
+        let mut due = std::mem::take(&mut self.schedule).into_vec();
+        for Reverse((t, _)) in &mut due {
+            shift(t);
+        }
+        self.schedule = BinaryHeap::from(due);
+        shift(&mut self.refilled_ns);
+        shift(&mut self.next_drain_ns);
+    }
+
     /// When [`PathTracer::poll`] next has something to do without input.
     pub fn next_deadline_ns(&self) -> u64 {
         let mut t = u64::MAX;

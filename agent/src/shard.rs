@@ -570,8 +570,7 @@ impl<T: Transport> Shard<T> {
 
     /// One round of work.
     pub fn step(&mut self) -> Result<(), SegmentError> {
-        let start = now_ns();
-        self.follow_clock_steps(start);
+        let start = self.clock_ns();
         self.transport.housekeeping(start);
         self.auth.refresh(start);
         self.collect_tx_timestamps(true)?;
@@ -583,15 +582,16 @@ impl<T: Transport> Shard<T> {
             }
         }
         self.flush_sends()?;
-        let now = now_ns();
+        let now = self.clock_ns();
         self.send_due(now)?;
         self.flush_sends()?;
         // Send stamps of what just left (software stamps are ready at once), and the ACK2s
         // that ACK1's stamps release.
         self.collect_tx_timestamps(false)?;
         self.flush_sends()?;
-        self.expire(now_ns())?;
-        self.trace_paths(now_ns());
+        let now = self.clock_ns();
+        self.expire(now)?;
+        self.trace_paths(now);
         if now >= self.next_flush_ns {
             self.next_flush_ns = now + self.params.flush_interval_ns;
             if let Err(e) = self.writer.flush().and_then(|()| self.writer.rotate_if_older(now).map(drop)) {
@@ -599,6 +599,16 @@ impl<T: Transport> Shard<T> {
             }
         }
         Ok(())
+    }
+
+    /// CLOCK_REALTIME for the shard's timers: every reading a timer is set or compared from goes
+    /// through here, so a step is always seen before a timer set on one side of it meets a
+    /// reading from the other (a step between two plain readings in one round once recorded a
+    /// probe in flight lost, its deadline not yet moved).
+    fn clock_ns(&mut self) -> u64 {
+        let now = now_ns();
+        self.follow_clock_steps(now);
+        now
     }
 
     /// The shard's timers (probe schedule, in-flight deadlines, flush) are CLOCK_REALTIME, the
@@ -626,6 +636,9 @@ impl<T: Transport> Shard<T> {
             e.deadline = shift(e.deadline);
         }
         self.next_flush_ns = shift(self.next_flush_ns);
+        if let Some(p) = &mut self.paths {
+            p.shift_clock(delta);
+        }
         tracing::warn!(
             device = %self.params.device,
             step_ms = delta / 1_000_000,
@@ -983,7 +996,9 @@ impl<T: Transport> Shard<T> {
                 kind,
                 arrived: Arrived::PROBE_SENT,
                 t1,
-                deadline: t1 + self.timeout_ns,
+                // From the round's reading, which the step check has seen: t1 is read later,
+                // and a step in between would leave this deadline on the wrong side of it.
+                deadline: now + self.timeout_ns,
                 tor_slot,
                 ..InFlight::default()
             };
