@@ -66,6 +66,12 @@ pub struct ReportArgs {
     /// agent did not know it, from the remote GID.
     #[arg(long)]
     pub inventory: Option<PathBuf>,
+    /// Records held in memory at once, about: the input is read this many at a time, in ranges
+    /// of whole windows (a window is never split, however many records it holds). Memory is
+    /// about 100 bytes per record held; lower it on a smaller machine, raise it to read large
+    /// files fewer times (a file is read once per range it overlaps).
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub range_records: u64,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
@@ -174,20 +180,32 @@ fn load_fields(
     fields: Fields,
     inventory: Option<&Inventory>,
 ) -> Result<Dataset, i32> {
-    let files = match inspect::find_segments(inputs) {
+    let files = find(command, inputs)?;
+    let ds = ingest::ingest_with(&files, true, fields, inventory);
+    say_problems(command, &ds, inventory);
+    Ok(ds)
+}
+
+/// The segment files under `inputs`; none is a usage error.
+fn find(command: &str, inputs: &[PathBuf]) -> Result<Vec<PathBuf>, i32> {
+    match inspect::find_segments(inputs) {
         Err(e) => {
             eprintln!("analyze {command}: cannot list {inputs:?}: {e}");
-            return Err(exit::USAGE);
+            Err(exit::USAGE)
         }
         Ok(f) if f.is_empty() => {
             eprintln!(
                 "analyze {command}: no segment files (*.rseg, *.rseg.zst) under {inputs:?}; point it at an agent's segment directory"
             );
-            return Err(exit::USAGE);
+            Err(exit::USAGE)
         }
-        Ok(f) => f,
-    };
-    let ds = ingest::ingest_with(&files, true, fields, inventory);
+        Ok(f) => Ok(f),
+    }
+}
+
+/// Says on stderr what was wrong with the input: damaged or skipped files, unmapped hops,
+/// unresolved services.
+fn say_problems(command: &str, ds: &Dataset, inventory: Option<&Inventory>) {
     for p in &ds.problems {
         let what = if p.skipped { "skipped" } else { "damaged, read in part" };
         eprintln!("analyze {command}: {}: {what}: {}", p.path.display(), p.problem);
@@ -219,7 +237,6 @@ fn load_fields(
             unresolved.join(", ")
         );
     }
-    Ok(ds)
 }
 
 fn problems(ds: &Dataset) -> Vec<String> {
@@ -251,46 +268,59 @@ pub fn report(args: &ReportArgs) -> i32 {
         Err(code) => return code,
     };
     let start = Instant::now();
-    let mut ds = match load_fields("report", &args.inputs, Fields::Report, inv.as_ref()) {
-        Ok(ds) => ds,
+    let files = match find("report", &args.inputs) {
+        Ok(f) => f,
         Err(code) => return code,
     };
-    let read_s = start.elapsed().as_secs_f64();
-    let meta = Meta {
-        window_s: args.window_s,
-        sla,
-        files: ds.files,
-        records: ds.probes.len(),
-        problems: problems(&ds),
-        scopes: args.scope.clone(),
-    };
-    let mut run = || -> Result<(), report::ReportError> {
-        let t = Instant::now();
-        let prepared = report::prepare_with(
-            std::mem::take(&mut ds.probes),
-            &ds.rnics,
-            &ds.services,
-            args.window_s * 1_000_000_000,
-        )?;
-        let prepare_s = t.elapsed().as_secs_f64();
-        say_unknown_outcomes("report", &prepared);
-        let t = Instant::now();
-        let rows = prepared.rows(&args.scope, Span::PerWindow, &sla)?;
-        let rows_s = t.elapsed().as_secs_f64();
+    // Windows are independent: the input is read a range of whole windows at a time, so
+    // memory follows `--range-records`, not the hours read.
+    let mut plan = ingest::plan(&files, Fields::Report, inv.as_ref());
+    let window_ns = args.window_s * 1_000_000_000;
+    let ranges = plan.ranges(window_ns, args.range_records as usize);
+    let plan_s = start.elapsed().as_secs_f64();
+    let mut run = || -> Result<Meta, report::ReportError> {
+        let (mut read_s, mut prepare_s, mut rows_s, mut unknown_outcomes) = (0.0, 0.0, 0.0, 0);
+        let mut rows = Vec::new();
+        for &(from, to) in &ranges {
+            let t = Instant::now();
+            let probes = plan.read(from, to);
+            read_s += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let prepared = report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
+            prepare_s += t.elapsed().as_secs_f64();
+            unknown_outcomes += prepared.unknown_outcomes;
+            let t = Instant::now();
+            rows.extend(prepared.rows(&args.scope, Span::PerWindow, &sla)?);
+            rows_s += t.elapsed().as_secs_f64();
+        }
+        report::sort_rows(&mut rows);
+        let records = plan.records();
+        let ds = plan.finish();
+        say_problems("report", &ds, inv.as_ref());
+        say_unknown_outcomes("report", unknown_outcomes);
+        let meta = Meta {
+            window_s: args.window_s,
+            sla,
+            files: ds.files,
+            records,
+            problems: problems(&ds),
+            scopes: args.scope.clone(),
+        };
         let t = Instant::now();
         report::write(&rows, &meta, args.format, args.output.as_deref())?;
         // Where the time went, for an operator deciding whether to narrow the input.
         eprintln!(
-            "analyze report: {} records from {} files in {:.2} s (read {read_s:.2} s, prepare {prepare_s:.2} s, scopes {rows_s:.2} s, write {:.2} s)",
+            "analyze report: {} records from {} files in {:.2} s (plan {plan_s:.2} s, read {read_s:.2} s, prepare {prepare_s:.2} s, scopes {rows_s:.2} s, write {:.2} s; {} ranges)",
             meta.records,
             meta.files,
             start.elapsed().as_secs_f64(),
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            ranges.len()
         );
-        Ok(())
+        Ok(meta)
     };
     match run() {
-        Ok(()) => outcome(!meta.problems.is_empty()),
+        Ok(meta) => outcome(!meta.problems.is_empty()),
         Err(e) => {
             eprintln!("analyze report: {e}");
             exit::USAGE
@@ -300,11 +330,10 @@ pub fn report(args: &ReportArgs) -> i32 {
 
 /// Outcome bytes this build does not know come from a newer agent: counted in `probes` only,
 /// and said once, so that a row's probes exceeding its classes is explained.
-fn say_unknown_outcomes(command: &str, prepared: &report::Prepared) {
-    if prepared.unknown_outcomes > 0 {
+fn say_unknown_outcomes(command: &str, unknown_outcomes: u64) {
+    if unknown_outcomes > 0 {
         eprintln!(
-            "analyze {command}: {} records carry an outcome byte this build does not know (a newer agent?): counted in probes only",
-            prepared.unknown_outcomes
+            "analyze {command}: {unknown_outcomes} records carry an outcome byte this build does not know (a newer agent?): counted in probes only"
         );
     }
 }
@@ -374,7 +403,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
         .collect();
     let run = || -> Result<(), report::ReportError> {
         let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
-        say_unknown_outcomes("html", &prepared);
+        say_unknown_outcomes("html", prepared.unknown_outcomes);
         let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings), Some(&services))?;
         write_file(&args.output, page.as_bytes())
     };

@@ -41,8 +41,8 @@ use polars::prelude::*;
 use rayon::prelude::*;
 use rocemesh_formats::gid::{gid_bytes, ip_of};
 use rocemesh_formats::inventory::Inventory;
-use rocemesh_formats::record::{EndpointRole, ServiceConn};
-use rocemesh_formats::segment::SegmentReader;
+use rocemesh_formats::record::{Endpoint, EndpointRole, ServiceConn};
+use rocemesh_formats::segment::{SegmentReader, WriterIdentity};
 use serde::Serialize;
 
 /// The probe columns, all the same length, ids fleet-wide (see [`Dataset::rnics`]).
@@ -454,16 +454,7 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
         })
         .collect();
     let mut ds = Dataset { files: files.len(), ..Dataset::default() };
-    let mut rnic_ids: HashMap<String, u32> = HashMap::new();
-    let mut switch_ids: HashMap<String, u32> = HashMap::new();
-    let mut service_ids: HashMap<String, u32> = HashMap::new();
-    // The ToR each service's entry gave its remote end, by service id.
-    let mut service_tors: Vec<String> = Vec::new();
-    // RNIC entries' non-zero addresses (the first name seen for each), for resolving services
-    // and peers; and the address each writer declares for itself, which a peer prefers.
-    let mut rnic_by_addr: HashMap<[u8; 16], u32> = HashMap::new();
-    let mut own_by_addr: HashMap<[u8; 16], u32> = HashMap::new();
-    let switch_by_addr: HashMap<[u8; 16], &str> = inventory.map(Inventory::switch_addrs).unwrap_or_default();
+    let mut merger = Merger::new(inventory);
     let mut readers = Vec::new();
     let mut remaps: Vec<Remap> = Vec::new();
     for (path, r) in opened {
@@ -474,98 +465,11 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
                 continue;
             }
         };
-        for d in reader.damage() {
-            ds.problems.push(FileProblem {
-                path: path.clone(),
-                problem: format!("{:?} at byte {}: {}", d.kind, d.offset, d.detail),
-                skipped: false,
-            });
-        }
-        let dict = reader.dictionary();
-        let max_id = dict.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
-        let mut m = Remap {
-            prober: vec![u32::MAX; max_id],
-            target: vec![u32::MAX; max_id],
-            switch: vec![u32::MAX; max_id],
-            service: Vec::new(),
-            peer: Vec::new(),
-            addrs: HashMap::new(),
-        };
-        let identity = reader.identity();
-        let own_name = format!("{}/{}", identity.host, identity.device);
-        for e in dict {
-            if e.role == EndpointRole::Switch as u8 {
-                // Named by the simulator (zero address), else by the inventory's address map.
-                let name = if e.addr == [0; 16] { Some(e.name.as_str()) } else { switch_by_addr.get(&e.addr).copied() };
-                let Some(name) = name else {
-                    m.switch[e.id as usize] = UNMAPPED;
-                    m.addrs.insert(e.id, e.addr);
-                    continue;
-                };
-                let next = switch_ids.len() as u32;
-                let id = *switch_ids.entry(name.to_owned()).or_insert_with(|| {
-                    ds.switches.push(name.to_owned());
-                    next
-                });
-                m.switch[e.id as usize] = id;
-            } else if e.role == EndpointRole::Peer as u8 {
-                // Resolved below, once every dictionary's RNICs are known.
-                if m.peer.is_empty() {
-                    m.peer = vec![u32::MAX; max_id];
-                }
-                m.peer[e.id as usize] = UNRESOLVED_PEER;
-                m.addrs.insert(e.id, e.addr);
-            } else if e.role == EndpointRole::Service as u8 {
-                // Resolved below, once every dictionary's RNICs are known.
-                let next = service_ids.len() as u32;
-                let id = *service_ids.entry(e.name.clone()).or_insert_with(|| {
-                    ds.services.push(Service {
-                        name: e.name.clone(),
-                        prober: u32::MAX,
-                        remote: u32::MAX,
-                        resolution: Resolution::Unresolved,
-                        addr: e.addr,
-                        conn: e.service.clone().unwrap_or_default(),
-                    });
-                    service_tors.push(e.tor.clone());
-                    next
-                });
-                if m.service.is_empty() {
-                    m.service = vec![NO_SERVICE; max_id];
-                }
-                m.service[e.id as usize] = id;
-            } else {
-                let id = rnic_id(&mut ds.rnics, &mut rnic_ids, &e.name, &e.tor);
-                if e.addr != [0; 16] {
-                    rnic_by_addr.entry(e.addr).or_insert(id);
-                    if e.name == own_name {
-                        own_by_addr.entry(e.addr).or_insert(id);
-                    }
-                }
-                m.prober[e.id as usize] = id;
-                m.target[e.id as usize] = id;
-            }
-        }
-        remaps.push(m);
+        ds.problems.extend(damage_problems(&path, &reader));
+        remaps.push(merger.add(&mut ds, reader.identity(), reader.dictionary()));
         readers.push((path, reader));
     }
-    let inv_rnics = InventoryRnics::of(inventory);
-    resolve_services(&mut ds, &mut rnic_ids, &service_tors, &rnic_by_addr, &inv_rnics);
-    for m in &mut remaps {
-        for (t, &s) in m.target.iter_mut().zip(&m.service) {
-            if s != NO_SERVICE {
-                *t = ds.services[s as usize].remote;
-            }
-        }
-        for (id, p) in m.peer.iter_mut().enumerate() {
-            if *p == UNRESOLVED_PEER
-                && let Some(addr) = m.addrs.get(&(id as u32))
-                && let Some(rnic) = resolve_peer(&mut ds, &mut rnic_ids, addr, &own_by_addr, &rnic_by_addr, &inv_rnics)
-            {
-                *p = rnic;
-            }
-        }
-    }
+    let rnic_ids = merger.finish(&mut ds, &mut remaps, inventory);
     place_paths(&mut ds, &readers, &remaps);
     let counts: Vec<usize> = readers.iter().map(|(_, r)| r.probe_chunks().map(|c| c.len()).sum()).collect();
     let total: usize = counts.iter().sum();
@@ -577,9 +481,10 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
             .zip(remaps.par_iter())
             .zip(slices.par_iter_mut())
             .map(|(((_, reader), m), out)| {
-                let agent = fill(reader, m, out, &rnic_ids, fields);
+                let unknown_ids = fill(reader, m, out, fields, None);
+                let agent = agent_file(reader, out.t1, out.prober.first().copied(), &rnic_ids);
                 bar.inc(1);
-                agent
+                (agent, unknown_ids)
             })
             .collect();
         for (((path, _), m), (agent, unknown_ids)) in readers.iter().zip(&remaps).zip(filled) {
@@ -605,6 +510,330 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
     bar.finish_and_clear();
     ds.probes = probes;
     ds
+}
+
+/// The fleet-wide ids, built from the files' dictionaries one file at a time, in file order
+/// (the first file to name an RNIC gives its id).
+struct Merger<'i> {
+    rnic_ids: HashMap<String, u32>,
+    switch_ids: HashMap<String, u32>,
+    service_ids: HashMap<String, u32>,
+    /// The ToR each service's entry gave its remote end, by service id.
+    service_tors: Vec<String>,
+    /// RNIC entries' non-zero addresses (the first name seen for each), for resolving services
+    /// and peers; and the address each writer declares for itself, which a peer prefers.
+    rnic_by_addr: HashMap<[u8; 16], u32>,
+    own_by_addr: HashMap<[u8; 16], u32>,
+    switch_by_addr: HashMap<[u8; 16], &'i str>,
+}
+
+impl<'i> Merger<'i> {
+    fn new(inventory: Option<&'i Inventory>) -> Self {
+        Merger {
+            rnic_ids: HashMap::new(),
+            switch_ids: HashMap::new(),
+            service_ids: HashMap::new(),
+            service_tors: Vec::new(),
+            rnic_by_addr: HashMap::new(),
+            own_by_addr: HashMap::new(),
+            switch_by_addr: inventory.map(Inventory::switch_addrs).unwrap_or_default(),
+        }
+    }
+
+    /// One readable file's dictionary: its ids mapped to fleet-wide ones.
+    fn add(&mut self, ds: &mut Dataset, identity: &WriterIdentity, dict: &[Endpoint]) -> Remap {
+        let max_id = dict.iter().map(|e| e.id as usize + 1).max().unwrap_or(0);
+        let mut m = Remap {
+            prober: vec![u32::MAX; max_id],
+            target: vec![u32::MAX; max_id],
+            switch: vec![u32::MAX; max_id],
+            service: Vec::new(),
+            peer: Vec::new(),
+            addrs: HashMap::new(),
+        };
+        let own_name = format!("{}/{}", identity.host, identity.device);
+        for e in dict {
+            if e.role == EndpointRole::Switch as u8 {
+                // Named by the simulator (zero address), else by the inventory's address map.
+                let name =
+                    if e.addr == [0; 16] { Some(e.name.as_str()) } else { self.switch_by_addr.get(&e.addr).copied() };
+                let Some(name) = name else {
+                    m.switch[e.id as usize] = UNMAPPED;
+                    m.addrs.insert(e.id, e.addr);
+                    continue;
+                };
+                let next = self.switch_ids.len() as u32;
+                let id = *self.switch_ids.entry(name.to_owned()).or_insert_with(|| {
+                    ds.switches.push(name.to_owned());
+                    next
+                });
+                m.switch[e.id as usize] = id;
+            } else if e.role == EndpointRole::Peer as u8 {
+                // Resolved below, once every dictionary's RNICs are known.
+                if m.peer.is_empty() {
+                    m.peer = vec![u32::MAX; max_id];
+                }
+                m.peer[e.id as usize] = UNRESOLVED_PEER;
+                m.addrs.insert(e.id, e.addr);
+            } else if e.role == EndpointRole::Service as u8 {
+                // Resolved below, once every dictionary's RNICs are known.
+                let next = self.service_ids.len() as u32;
+                let id = *self.service_ids.entry(e.name.clone()).or_insert_with(|| {
+                    ds.services.push(Service {
+                        name: e.name.clone(),
+                        prober: u32::MAX,
+                        remote: u32::MAX,
+                        resolution: Resolution::Unresolved,
+                        addr: e.addr,
+                        conn: e.service.clone().unwrap_or_default(),
+                    });
+                    self.service_tors.push(e.tor.clone());
+                    next
+                });
+                if m.service.is_empty() {
+                    m.service = vec![NO_SERVICE; max_id];
+                }
+                m.service[e.id as usize] = id;
+            } else {
+                let id = rnic_id(&mut ds.rnics, &mut self.rnic_ids, &e.name, &e.tor);
+                if e.addr != [0; 16] {
+                    self.rnic_by_addr.entry(e.addr).or_insert(id);
+                    if e.name == own_name {
+                        self.own_by_addr.entry(e.addr).or_insert(id);
+                    }
+                }
+                m.prober[e.id as usize] = id;
+                m.target[e.id as usize] = id;
+            }
+        }
+        m
+    }
+
+    /// Services and peers, once every dictionary is in; returns the RNIC ids by name.
+    fn finish(mut self, ds: &mut Dataset, remaps: &mut [Remap], inventory: Option<&Inventory>) -> HashMap<String, u32> {
+        let inv_rnics = InventoryRnics::of(inventory);
+        resolve_services(ds, &mut self.rnic_ids, &self.service_tors, &self.rnic_by_addr, &inv_rnics);
+        for m in remaps.iter_mut() {
+            for (t, &s) in m.target.iter_mut().zip(&m.service) {
+                if s != NO_SERVICE {
+                    *t = ds.services[s as usize].remote;
+                }
+            }
+            for (id, p) in m.peer.iter_mut().enumerate() {
+                if *p == UNRESOLVED_PEER
+                    && let Some(addr) = m.addrs.get(&(id as u32))
+                    && let Some(rnic) =
+                        resolve_peer(ds, &mut self.rnic_ids, addr, &self.own_by_addr, &self.rnic_by_addr, &inv_rnics)
+                {
+                    *p = rnic;
+                }
+            }
+        }
+        self.rnic_ids
+    }
+}
+
+/// What a file's reader says it had to skip, as problems of that file.
+fn damage_problems<'a>(path: &'a std::path::Path, reader: &'a SegmentReader) -> impl Iterator<Item = FileProblem> + 'a {
+    reader.damage().iter().map(move |d| FileProblem {
+        path: path.to_path_buf(),
+        problem: format!("{:?} at byte {}: {}", d.kind, d.offset, d.detail),
+        skipped: false,
+    })
+}
+
+/// A file [`Plan`] reads again for each time range it overlaps.
+#[derive(Debug)]
+struct Planned {
+    path: PathBuf,
+    remap: Remap,
+    /// Smallest and largest T1.
+    first_ns: u64,
+    last_ns: u64,
+    records: usize,
+}
+
+/// Ingest one time range at a time, for passes whose windows are independent (`analyze
+/// report`): memory follows the records of a range, not of the input. A first pass reads every
+/// file once, one reader per thread at a time, for what the whole input decides (dictionaries
+/// and so fleet-wide ids, services, each file's span and agent facts) and keeps none of its
+/// records; [`Plan::read`] then copies a range's records from the files that overlap it. The
+/// ids, RNICs, services and problems are those [`ingest_with`] gives for the same files; path
+/// traces are not read ([`Dataset::paths`] stays empty).
+#[derive(Debug)]
+pub struct Plan {
+    /// Everything but the probes ([`Dataset::probes`] stays empty).
+    pub ds: Dataset,
+    files: Vec<Planned>,
+    fields: Fields,
+    /// Unknown prober or target ids per file, summed over the ranges read.
+    unknown_ids: Vec<u64>,
+}
+
+/// What the first pass keeps of one file.
+struct Head {
+    identity: WriterIdentity,
+    dictionary: Vec<Endpoint>,
+    damage: Vec<FileProblem>,
+    time_range: Option<(u64, u64)>,
+    t1: Vec<u64>,
+    first_prober: Option<u32>,
+    agent_epoch: u32,
+}
+
+/// See [`Plan`]: the first pass over `files`.
+pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>) -> Plan {
+    // One reader per thread at a time: a reader holds its whole (decompressed) file.
+    let heads: Vec<(PathBuf, Result<Head, String>)> = files
+        .par_iter()
+        .map(|p| {
+            let head = SegmentReader::open(p).map_err(|e| e.to_string()).map(|r| Head {
+                identity: r.identity().clone(),
+                dictionary: r.dictionary().to_vec(),
+                damage: damage_problems(p, &r).collect(),
+                time_range: r.time_range(),
+                t1: r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())).collect(),
+                first_prober: r.probe_chunks().find_map(|c| c.prober.first().map(|v| v.to_native())),
+                agent_epoch: r.identity().agent_epoch,
+            });
+            (p.clone(), head)
+        })
+        .collect();
+    let mut ds = Dataset { files: files.len(), ..Dataset::default() };
+    let mut merger = Merger::new(inventory);
+    let mut kept = Vec::new();
+    let mut remaps = Vec::new();
+    for (path, head) in heads {
+        match head {
+            Err(problem) => ds.problems.push(FileProblem { path, problem, skipped: true }),
+            Ok(h) => {
+                ds.problems.extend(h.damage.iter().cloned());
+                remaps.push(merger.add(&mut ds, &h.identity, &h.dictionary));
+                kept.push((path, h));
+            }
+        }
+    }
+    let rnic_ids = merger.finish(&mut ds, &mut remaps, inventory);
+    let mut planned = Vec::new();
+    for ((path, h), m) in kept.into_iter().zip(remaps) {
+        let name = format!("{}/{}", h.identity.host, h.identity.device);
+        let first = h.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
+        let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| first.unwrap_or(u32::MAX));
+        // A service's prober is the writer of the files that define it.
+        for &s in m.service.iter().filter(|&&s| s != NO_SERVICE) {
+            let svc = &mut ds.services[s as usize];
+            if svc.prober == u32::MAX {
+                svc.prober = rnic;
+            }
+        }
+        let (long_gaps, median_gap_ns) = gaps(&h.t1);
+        let (first_ns, last_ns) = h.time_range.unwrap_or((0, 0));
+        ds.agents.push(AgentFile {
+            rnic,
+            agent_epoch: h.agent_epoch,
+            first_ns,
+            last_ns,
+            records: h.t1.len() as u64,
+            long_gaps,
+            median_gap_ns,
+        });
+        if h.time_range.is_some() {
+            planned.push(Planned { path, remap: m, first_ns, last_ns, records: h.t1.len() });
+        }
+    }
+    let unknown_ids = vec![0; planned.len()];
+    Plan { ds, files: planned, fields, unknown_ids }
+}
+
+impl Plan {
+    /// Records in the readable files.
+    pub fn records(&self) -> usize {
+        self.files.iter().map(|f| f.records).sum()
+    }
+
+    /// Consecutive time ranges `[from, to)`, each a whole number of `window_ns` windows, that
+    /// together hold every record, each holding about `budget` records or fewer (one window is
+    /// never split, however many it holds). Records are taken as spread evenly over their
+    /// file's span.
+    pub fn ranges(&self, window_ns: u64, budget: usize) -> Vec<(u64, u64)> {
+        let mut per_window: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+        for f in &self.files {
+            let (a, b) = (f.first_ns / window_ns, f.last_ns / window_ns);
+            let span = (f.last_ns - f.first_ns).max(1) as f64;
+            for w in a..=b {
+                let lo = (w * window_ns).max(f.first_ns);
+                let hi = ((w + 1) * window_ns).min(f.last_ns + 1);
+                *per_window.entry(w).or_default() += f.records as f64 * (hi.saturating_sub(lo) as f64 / span).min(1.0);
+            }
+        }
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut held = 0.0;
+        for (&w, &n) in &per_window {
+            match ranges.last_mut() {
+                Some(r) if held + n <= budget as f64 => {
+                    r.1 = (w + 1) * window_ns;
+                    held += n;
+                }
+                _ => {
+                    ranges.push((w * window_ns, (w + 1) * window_ns));
+                    held = n;
+                }
+            }
+        }
+        ranges
+    }
+
+    /// The records with T1 in `[from, to)`, read from the files whose span overlaps it.
+    pub fn read(&mut self, from: u64, to: u64) -> Probes {
+        let chosen: Vec<usize> =
+            (0..self.files.len()).filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from).collect();
+        let opened: Vec<Result<SegmentReader, String>> =
+            chosen.par_iter().map(|&i| SegmentReader::open(&self.files[i].path).map_err(|e| e.to_string())).collect();
+        let mut readers = Vec::new();
+        for (&i, r) in chosen.iter().zip(opened) {
+            match r {
+                Ok(r) => readers.push((i, r)),
+                // Read in the first pass, gone or changed since: its records of this range
+                // are not counted, and the outputs say so.
+                Err(problem) => self.ds.problems.push(FileProblem {
+                    path: self.files[i].path.clone(),
+                    problem: format!("could not be read again: {problem}"),
+                    skipped: false,
+                }),
+            }
+        }
+        let counts: Vec<usize> = readers.par_iter().map(|(_, r)| records_in(r, from, to)).collect();
+        let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
+        let mut slices = split(&mut probes, &counts);
+        let (files, fields) = (&self.files, self.fields);
+        let unknown: Vec<u64> = readers
+            .par_iter()
+            .zip(slices.par_iter_mut())
+            .map(|((i, r), out)| fill(r, &files[*i].remap, out, fields, Some((from, to))))
+            .collect();
+        for ((i, _), u) in readers.iter().zip(unknown) {
+            self.unknown_ids[*i] += u;
+        }
+        probes
+    }
+
+    /// The dataset, with the problems only the ranges read could tell (taken: the plan is
+    /// spent).
+    pub fn finish(&mut self) -> Dataset {
+        for (f, &u) in self.files.iter().zip(&self.unknown_ids) {
+            if u > 0 {
+                self.ds.problems.push(FileProblem {
+                    path: f.path.clone(),
+                    problem: format!(
+                        "{u} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"
+                    ),
+                    skipped: false,
+                });
+            }
+        }
+        self.files.clear();
+        std::mem::take(&mut self.ds)
+    }
 }
 
 /// [`Remap::switch`] of a switch entry whose address the inventory does not map.
@@ -750,6 +979,7 @@ impl InventoryRnics {
 }
 
 /// One file's dictionary ids mapped to fleet-wide ids.
+#[derive(Debug)]
 struct Remap {
     /// As a prober: RNIC entries only (a service entry is no prober).
     prober: Vec<u32>,
@@ -878,79 +1108,112 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
     out
 }
 
-/// Copies one file's records into its slices; returns what the file says about its agent, and
-/// how many prober or target ids its dictionary does not define as RNICs or services (remapped
-/// to `u32::MAX`, the unknown RNIC of reports). A service probe's target becomes its remote
-/// RNIC and its service id goes to the service column: table lookups, nothing allocated.
-fn fill(
-    reader: &SegmentReader,
-    m: &Remap,
-    out: &mut Slices<'_>,
-    rnic_ids: &HashMap<String, u32>,
-    fields: Fields,
-) -> (AgentFile, u64) {
+/// Copies one file's records (those with T1 in `range`, every one without) into its slices;
+/// returns how many prober or target ids its dictionary does not define as RNICs or services
+/// (remapped to `u32::MAX`, the unknown RNIC of reports). A service probe's target becomes its
+/// remote RNIC and its service id goes to the service column: table lookups, nothing allocated.
+fn fill(reader: &SegmentReader, m: &Remap, out: &mut Slices<'_>, fields: Fields, range: Option<(u64, u64)>) -> u64 {
     let mut at = 0;
     let mut unknown_ids = 0u64;
     let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
+    // Which of a chunk's rows to take: all of them (a plain copy, the usual case), or the
+    // ones inside the range, which only a chunk straddling a boundary needs.
+    let mut picked: Vec<u32> = Vec::new();
     for c in reader.probe_chunks() {
-        let n = c.len();
+        let whole = match range.map(|r| (r, chunk_span(c))) {
+            None => true,
+            Some(((from, to), (lo, hi))) if lo >= from && hi < to => true,
+            Some(((from, to), (lo, hi))) if hi < from || lo >= to => continue,
+            Some(((from, to), _)) => {
+                picked.clear();
+                picked.extend(
+                    c.t1_unix_ns
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| (from..to).contains(&t.to_native()))
+                        .map(|(i, _)| i as u32),
+                );
+                false
+            }
+        };
+        let n = if whole { c.len() } else { picked.len() };
         let r = at..at + n;
-        for (o, v) in out.t1[r.clone()].iter_mut().zip(c.t1_unix_ns.iter()) {
-            *o = v.to_native();
+        macro_rules! copy {
+            ($dst:expr, $src:expr, $v:ident => $e:expr) => {{
+                if whole {
+                    for (o, $v) in $dst[r.clone()].iter_mut().zip($src.iter()) {
+                        *o = $e;
+                    }
+                } else {
+                    for (o, &i) in $dst[r.clone()].iter_mut().zip(&picked) {
+                        let $v = &$src[i as usize];
+                        *o = $e;
+                    }
+                }
+            }};
         }
-        for (o, v) in out.rtt[r.clone()].iter_mut().zip(c.network_rtt_ns.iter()) {
-            *o = v.to_native();
-        }
-        for (o, v) in out.pd[r.clone()].iter_mut().zip(c.prober_delay_ns.iter()) {
-            *o = v.to_native();
-        }
-        for (o, v) in out.rd[r.clone()].iter_mut().zip(c.responder_delay_ns.iter()) {
-            *o = v.to_native();
-        }
-        for (o, v) in out.prober[r.clone()].iter_mut().zip(c.prober.iter()) {
-            *o = remap(&m.prober, v.to_native());
-            unknown_ids += u64::from(*o == u32::MAX);
-        }
-        for (o, v) in out.target[r.clone()].iter_mut().zip(c.target.iter()) {
-            *o = remap(&m.target, v.to_native());
-            unknown_ids += u64::from(*o == u32::MAX);
-        }
+        copy!(out.t1, c.t1_unix_ns, v => v.to_native());
+        copy!(out.rtt, c.network_rtt_ns, v => v.to_native());
+        copy!(out.pd, c.prober_delay_ns, v => v.to_native());
+        copy!(out.rd, c.responder_delay_ns, v => v.to_native());
+        copy!(out.prober, c.prober, v => remap(&m.prober, v.to_native()));
+        copy!(out.target, c.target, v => remap(&m.target, v.to_native()));
+        unknown_ids +=
+            out.prober[r.clone()].iter().chain(&out.target[r.clone()]).filter(|&&v| v == u32::MAX).count() as u64;
         // The column exists when some file defines a service; it was made all NO_SERVICE.
         if !out.service.is_empty() && !m.service.is_empty() {
-            for (o, v) in out.service[r.clone()].iter_mut().zip(c.target.iter()) {
-                *o = m.service.get(v.to_native() as usize).copied().unwrap_or(NO_SERVICE);
-            }
+            copy!(out.service, c.target, v => m
+                .service
+                .get(v.to_native() as usize)
+                .copied()
+                .unwrap_or(NO_SERVICE));
         }
         if fields == Fields::All {
-            for (o, v) in out.label[r.clone()].iter_mut().zip(c.flow_label.iter()) {
-                *o = v.to_native();
-            }
-            for (o, v) in out.epoch[r.clone()].iter_mut().zip(c.responder_epoch.iter()) {
-                *o = v.to_native();
-            }
-            out.kind[r.clone()].copy_from_slice(&c.kind);
+            copy!(out.label, c.flow_label, v => v.to_native());
+            copy!(out.epoch, c.responder_epoch, v => v.to_native());
+            copy!(out.kind, c.kind, v => *v);
         }
-        out.outcome[r.clone()].copy_from_slice(&c.outcome);
-        out.arrived[r.clone()].copy_from_slice(&c.arrived);
-        out.ts_source[r.clone()].copy_from_slice(&c.ts_source);
+        copy!(out.outcome, c.outcome, v => *v);
+        copy!(out.arrived, c.arrived, v => *v);
+        copy!(out.ts_source, c.ts_source, v => *v);
         at += n;
     }
+    unknown_ids
+}
+
+/// The smallest and largest T1 of a chunk.
+fn chunk_span(c: &rocemesh_formats::record::ArchivedProbeColumns) -> (u64, u64) {
+    c.t1_unix_ns.iter().fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t.to_native()), hi.max(t.to_native())))
+}
+
+/// Records of a file with T1 in `[from, to)`.
+fn records_in(reader: &SegmentReader, from: u64, to: u64) -> usize {
+    reader.probe_chunks().map(|c| c.t1_unix_ns.iter().filter(|t| (from..to).contains(&t.to_native())).count()).sum()
+}
+
+/// What a file says about the agent that wrote it: `t1` are its records' send times, `first_prober`
+/// the fleet id of its first record's prober (who wrote it, when the dictionary does not say).
+fn agent_file(
+    reader: &SegmentReader,
+    t1: &[u64],
+    first_prober: Option<u32>,
+    rnic_ids: &HashMap<String, u32>,
+) -> AgentFile {
     let id = reader.identity();
     let name = format!("{}/{}", id.host, id.device);
-    // The writer's own endpoint: by name, else the most frequent prober id in the file.
-    let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| out.prober.first().copied().unwrap_or(u32::MAX));
-    let (long_gaps, median_gap_ns) = gaps(out.t1);
+    // The writer's own endpoint: by name, else the first record's prober.
+    let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| first_prober.unwrap_or(u32::MAX));
+    let (long_gaps, median_gap_ns) = gaps(t1);
     let (first_ns, last_ns) = reader.time_range().unwrap_or((0, 0));
-    let agent = AgentFile {
+    AgentFile {
         rnic,
         agent_epoch: id.agent_epoch,
         first_ns,
         last_ns,
-        records: at as u64,
+        records: t1.len() as u64,
         long_gaps,
         median_gap_ns,
-    };
-    (agent, unknown_ids)
+    }
 }
 
 /// Long send-time gaps of one prober's records, and its median spacing. Records are in the

@@ -453,6 +453,20 @@ pub struct Prepared {
     services: Vec<(String, ServiceColumns)>,
 }
 
+/// The outputs' row order: violations first, then by window, scope and entity (one row per
+/// those three, so rows computed apart sort into the order computed together).
+pub fn sort_rows(rows: &mut [Row]) {
+    rows.sort_by(|a, b| {
+        // `false < true`: rows with violations sort first.
+        a.sla_violations
+            .is_empty()
+            .cmp(&b.sla_violations.is_empty())
+            .then(a.window_start_ns.cmp(&b.window_start_ns))
+            .then(a.scope.cmp(&b.scope))
+            .then_with(|| a.entity.cmp(&b.entity))
+    });
+}
+
 /// Sizes of the id spaces packed into group keys: a window index `d` and one or two ids, as
 /// `d * n + x` or `(d * n + x) * n + y` ([`KeySpace::keys`]).
 #[derive(Debug, Clone, Copy)]
@@ -895,15 +909,7 @@ impl Prepared {
                 counts.join(quantiles.lazy(), [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
             self.collect_rows(scope, &df, &ts_masks, sla, &mut rows)?;
         }
-        rows.sort_by(|a, b| {
-            // `false < true`: rows with violations sort first.
-            a.sla_violations
-                .is_empty()
-                .cmp(&b.sla_violations.is_empty())
-                .then(a.window_start_ns.cmp(&b.window_start_ns))
-                .then(a.scope.cmp(&b.scope))
-                .then_with(|| a.entity.cmp(&b.entity))
-        });
+        sort_rows(&mut rows);
         Ok(rows)
     }
 

@@ -376,6 +376,41 @@ fn every_number_of_every_scope_matches_the_reference() {
 }
 
 #[test]
+fn read_a_window_at_a_time_the_report_is_the_same() {
+    // `--range-records 1` reads every window on its own (a window is never split), so every
+    // file that spans several windows is read once per window and cut at its boundaries.
+    let (_dir, seg, recs) = fleet();
+    let seg_s = seg.to_str().expect("utf-8 path");
+    let run = |range_records: &str| {
+        let out = analyze(&[
+            "report",
+            "--scope",
+            "cluster,tor_pair,tor,rnic,pair",
+            "--format",
+            "json",
+            "--sla-loss",
+            "0.1",
+            "--range-records",
+            range_records,
+            seg_s,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (serde_json::from_slice::<Value>(&out.stdout).expect("json"), stderr)
+    };
+    let (whole, whole_err) = run("100000000");
+    let (apart, apart_err) = run("1");
+    let windows: std::collections::BTreeSet<u64> = recs.iter().map(|r| r.window).collect();
+    assert!(windows.len() >= 3, "the fleet must span several windows: {windows:?}");
+    assert!(whole_err.contains("; 1 ranges)"), "{whole_err}");
+    assert!(apart_err.contains(&format!("; {} ranges)", windows.len())), "{apart_err}");
+    assert_eq!(whole["meta"]["records"], Value::from(recs.len()));
+    assert_eq!(whole["meta"], apart["meta"]);
+    assert!(!whole["rows"].as_array().expect("rows").is_empty());
+    assert_eq!(whole["rows"], apart["rows"], "same rows, same order");
+}
+
+#[test]
 fn whole_range_rows_match_the_reference() {
     let (_dir, seg, recs) = fleet();
     let ds = ingest(&find_segments(&[seg]).expect("list"), false);
