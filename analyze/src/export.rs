@@ -6,7 +6,9 @@
 //! counts as in `analyze report` ([`crate::probe::Class`]: ok, lost, partial, invalid,
 //! refused, local_drop, unknown), so SQL over the export need not re-derive the rules. The table is written in
 //! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
-//! written, so memory stays at the ingested table plus one row group whatever the input size.
+//! written; `analyze export` ingests a range of windows at a time ([`write_parquet_parts`]), so
+//! memory stays at one range plus one row group whatever the input size. Rows are in the order
+//! of the ranges (time), and within one range of the files.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
 //! dictionary-encodes them, so they cost a few bits per row on disk. A traced service's probe
 //! has its remote RNIC as target and the connection's dictionary name in the last column,
@@ -17,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
 
-use crate::ingest::{Dataset, Fields, NO_SERVICE, NO_TOR, UNKNOWN_RNIC};
+use crate::ingest::{Dataset, Fields, NO_SERVICE, NO_TOR, Probes, Rnic, Service, UNKNOWN_RNIC};
 use crate::probe::Class;
 
 /// Rows per Parquet row group: large enough for good compression and few footers, small
@@ -77,22 +79,31 @@ pub fn write_parquet(
     window_ns: u64,
     compression: Compression,
 ) -> Result<usize, ExportError> {
+    let mut whole = Some(&ds.probes);
+    write_parquet_parts(&ds.rnics, &ds.services, path, window_ns, compression, || whole.take())
+}
+
+/// Writes the probes `parts` yields, one part after the other (ranges of an
+/// [`crate::ingest::Plan`], each dropped before the next is read), to `path`; `rnics` and
+/// `services` name their ids. Returns the rows written.
+pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
+    rnics: &[Rnic],
+    services: &[Service],
+    path: &Path,
+    window_ns: u64,
+    compression: Compression,
+    mut parts: impl FnMut() -> Option<P>,
+) -> Result<usize, ExportError> {
     if window_ns == 0 {
         return Err(ExportError::Usage("the window must be at least 1 s".into()));
     }
-    if let Some((name, len)) = ds.probes.uneven_column(Fields::All) {
-        return Err(ExportError::Usage(format!(
-            "probe column {name} has {len} values for {} records (ingested without every column?)",
-            ds.probes.len()
-        )));
-    }
     // Distinct names once; rows gather views into them. The last entry stands for ids no
     // dictionary defined (ingest maps those to u32::MAX).
-    let mut rnic_names: Vec<&str> = ds.rnics.iter().map(|r| r.name.as_str()).collect();
+    let mut rnic_names: Vec<&str> = rnics.iter().map(|r| r.name.as_str()).collect();
     rnic_names.push(UNKNOWN_RNIC);
     let mut tor_names: Vec<&str> = Vec::new();
     let mut tor_of_rnic: Vec<IdxSize> = Vec::with_capacity(rnic_names.len());
-    for r in &ds.rnics {
+    for r in rnics {
         let t = if r.tor.is_empty() { NO_TOR } else { r.tor.as_str() };
         let id = match tor_names.iter().position(|n| *n == t) {
             Some(i) => i,
@@ -109,17 +120,16 @@ pub fn write_parquet(
     let tor_names = StringChunked::from_iter_values("tor".into(), tor_names.into_iter());
     let unknown = (rnic_names.len() - 1) as IdxSize;
     let class_names = StringChunked::from_iter_values("class".into(), Class::ALL.iter().map(|c| c.name()));
-    let service_names = StringChunked::from_iter_values("service".into(), ds.services.iter().map(|s| s.name.as_str()));
+    let service_names = StringChunked::from_iter_values("service".into(), services.iter().map(|s| s.name.as_str()));
 
     let file = std::fs::File::create(path).map_err(|source| ExportError::Io {
         path: path.to_owned(),
         what: "create the Parquet file",
         source,
     })?;
-    let p = &ds.probes;
-    let batch = |a: usize, b: usize| -> PolarsResult<DataFrame> {
+    let batch = |p: &Probes, a: usize, b: usize| -> PolarsResult<DataFrame> {
         let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> {
-            ids.iter().map(|&i| if (i as usize) < ds.rnics.len() { i as IdxSize } else { unknown }).collect()
+            ids.iter().map(|&i| if (i as usize) < rnics.len() { i as IdxSize } else { unknown }).collect()
         };
         let (prober, target) = (rnic_idx(&p.prober[a..b]), rnic_idx(&p.target[a..b]));
         let tor_idx = |idx: &[IdxSize]| -> IdxCa {
@@ -138,7 +148,7 @@ pub fn write_parquet(
             "idx".into(),
             (a..b).map(|i| {
                 let s = p.service_of(i);
-                (s != NO_SERVICE && (s as usize) < ds.services.len()).then_some(s as IdxSize)
+                (s != NO_SERVICE && (s as usize) < services.len()).then_some(s as IdxSize)
             }),
         );
         DataFrame::new(
@@ -170,20 +180,42 @@ pub fn write_parquet(
             ],
         )
     };
-    let n = p.len();
-    let first = batch(0, n.min(ROW_GROUP_ROWS))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut writer = ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(first.schema())?;
-    writer.write_batch(&first)?;
-    drop(first);
-    let mut at = ROW_GROUP_ROWS;
-    while at < n {
-        let end = (at + ROW_GROUP_ROWS).min(n);
-        writer.write_batch(&batch(at, end)?)?;
-        at = end;
+    let mut writer = None;
+    let mut n = 0;
+    while let Some(part) = parts() {
+        let p = part.borrow();
+        if let Some((name, len)) = p.uneven_column(Fields::All) {
+            return Err(ExportError::Usage(format!(
+                "probe column {name} has {len} values for {} records (ingested without every column?)",
+                p.len()
+            )));
+        }
+        let mut at = 0;
+        while at < p.len() {
+            let end = (at + ROW_GROUP_ROWS).min(p.len());
+            let group = batch(p, at, end)?;
+            if writer.is_none() {
+                writer =
+                    Some(ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(group.schema())?);
+            }
+            if let Some(w) = &mut writer {
+                w.write_batch(&group)?;
+            }
+            at = end;
+        }
+        n += p.len();
     }
-    writer.finish()?;
-    drop(writer);
+    // No record at all: a file with the columns and no row.
+    if writer.is_none() {
+        let empty = batch(&Probes::default(), 0, 0)?;
+        let mut w = ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(empty.schema())?;
+        w.write_batch(&empty)?;
+        writer = Some(w);
+    }
+    if let Some(w) = writer {
+        w.finish()?;
+    }
     out.flush().map_err(|source| ExportError::Io { path: path.to_owned(), what: "write the Parquet file", source })?;
     Ok(n)
 }

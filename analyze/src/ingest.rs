@@ -668,6 +668,11 @@ pub struct Plan {
     fields: Fields,
     /// Unknown prober or target ids per file, summed over the ranges read.
     unknown_ids: Vec<u64>,
+    window_ns: u64,
+    /// Readers of the files that went on past the last range read (see [`Plan::read`]).
+    carried: Vec<(usize, SegmentReader)>,
+    /// Records per window index, over every file.
+    per_window: std::collections::BTreeMap<u64, u64>,
 }
 
 /// What the first pass keeps of one file.
@@ -676,28 +681,48 @@ struct Head {
     dictionary: Vec<Endpoint>,
     damage: Vec<FileProblem>,
     time_range: Option<(u64, u64)>,
-    t1: Vec<u64>,
+    records: usize,
+    /// Records per window index, ascending (a few dozen: a segment spans minutes).
+    per_window: Vec<(u64, u64)>,
+    long_gaps: Vec<(u64, u64)>,
+    median_gap_ns: u64,
     first_prober: Option<u32>,
-    agent_epoch: u32,
 }
 
-/// See [`Plan`]: the first pass over `files`.
-pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>) -> Plan {
+impl Head {
+    fn of(path: &std::path::Path, r: &SegmentReader, window_ns: u64) -> Head {
+        let t1: Vec<u64> = r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())).collect();
+        let (long_gaps, median_gap_ns) = gaps(&t1);
+        let mut windows: Vec<u64> = t1.iter().map(|t| t / window_ns).collect();
+        windows.sort_unstable();
+        let mut per_window: Vec<(u64, u64)> = Vec::new();
+        for w in windows {
+            match per_window.last_mut() {
+                Some((last, n)) if *last == w => *n += 1,
+                _ => per_window.push((w, 1)),
+            }
+        }
+        Head {
+            identity: r.identity().clone(),
+            dictionary: r.dictionary().to_vec(),
+            damage: damage_problems(path, r).collect(),
+            time_range: r.time_range(),
+            records: t1.len(),
+            per_window,
+            long_gaps,
+            median_gap_ns,
+            first_prober: r.probe_chunks().find_map(|c| c.prober.first().map(|v| v.to_native())),
+        }
+    }
+}
+
+/// See [`Plan`]: the first pass over `files`, for ranges of `window_ns` windows.
+pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, window_ns: u64) -> Plan {
+    assert!(window_ns > 0, "the CLI bounds the window");
     // One reader per thread at a time: a reader holds its whole (decompressed) file.
     let heads: Vec<(PathBuf, Result<Head, String>)> = files
         .par_iter()
-        .map(|p| {
-            let head = SegmentReader::open(p).map_err(|e| e.to_string()).map(|r| Head {
-                identity: r.identity().clone(),
-                dictionary: r.dictionary().to_vec(),
-                damage: damage_problems(p, &r).collect(),
-                time_range: r.time_range(),
-                t1: r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())).collect(),
-                first_prober: r.probe_chunks().find_map(|c| c.prober.first().map(|v| v.to_native())),
-                agent_epoch: r.identity().agent_epoch,
-            });
-            (p.clone(), head)
-        })
+        .map(|p| (p.clone(), SegmentReader::open(p).map_err(|e| e.to_string()).map(|r| Head::of(p, &r, window_ns))))
         .collect();
     let mut ds = Dataset { files: files.len(), ..Dataset::default() };
     let mut merger = Merger::new(inventory);
@@ -715,6 +740,7 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>) ->
     }
     let rnic_ids = merger.finish(&mut ds, &mut remaps, inventory);
     let mut planned = Vec::new();
+    let mut per_window: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     for ((path, h), m) in kept.into_iter().zip(remaps) {
         let name = format!("{}/{}", h.identity.host, h.identity.device);
         let first = h.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
@@ -726,23 +752,25 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>) ->
                 svc.prober = rnic;
             }
         }
-        let (long_gaps, median_gap_ns) = gaps(&h.t1);
         let (first_ns, last_ns) = h.time_range.unwrap_or((0, 0));
         ds.agents.push(AgentFile {
             rnic,
-            agent_epoch: h.agent_epoch,
+            agent_epoch: h.identity.agent_epoch,
             first_ns,
             last_ns,
-            records: h.t1.len() as u64,
-            long_gaps,
-            median_gap_ns,
+            records: h.records as u64,
+            long_gaps: h.long_gaps,
+            median_gap_ns: h.median_gap_ns,
         });
+        for &(w, n) in &h.per_window {
+            *per_window.entry(w).or_default() += n;
+        }
         if h.time_range.is_some() {
-            planned.push(Planned { path, remap: m, first_ns, last_ns, records: h.t1.len() });
+            planned.push(Planned { path, remap: m, first_ns, last_ns, records: h.records });
         }
     }
     let unknown_ids = vec![0; planned.len()];
-    Plan { ds, files: planned, fields, unknown_ids }
+    Plan { ds, files: planned, fields, unknown_ids, window_ns, carried: Vec::new(), per_window }
 }
 
 impl Plan {
@@ -751,31 +779,22 @@ impl Plan {
         self.files.iter().map(|f| f.records).sum()
     }
 
-    /// Consecutive time ranges `[from, to)`, each a whole number of `window_ns` windows, that
-    /// together hold every record, each holding about `budget` records or fewer (one window is
-    /// never split, however many it holds). Records are taken as spread evenly over their
-    /// file's span.
-    pub fn ranges(&self, window_ns: u64, budget: usize) -> Vec<(u64, u64)> {
-        let mut per_window: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
-        for f in &self.files {
-            let (a, b) = (f.first_ns / window_ns, f.last_ns / window_ns);
-            let span = (f.last_ns - f.first_ns).max(1) as f64;
-            for w in a..=b {
-                let lo = (w * window_ns).max(f.first_ns);
-                let hi = ((w + 1) * window_ns).min(f.last_ns + 1);
-                *per_window.entry(w).or_default() += f.records as f64 * (hi.saturating_sub(lo) as f64 / span).min(1.0);
-            }
-        }
+    /// Consecutive time ranges `[from, to)` of whole windows that together hold every record,
+    /// each holding at most `budget` records, or one window however many it holds (a window is
+    /// never split). A stretch without records between two ranges belongs to neither. A range
+    /// ending at `u64::MAX` includes it (a forged or corrupt T1 is still counted).
+    pub fn ranges(&self, budget: usize) -> Vec<(u64, u64)> {
+        let window_ns = self.window_ns;
         let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let mut held = 0.0;
-        for (&w, &n) in &per_window {
+        let mut held = 0u64;
+        for (&w, &n) in &self.per_window {
             match ranges.last_mut() {
-                Some(r) if held + n <= budget as f64 => {
-                    r.1 = (w + 1) * window_ns;
+                Some(r) if held + n <= budget as u64 => {
+                    r.1 = (w + 1).saturating_mul(window_ns);
                     held += n;
                 }
                 _ => {
-                    ranges.push((w * window_ns, (w + 1) * window_ns));
+                    ranges.push((w * window_ns, (w + 1).saturating_mul(window_ns)));
                     held = n;
                 }
             }
@@ -785,11 +804,16 @@ impl Plan {
 
     /// The records with T1 in `[from, to)`, read from the files whose span overlaps it.
     pub fn read(&mut self, from: u64, to: u64) -> Probes {
-        let chosen: Vec<usize> =
-            (0..self.files.len()).filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from).collect();
+        // Readers of files that went on past the last range are kept for this one: a sealed
+        // file is decompressed whole, and is then not decompressed again for each range.
+        let mut readers: Vec<(usize, SegmentReader)> =
+            std::mem::take(&mut self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
+        let chosen: Vec<usize> = (0..self.files.len())
+            .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from)
+            .filter(|i| !readers.iter().any(|(c, _)| c == i))
+            .collect();
         let opened: Vec<Result<SegmentReader, String>> =
             chosen.par_iter().map(|&i| SegmentReader::open(&self.files[i].path).map_err(|e| e.to_string())).collect();
-        let mut readers = Vec::new();
         for (&i, r) in chosen.iter().zip(opened) {
             match r {
                 Ok(r) => readers.push((i, r)),
@@ -814,6 +838,9 @@ impl Plan {
         for ((i, _), u) in readers.iter().zip(unknown) {
             self.unknown_ids[*i] += u;
         }
+        // At most one file per writer goes on past a range: what is kept is bounded by the
+        // fleet, not by the input.
+        self.carried = readers.into_iter().filter(|(i, _)| self.files[*i].last_ns >= to).collect();
         probes
     }
 
@@ -832,6 +859,7 @@ impl Plan {
             }
         }
         self.files.clear();
+        self.carried.clear();
         std::mem::take(&mut self.ds)
     }
 }
@@ -1122,15 +1150,15 @@ fn fill(reader: &SegmentReader, m: &Remap, out: &mut Slices<'_>, fields: Fields,
     for c in reader.probe_chunks() {
         let whole = match range.map(|r| (r, chunk_span(c))) {
             None => true,
-            Some(((from, to), (lo, hi))) if lo >= from && hi < to => true,
-            Some(((from, to), (lo, hi))) if hi < from || lo >= to => continue,
+            Some(((from, to), (lo, hi))) if within(lo, from, to) && within(hi, from, to) => true,
+            Some(((from, to), (lo, hi))) if hi < from || !within(lo, 0, to) => continue,
             Some(((from, to), _)) => {
                 picked.clear();
                 picked.extend(
                     c.t1_unix_ns
                         .iter()
                         .enumerate()
-                        .filter(|(_, t)| (from..to).contains(&t.to_native()))
+                        .filter(|(_, t)| within(t.to_native(), from, to))
                         .map(|(i, _)| i as u32),
                 );
                 false
@@ -1188,7 +1216,12 @@ fn chunk_span(c: &rocemesh_formats::record::ArchivedProbeColumns) -> (u64, u64) 
 
 /// Records of a file with T1 in `[from, to)`.
 fn records_in(reader: &SegmentReader, from: u64, to: u64) -> usize {
-    reader.probe_chunks().map(|c| c.t1_unix_ns.iter().filter(|t| (from..to).contains(&t.to_native())).count()).sum()
+    reader.probe_chunks().map(|c| c.t1_unix_ns.iter().filter(|t| within(t.to_native(), from, to)).count()).sum()
+}
+
+/// Whether `t` is in the range `[from, to)`, `to = u64::MAX` included (see [`Plan::ranges`]).
+fn within(t: u64, from: u64, to: u64) -> bool {
+    t >= from && (t < to || to == u64::MAX)
 }
 
 /// What a file says about the agent that wrote it: `t1` are its records' send times, `first_prober`
@@ -1245,6 +1278,28 @@ fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_hold_whole_windows_up_to_the_budget() {
+        let w = 30_000_000_000u64;
+        let plan = |counts: &[(u64, u64)]| Plan {
+            ds: Dataset::default(),
+            files: Vec::new(),
+            fields: Fields::Report,
+            unknown_ids: Vec::new(),
+            window_ns: w,
+            carried: Vec::new(),
+            per_window: counts.iter().copied().collect(),
+        };
+        // 10 and 11 fit in 10 records; 12 holds 20 alone (a window is never split); 13 is empty.
+        let p = plan(&[(10, 5), (11, 5), (12, 20), (14, 1)]);
+        assert_eq!(p.ranges(10), vec![(10 * w, 12 * w), (12 * w, 13 * w), (14 * w, 15 * w)]);
+        assert_eq!(p.ranges(1 << 20), vec![(10 * w, 15 * w)]);
+        // A T1 at the top of the clock (a corrupt record) ends its range at u64::MAX, included.
+        let top = u64::MAX / w;
+        assert_eq!(plan(&[(top, 1)]).ranges(10), vec![(top * w, u64::MAX)]);
+        assert!(within(u64::MAX, top * w, u64::MAX) && !within(5, 6, 9) && within(8, 6, 9) && !within(9, 6, 9));
+    }
 
     #[test]
     fn a_path_that_changed_is_the_one_in_force_at_the_time_asked() {

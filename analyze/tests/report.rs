@@ -489,9 +489,23 @@ fn damaged_and_foreign_files_are_reported_and_skipped() {
 
 #[test]
 fn export_reads_back_with_every_probe() {
+    // In one range, and a window at a time (each file cut at every window boundary).
+    for range_records in ["100000000", "1"] {
+        export_reads_back_with_every_probe_in_ranges_of(range_records);
+    }
+}
+
+fn export_reads_back_with_every_probe_in_ranges_of(range_records: &str) {
     let (dir, seg, recs) = fleet();
     let pq = dir.path().join("probes.parquet");
-    let out = analyze(&["export", "--parquet", pq.to_str().expect("utf-8"), seg.to_str().expect("utf-8")]);
+    let out = analyze(&[
+        "export",
+        "--range-records",
+        range_records,
+        "--parquet",
+        pq.to_str().expect("utf-8"),
+        seg.to_str().expect("utf-8"),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let df = ParquetReader::new(std::fs::File::open(&pq).expect("open")).finish().expect("read parquet");
     assert_eq!(df.height(), recs.len());
