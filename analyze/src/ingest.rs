@@ -488,22 +488,8 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
             })
             .collect();
         for (((path, _), m), (agent, unknown_ids)) in readers.iter().zip(&remaps).zip(filled) {
-            // A service's prober is the writer of the files that define it.
-            for &s in m.service.iter().filter(|&&s| s != NO_SERVICE) {
-                let svc = &mut ds.services[s as usize];
-                if svc.prober == u32::MAX {
-                    svc.prober = agent.rnic;
-                }
-            }
-            if unknown_ids > 0 {
-                ds.problems.push(FileProblem {
-                    path: path.clone(),
-                    problem: format!(
-                        "{unknown_ids} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"
-                    ),
-                    skipped: false,
-                });
-            }
+            claim_services(&mut ds, m, agent.rnic);
+            ds.problems.extend(unknown_ids_problem(path, unknown_ids));
             ds.agents.push(agent);
         }
     }
@@ -731,8 +717,8 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
     for (path, head) in heads {
         match head {
             Err(problem) => ds.problems.push(FileProblem { path, problem, skipped: true }),
-            Ok(h) => {
-                ds.problems.extend(h.damage.iter().cloned());
+            Ok(mut h) => {
+                ds.problems.append(&mut h.damage);
                 remaps.push(merger.add(&mut ds, &h.identity, &h.dictionary));
                 kept.push((path, h));
             }
@@ -742,16 +728,9 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
     let mut planned = Vec::new();
     let mut per_window: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     for ((path, h), m) in kept.into_iter().zip(remaps) {
-        let name = format!("{}/{}", h.identity.host, h.identity.device);
         let first = h.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
-        let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| first.unwrap_or(u32::MAX));
-        // A service's prober is the writer of the files that define it.
-        for &s in m.service.iter().filter(|&&s| s != NO_SERVICE) {
-            let svc = &mut ds.services[s as usize];
-            if svc.prober == u32::MAX {
-                svc.prober = rnic;
-            }
-        }
+        let rnic = writer_rnic(&h.identity, first, &rnic_ids);
+        claim_services(&mut ds, &m, rnic);
         let (first_ns, last_ns) = h.time_range.unwrap_or((0, 0));
         ds.agents.push(AgentFile {
             rnic,
@@ -848,15 +827,7 @@ impl Plan {
     /// spent).
     pub fn finish(&mut self) -> Dataset {
         for (f, &u) in self.files.iter().zip(&self.unknown_ids) {
-            if u > 0 {
-                self.ds.problems.push(FileProblem {
-                    path: f.path.clone(),
-                    problem: format!(
-                        "{u} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"
-                    ),
-                    skipped: false,
-                });
-            }
+            self.ds.problems.extend(unknown_ids_problem(&f.path, u));
         }
         self.files.clear();
         self.carried.clear();
@@ -1233,9 +1204,7 @@ fn agent_file(
     rnic_ids: &HashMap<String, u32>,
 ) -> AgentFile {
     let id = reader.identity();
-    let name = format!("{}/{}", id.host, id.device);
-    // The writer's own endpoint: by name, else the first record's prober.
-    let rnic = rnic_ids.get(&name).copied().unwrap_or_else(|| first_prober.unwrap_or(u32::MAX));
+    let rnic = writer_rnic(id, first_prober, rnic_ids);
     let (long_gaps, median_gap_ns) = gaps(t1);
     let (first_ns, last_ns) = reader.time_range().unwrap_or((0, 0));
     AgentFile {
@@ -1247,6 +1216,32 @@ fn agent_file(
         long_gaps,
         median_gap_ns,
     }
+}
+
+/// The fleet id of a file's writer: its own endpoint by name, else `first_prober` (the fleet id
+/// of the file's first record's prober).
+fn writer_rnic(identity: &WriterIdentity, first_prober: Option<u32>, rnic_ids: &HashMap<String, u32>) -> u32 {
+    let name = format!("{}/{}", identity.host, identity.device);
+    rnic_ids.get(&name).copied().unwrap_or_else(|| first_prober.unwrap_or(u32::MAX))
+}
+
+/// A service's prober is the writer of the files that define it: the first such file's, `rnic`.
+fn claim_services(ds: &mut Dataset, m: &Remap, rnic: u32) {
+    for &s in m.service.iter().filter(|&&s| s != NO_SERVICE) {
+        let svc = &mut ds.services[s as usize];
+        if svc.prober == u32::MAX {
+            svc.prober = rnic;
+        }
+    }
+}
+
+/// The problem of a file whose records name `n` ids its dictionary does not define, if any.
+fn unknown_ids_problem(path: &std::path::Path, n: u64) -> Option<FileProblem> {
+    (n > 0).then(|| FileProblem {
+        path: path.to_path_buf(),
+        problem: format!("{n} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"),
+        skipped: false,
+    })
 }
 
 /// Long send-time gaps of one prober's records, and its median spacing. Records are in the

@@ -37,10 +37,6 @@ fn step_realtime(by_s: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn realtime_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
 fn write_agent(dir: &Path, i: usize) -> anyhow::Result<std::path::PathBuf> {
     let d = dir.join(format!("c{i}"));
     std::fs::create_dir_all(&d)?;
@@ -106,7 +102,7 @@ pub fn run(agent: &Path, dir: &Path) -> anyhow::Result<Vec<Check>> {
     step_realtime(STEP_S)?;
     std::thread::sleep(Duration::from_secs(4));
     step_realtime(-STEP_S)?;
-    let back_unix_ns = realtime_ns();
+    let back_unix_ns = crate::rxelab::now_ns();
     let back = std::time::Instant::now();
     let mut exits = Vec::new();
     for mut c in children {
