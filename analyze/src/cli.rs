@@ -88,8 +88,13 @@ pub struct RangeArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExportArgs {
     /// The Parquet file to write (one row per probe).
+    #[arg(long, required_unless_present = "partitioned", conflicts_with = "partitioned")]
+    pub parquet: Option<PathBuf>,
+    /// Write a Hive-partitioned dataset into this new (or empty) directory instead:
+    /// `date=YYYY-MM-DD/hour=HH/tor=NAME/part-NNNNN.parquet` by the UTC hour of T1 and the
+    /// prober's ToR, for Spark and other engines that prune partitions (see analyze/spark/).
     #[arg(long)]
-    pub parquet: PathBuf,
+    pub partitioned: Option<PathBuf>,
     /// Window length for the `window_start_ns` column, seconds.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
     pub window_s: u64,
@@ -122,6 +127,53 @@ pub struct HtmlArgs {
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
+}
+
+/// `analyze watch`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WatchArgs {
+    /// State file: the files seen and the windows emitted, so a restarted watch goes on where
+    /// it stopped (created on first run; one per output).
+    #[arg(long)]
+    pub state: PathBuf,
+    /// Append the JSON lines to this file (kept consistent with the state across crashes);
+    /// without it they go to standard output.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also write the lines to standard output when --output is given.
+    #[arg(long)]
+    pub stdout: bool,
+    /// Scopes of the rows, as `report --scope`.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = DEFAULT_SCOPES)]
+    pub scope: Vec<Scope>,
+    /// Window length, seconds (fixed for a state file).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
+    pub window_s: u64,
+    /// Data time, seconds, the fleet's newest record must be past a window's end before the
+    /// window is emitted; also how long a writer may fall behind before it stops holding windows
+    /// back. Files arriving later than this are late (said, not reported). Default: two of an
+    /// agent's 10-minute segments.
+    #[arg(long, default_value_t = 1200)]
+    pub grace_s: u64,
+    /// Seconds between passes over the directory.
+    #[arg(long, default_value_t = 10.0)]
+    pub poll_s: f64,
+    /// One pass, then exit (for cron or a systemd timer).
+    #[arg(long)]
+    pub once: bool,
+    /// The collection has ended: emit every window of the files present, complete or not, then
+    /// exit.
+    #[arg(long)]
+    pub flush: bool,
+    #[command(flatten)]
+    pub sla: SlaArgs,
+    /// The fabric's inventory (as `report --inventory`).
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
+    #[command(flatten)]
+    pub ranges: RangeArgs,
+    /// The collection directory (`ctl collect`'s), searched recursively for *.rseg.zst.
+    pub dir: PathBuf,
 }
 
 /// `analyze localize`.
@@ -339,6 +391,74 @@ pub fn report(args: &ReportArgs) -> i32 {
 
 /// Outcome bytes this build does not know come from a newer agent: counted in `probes` only,
 /// and said once, so that a row's probes exceeding its classes is explained.
+/// `analyze watch`: passes over the directory until stopped (or one, with --once or --flush).
+/// Exit code 1 when a pass said a problem or a late file, for the one-pass modes.
+pub fn watch(args: &WatchArgs) -> i32 {
+    let sla = match args.sla.resolve() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("analyze watch: SLA: {e}");
+            return exit::USAGE;
+        }
+    };
+    if !args.dir.is_dir() {
+        eprintln!("analyze watch: {} is not a directory: pass the directory `ctl collect` fills", args.dir.display());
+        return exit::USAGE;
+    }
+    if !(args.poll_s.is_finite() && args.poll_s > 0.0) {
+        eprintln!("analyze watch: --poll-s must be a positive number of seconds");
+        return exit::USAGE;
+    }
+    let inv = match load_inventory("watch", args.inventory.as_deref()) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
+    let cfg = crate::watch::Config {
+        dir: args.dir.clone(),
+        state: args.state.clone(),
+        output: args.output.clone(),
+        stdout: args.stdout,
+        window_ns: args.window_s * 1_000_000_000,
+        grace_ns: args.grace_s.saturating_mul(1_000_000_000),
+        scopes: args.scope.clone(),
+        sla,
+        range_records: args.ranges.range_records as usize,
+        flush: args.flush,
+    };
+    let mut watch = match crate::watch::Watch::open(&cfg, inv.as_ref()) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("analyze watch: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut said = 0;
+    loop {
+        match watch.pass() {
+            Ok(p) => {
+                said += p.said;
+                if p.new_files + p.windows > 0 {
+                    eprintln!(
+                        "analyze watch: {} new files, {} windows ({} rows) emitted, complete to {}",
+                        p.new_files,
+                        p.windows,
+                        p.rows,
+                        inspect::utc(watch.emitted_to_ns())
+                    );
+                }
+            }
+            Err(e) => {
+                eprintln!("analyze watch: {e}");
+                return exit::USAGE;
+            }
+        }
+        if args.once || args.flush {
+            return outcome(said > 0);
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(args.poll_s));
+    }
+}
+
 fn say_unknown_outcomes(command: &str, unknown_outcomes: u64) {
     if unknown_outcomes > 0 {
         eprintln!(
@@ -357,14 +477,27 @@ pub fn export(args: &ExportArgs) -> i32 {
     let mut plan = ingest::plan(&files, Fields::All, None, window_ns);
     let mut ranges = plan.ranges(args.ranges.range_records as usize).into_iter();
     let (rnics, services) = (plan.ds.rnics.clone(), plan.ds.services.clone());
-    let written = export::write_parquet_parts(&rnics, &services, &args.parquet, window_ns, args.compression, || {
-        ranges.next().map(|(from, to)| plan.read(from, to))
-    });
+    let next = || ranges.next().map(|(from, to)| plan.read(from, to));
+    let written = match (&args.parquet, &args.partitioned) {
+        (_, Some(dir)) => export::write_partitioned_parts(&rnics, &services, dir, window_ns, args.compression, next)
+            .map(|d| {
+                format!(
+                    "{} probes written to {} ({} files in {} partitions)",
+                    d.rows,
+                    dir.display(),
+                    d.files,
+                    d.partitions
+                )
+            }),
+        (Some(path), None) => export::write_parquet_parts(&rnics, &services, path, window_ns, args.compression, next)
+            .map(|rows| format!("{rows} probes written to {}", path.display())),
+        (None, None) => Err(export::ExportError::Usage("pass --parquet FILE or --partitioned DIR".into())),
+    };
     let ds = plan.finish();
     say_problems("export", &ds, None);
     match written {
-        Ok(rows) => {
-            eprintln!("analyze export: {rows} probes written to {}", args.parquet.display());
+        Ok(said) => {
+            eprintln!("analyze export: {said}");
             outcome(!ds.problems.is_empty())
         }
         Err(e) => {

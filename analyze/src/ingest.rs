@@ -1266,7 +1266,10 @@ fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
     let mid = sample.len() / 2;
     let median = *sample.select_nth_unstable(mid).1;
     let limit = median.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
-    let long = steps.into_iter().filter(|s| s.1 > limit).collect();
+    // Not `steps.into_iter()...collect()`: that collects in place and keeps the capacity of
+    // every step for the few long ones (3 MB per file held for a whole run, 6.5 GB over 2,176
+    // files of a ranged `report`).
+    let long = steps.iter().copied().filter(|s| s.1 > limit).collect();
     (long, median)
 }
 

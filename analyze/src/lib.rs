@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod localize;
 pub mod probe;
 pub mod report;
+pub mod watch;
 
 /// Exit codes shared by rocemesh's binaries, so scripts can tell "ran, found problems" from
 /// "could not run".

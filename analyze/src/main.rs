@@ -34,6 +34,11 @@ enum What {
     /// sources of its delay quantiles: nic, host_poll, kernel_software or kernel_hardware, or
     /// mixed(a+b) when samples of several sources were pooled (their delays are not comparable).
     Report(rocemesh_analyze::cli::ReportArgs),
+    /// Report continuously over a collection directory: each window's report rows as JSON
+    /// lines, once the window is complete (every live writer has written past it and the
+    /// fleet's newest record is --grace-s past it); late and damaged files are said; the
+    /// position survives restarts (--state). The rows are `report`'s, number for number.
+    Watch(rocemesh_analyze::cli::WatchArgs),
     /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
     Export(rocemesh_analyze::cli::ExportArgs),
     /// Write one self-contained HTML page: ToR and RNIC heatmaps, SLA violations, findings.
@@ -68,11 +73,18 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// Freed memory stays with the process (a batch tool's peak is its footprint anyway), and
 /// large allocations may use transparent huge pages: 2 MiB per fault instead of 4 KiB.
 fn keep_freed_memory() {
+    // An operator's MIMALLOC_* setting wins: mimalloc reads its environment for an option not
+    // set here.
+    let unset = |name: &str| std::env::var_os(name).is_none();
     // SAFETY: called first thing in main, before any other thread exists (mi_option_set is not
     // thread-safe); both options only change when memory returns to the OS and its page size.
     unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
-        libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1);
+        if unset("MIMALLOC_PURGE_DELAY") {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        }
+        if unset("MIMALLOC_LARGE_OS_PAGES") {
+            libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1);
+        }
     }
 }
 
@@ -88,6 +100,7 @@ fn main() {
         What::Localize(args) => rocemesh_analyze::cli::localize(&args),
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),
+        What::Watch(args) => rocemesh_analyze::cli::watch(&args),
         What::Html(args) => rocemesh_analyze::cli::html(&args),
         What::Generate { what, name } => match generate(&what, &name) {
             Ok(()) => exit::OK,

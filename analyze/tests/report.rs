@@ -528,6 +528,93 @@ fn export_reads_back_with_every_probe_in_ranges_of(range_records: &str) {
 }
 
 #[test]
+fn partitioned_export_holds_the_same_rows_each_in_its_partition() {
+    let (dir, seg, recs) = fleet();
+    let (pq, parts) = (dir.path().join("probes.parquet"), dir.path().join("dataset"));
+    let seg_s = seg.to_str().expect("utf-8");
+    let run = |args: &[&str]| {
+        let out = analyze(args);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["export", "--parquet", pq.to_str().expect("utf-8"), seg_s]);
+    assert_eq!(code, Some(0), "{err}");
+    let parts_s = parts.to_str().expect("utf-8");
+    // A window at a time: several parts per partition.
+    let (code, err) = run(&["export", "--range-records", "1", "--partitioned", parts_s, seg_s]);
+    assert_eq!(code, Some(0), "{err}");
+
+    // Every column but the partition values, per row, as text: the two exports' multisets.
+    fn rows_of(df: &DataFrame) -> Vec<String> {
+        (0..df.height())
+            .map(|i| df.columns().iter().map(|c| format!("{}", c.get(i).expect("value"))).collect::<Vec<_>>().join("|"))
+            .collect()
+    }
+    let whole = ParquetReader::new(std::fs::File::open(&pq).expect("open")).finish().expect("read parquet");
+    let mut want = rows_of(&whole);
+    let mut got = Vec::new();
+    let mut files = 0;
+    let mut tors = BTreeSet::new();
+    for path in walk_files(&parts) {
+        let rel = path.strip_prefix(&parts).expect("under the dataset").to_str().expect("utf-8").to_owned();
+        let keys: Vec<(&str, &str)> = rel.split('/').filter_map(|c| c.split_once('=')).collect::<Vec<_>>();
+        assert_eq!(keys.iter().map(|k| k.0).collect::<Vec<_>>(), ["date", "hour", "tor"], "{rel}");
+        let unescape = |v: &str| {
+            let b = v.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' {
+                    out.push(u8::from_str_radix(&v[i + 1..i + 3], 16).expect("hex"));
+                    i += 3;
+                } else {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(out).expect("utf-8")
+        };
+        let tor = unescape(keys[2].1);
+        tors.insert(tor.clone());
+        let df = ParquetReader::new(std::fs::File::open(&path).expect("open")).finish().expect("read parquet");
+        assert!(df.height() > 0, "{rel} is empty");
+        let t1 = df.column("t1_unix_ns").expect("t1").u64().expect("u64");
+        let prober_tor = df.column("prober_tor").expect("prober_tor").str().expect("str");
+        for i in 0..df.height() {
+            let c = rocemesh_formats::time::civil_utc((t1.get(i).expect("t1") / 1_000_000_000) as i64);
+            assert_eq!(keys[0].1, format!("{:04}-{:02}-{:02}", c.year, c.month, c.day), "{rel}");
+            assert_eq!(keys[1].1, format!("{:02}", c.hour), "{rel}");
+            assert_eq!(prober_tor.get(i), Some(tor.as_str()), "{rel}");
+        }
+        got.extend(rows_of(&df));
+        files += 1;
+    }
+    assert!(files >= 3, "one file per window and prober ToR: {files}");
+    assert!(tors.iter().any(|t| t.contains(' ')), "the RNIC without a ToR has an escaped partition: {tors:?}");
+    assert_eq!(got.len(), recs.len());
+    want.sort();
+    got.sort();
+    assert!(want == got, "the partitioned rows differ from the single file's");
+
+    let (code, err) = run(&["export", "--partitioned", parts_s, seg_s]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not empty") && err.contains(parts_s), "{err}");
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
 fn html_page_is_self_contained() {
     let (dir, seg, _recs) = fleet();
     let page = dir.path().join("report.html");

@@ -51,6 +51,9 @@ pub struct Options {
     pub window_s: u64,
     /// Timed runs of each side; the median is reported (a shared VM's runs vary by 10-30%).
     pub runs: usize,
+    /// A second input of this many records, in this directory: `analyze report` alone runs on
+    /// it too, so one run states how peak memory follows the input's length.
+    pub scale: Option<(u64, PathBuf)>,
 }
 
 /// One measured figure.
@@ -99,15 +102,18 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
     let report_pq = opt.dir.join("analyze-report.parquet");
     let scopes = "cluster,tor,rnic";
     let window = opt.window_s.to_string();
-    let report = median_of(opt.runs, || {
-        run_timed(
-            Command::new(&opt.analyze_bin)
-                .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
-                .arg(&report_pq)
-                .arg(&segments),
-            "analyze report",
-        )
-    })?;
+    let report_of = |segments: &Path, output: &Path| {
+        median_of(opt.runs, || {
+            run_timed(
+                Command::new(&opt.analyze_bin)
+                    .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
+                    .arg(output)
+                    .arg(segments),
+                "analyze report",
+            )
+        })
+    };
+    let report = report_of(&segments, &report_pq)?;
     out.push(Figure {
         what: "analyze report (cluster,tor,rnic), process wall time".into(),
         value: n / report.wall_s,
@@ -121,6 +127,40 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
             report.max_rss_kib as f64 / 1048576.0
         ),
     });
+
+    if let Some((records, dir)) = &opt.scale {
+        let big = Options { records: *records, dir: dir.clone(), scale: None, ..opt.clone() };
+        let big_segments = dir.join(segments.file_name().context("segments directory")?);
+        std::fs::create_dir_all(dir)?;
+        ensure_data(&big, &big_segments)?;
+        let (big_files, big_bytes) = dir_size(&big_segments)?;
+        let big_report = report_of(&big_segments, &dir.join("analyze-report.parquet"))?;
+        let rss_gb = |t: &Timed| t.max_rss_kib as f64 / 1048576.0;
+        out.push(Figure {
+            what: format!("analyze report on {records} records (same fleet, longer)"),
+            value: *records as f64 / big_report.wall_s,
+            unit: "records/s",
+            note: format!(
+                "median of {} runs ({}): {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {big_files} files, {:.2} GB",
+                opt.runs,
+                big_report.spread,
+                big_report.wall_s,
+                big_report.cpu_s,
+                rss_gb(&big_report),
+                big_bytes as f64 / 1e9
+            ),
+        });
+        out.push(Figure {
+            what: format!("peak RSS ratio at {:.1}x the records", *records as f64 / n),
+            value: rss_gb(&big_report) / rss_gb(&report),
+            unit: "x",
+            note: format!(
+                "{:.2} GB against {:.2} GB (the issue asks at most 1.5x for 4x)",
+                rss_gb(&big_report),
+                rss_gb(&report)
+            ),
+        });
+    }
 
     let probes_pq = opt.dir.join(if opt.sealed { "probes-zstd.parquet" } else { "probes-uncompressed.parquet" });
     let compression = if opt.sealed { "zstd" } else { "uncompressed" };
@@ -162,7 +202,22 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
         t.wall_s = query_s;
         t.stdout = version;
         Ok(t)
-    })?;
+    });
+    let duck = match duck {
+        Ok(d) => d,
+        Err(e) => {
+            // DuckDB running out of memory is a result, not a reason to lose analyze's figures.
+            let e = format!("{e:#}");
+            let tail = e.char_indices().rev().nth(300).map_or(&e[..], |(i, _)| &e[i..]);
+            out.push(Figure {
+                what: "DuckDB, same aggregation on the Parquet export".into(),
+                value: f64::NAN,
+                unit: "records/s",
+                note: format!("DuckDB failed, so no ratio and no row check: ...{}", tail.replace('\n', " ")),
+            });
+            return Ok(out);
+        }
+    };
     let query_s = duck.wall_s;
     out.push(Figure {
         what: "DuckDB, same aggregation on the Parquet export".into(),

@@ -62,6 +62,14 @@ enum What {
         /// The analyze binary (default: `analyze` next to this binary).
         #[arg(long)]
         analyze_bin: Option<std::path::PathBuf>,
+        /// Also run `analyze report` alone on this many records of the same fleet (a longer
+        /// stretch of time), for its peak RSS against the first size's: memory should follow
+        /// the fleet and window, not the hours read.
+        #[arg(long)]
+        scale_records: Option<u64>,
+        /// Where the data of --scale-records goes (default: `DIR-scale`).
+        #[arg(long)]
+        scale_dir: Option<std::path::PathBuf>,
     },
     /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
     Formats {
@@ -140,7 +148,7 @@ fn main() -> Result<()> {
                 println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
             }
         }
-        What::Analyze { records, rnics, sealed, window_s, runs, dir, analyze_bin } => {
+        What::Analyze { records, rnics, sealed, window_s, runs, dir, analyze_bin, scale_records, scale_dir } => {
             if cfg!(debug_assertions) {
                 eprintln!(
                     "warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers"
@@ -163,6 +171,14 @@ fn main() -> Result<()> {
                     .join("bench-analyze")
             });
             std::fs::create_dir_all(&dir)?;
+            let scale = scale_records.map(|n| {
+                let d = scale_dir.unwrap_or_else(|| {
+                    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+                    name.push("-scale");
+                    dir.with_file_name(name)
+                });
+                (n, d)
+            });
             let opt = rocemesh_bench::analyze::Options {
                 records,
                 rnics,
@@ -172,6 +188,7 @@ fn main() -> Result<()> {
                 venv: home.join(".cache/rocemesh/venv"),
                 window_s,
                 runs,
+                scale,
             };
             let mut mem_kib = 0u64;
             if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {

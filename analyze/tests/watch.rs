@@ -1,0 +1,304 @@
+//! `analyze watch` end to end: sealed segments of four agents arrive in a collection directory
+//! over (data) time, one of them late but within the grace, one damaged, one after its windows
+//! were emitted; a watch is killed mid-run and restarted. Every window must be emitted exactly
+//! once, with rows identical to a batch `analyze report` over the same files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+use rocemesh_formats::segment::{SegmentReader, SegmentWriter, WriterConfig, WriterIdentity, seal};
+use serde_json::Value;
+
+const WINDOW_S: u64 = 30;
+const GRACE_S: u64 = 300;
+/// Not window-aligned: the first window is partly empty.
+const T0: u64 = 1_700_000_010_000_000_000 + 7_000_000_000;
+/// Each agent's segments close after two minutes of records.
+const SEGMENT_NS: u64 = 120_000_000_000;
+const MINUTES: u64 = 16;
+const RNICS: [(&str, &str); 4] =
+    [("wa-h0/mlx5_0", "tor-a"), ("wa-h1/mlx5_0", "tor-a"), ("wb-h0/mlx5_0", "tor-b"), ("wb-h1/mlx5_0", "tor-b")];
+const SCOPES: &str = "cluster,tor_pair,tor,rnic,pair";
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Every agent probes the other three twice a second; a few losses and partials everywhere,
+/// and wb-h1 -> wa-h0 dead for minutes 5 and 6. Returns each agent's sealed files, in order.
+fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut out = Vec::new();
+    for (me, (name, tor)) in RNICS.iter().enumerate() {
+        let (host, device) = name.split_once('/').expect("host/device");
+        let mut cfg = WriterConfig::new(dir.join(host));
+        cfg.chunk_records = 64;
+        cfg.max_age_ns = SEGMENT_NS;
+        let id = WriterIdentity {
+            host: host.into(),
+            device: device.into(),
+            tor: (*tor).into(),
+            agent_epoch: 1,
+            tool: "watch-test".into(),
+        };
+        let mut w = SegmentWriter::new(cfg, id).expect("writer");
+        let ids: Vec<u32> = RNICS.iter().map(|(n, t)| w.endpoint(EndpointRole::Rnic, n, t, [0; 16])).collect();
+        let step_ns = 500_000_000 / 3;
+        let mut seq = 0u64;
+        let mut t1 = T0 + me as u64 * 7_000_000;
+        while t1 < T0 + MINUTES * 60_000_000_000 {
+            let target = (me + 1 + (seq % 3) as usize) % RNICS.len();
+            let minute = (t1 - T0) / 60_000_000_000;
+            let dead = me == 3 && target == 0 && (5..7).contains(&minute);
+            let roll = rng.next() % 100;
+            let (outcome, arrived) = match roll {
+                _ if dead => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                0..=1 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
+                2 => (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1),
+                3 => (Outcome::Invalid as u8, Arrived::ALL.0),
+                _ => (Outcome::Ok as u8, Arrived::ALL.0),
+            };
+            let ok = outcome == Outcome::Ok as u8 || outcome == Outcome::Invalid as u8;
+            let r = ProbeRecord {
+                t1_unix_ns: t1,
+                seq,
+                network_rtt_ns: if ok { 2_000 + (rng.next() % 40_000) as i32 } else { 0 },
+                prober_delay_ns: 500 + (rng.next() % 9_000) as i32,
+                responder_delay_ns: 300 + (rng.next() % 4_000) as i32,
+                prober: ids[me],
+                target: ids[target],
+                flow_label: 7,
+                responder_epoch: 1,
+                kind: 0,
+                outcome,
+                arrived,
+                ts_source: TsSource::KernelSoftware as u8,
+            };
+            w.append(&r).expect("append");
+            seq += 1;
+            t1 += step_ns;
+        }
+        let mut files: Vec<PathBuf> =
+            w.finish().expect("finish").iter().map(|p| seal(p, 3).expect("seal").sealed_path).collect();
+        files.sort();
+        out.push(files);
+    }
+    out
+}
+
+fn analyze(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_analyze")).args(args).output().expect("run analyze")
+}
+
+/// Moves a file into the collection as `ctl collect` does: whole under a temporary name, then
+/// renamed into place.
+fn deliver(file: &Path, store: &Path, col: &Path) -> PathBuf {
+    let rel = file.strip_prefix(store).expect("in the store");
+    let to = col.join(rel);
+    std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+    let part = to.with_extension("part");
+    std::fs::copy(file, &part).expect("copy");
+    std::fs::rename(&part, &to).expect("rename");
+    to
+}
+
+fn last_ns(file: &Path) -> u64 {
+    SegmentReader::open(file).expect("open").time_range().expect("records").1
+}
+
+fn records_of(file: &Path) -> u64 {
+    SegmentReader::open(file).expect("open").probe_chunks().map(|c| c.t1_unix_ns.len() as u64).sum()
+}
+
+fn watch_args<'a>(state: &'a str, output: &'a str, col: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["watch", "--state", state, "--output", output, "--scope", SCOPES, "--window-s", "30"];
+    v.extend(["--grace-s", "300", "--sla-loss", "0.01"]);
+    v.extend(extra);
+    v.push(col);
+    v
+}
+
+fn lines(output: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(output).expect("read the output");
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+fn emitted_to(state: &Path) -> u64 {
+    std::fs::read_to_string(state)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["emitted_to_ns"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_window_once_identical_to_a_batch_report() {
+    assert_eq!(GRACE_S % WINDOW_S, 0);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    let col = tmp.path().join("collection");
+    std::fs::create_dir_all(&col).expect("mkdir");
+    let agents = write_agents(&store);
+    for files in &agents {
+        assert!(files.len() >= 7, "every agent must rotate several times: {files:?}");
+    }
+    let (state, output) = (tmp.path().join("watch.state"), tmp.path().join("watch.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+
+    // wa-h1's third file arrives one batch late (within the grace); wb-h0's fifth is damaged;
+    // wb-h1's first arrives only after its windows were emitted.
+    let held = agents[1][2].clone();
+    let damaged = agents[2][4].clone();
+    let too_late = agents[3][0].clone();
+    let mut bytes = std::fs::read(&damaged).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 64].fill(0xA5);
+    std::fs::write(&damaged, bytes).expect("damage");
+
+    // Batches by data time: the files whose last record falls in each 2-minute step.
+    let mut pending: Vec<PathBuf> =
+        agents.iter().flatten().filter(|f| **f != too_late && **f != damaged).cloned().collect();
+    let damaged_last = agents[2][3].clone();
+    let step_count = MINUTES * 60_000_000_000 / SEGMENT_NS + 1;
+    let mut delivered = Vec::new();
+    let mut held_back = None;
+    for step in 0..step_count {
+        let until = T0 + (step + 1) * SEGMENT_NS;
+        let (now, later): (Vec<PathBuf>, Vec<PathBuf>) = pending.into_iter().partition(|f| last_ns(f) < until);
+        pending = later;
+        for f in now {
+            if f == held {
+                held_back = Some(f);
+                continue;
+            }
+            delivered.push(deliver(&f, &store, &col));
+            if f == damaged_last {
+                delivered.push(deliver(&damaged, &store, &col));
+            }
+        }
+        if step == 3 {
+            let f = held_back.take().expect("the held file's batch has passed");
+            delivered.push(deliver(&f, &store, &col));
+        }
+        if step == 4 {
+            // A watch that goes on by itself, killed once it has emitted something new: the
+            // restart after it must neither lose nor repeat a window.
+            let before = emitted_to(&state);
+            let mut child = Command::new(env!("CARGO_BIN_EXE_analyze"))
+                .args(watch_args(state_s, output_s, col_s, &["--poll-s", "0.05"]))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn watch");
+            let start = std::time::Instant::now();
+            while emitted_to(&state) == before {
+                assert!(start.elapsed().as_secs() < 120, "the running watch emitted nothing in 120 s");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            child.kill().expect("kill");
+            child.wait().expect("wait");
+            continue;
+        }
+        let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(0) || out.status.code() == Some(1), "step {step}: {stderr}");
+    }
+    assert!(pending.is_empty(), "undelivered: {pending:?}");
+    assert!(emitted_to(&state) > T0 + 8 * 60_000_000_000, "windows must have been emitted along the way");
+
+    // The too-late file, then the end of the collection.
+    let too_late_at = deliver(&too_late, &store, &col);
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(1), "a late file is said: {}", String::from_utf8_lossy(&out.stderr));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--flush"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let all = lines(&output);
+    let of = |kind: &str| all.iter().filter(|l| l["type"] == kind).collect::<Vec<_>>();
+    let problems = of("problem");
+    assert!(!problems.is_empty(), "the damaged file is said");
+    let damaged_name = damaged.file_name().and_then(|n| n.to_str()).expect("name");
+    let mut said = BTreeSet::new();
+    for p in &problems {
+        assert!(p["file"].as_str().expect("file").ends_with(damaged_name), "{p}");
+        assert!(said.insert(p.to_string()), "said twice: {p}");
+    }
+    let late = of("late");
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0]["file"], Value::from(too_late_at.to_str().expect("utf-8")));
+    assert_eq!(late[0]["records"], Value::from(records_of(&too_late)), "all its records were too late");
+
+    // Rows: each (window, scope, entity) once, and exactly the batch report's rows over the
+    // files the watch reported (all delivered ones but the too-late file).
+    let mut watched = BTreeMap::new();
+    for l in of("row") {
+        let mut row = l.clone();
+        row.as_object_mut().expect("object").remove("type");
+        let key =
+            (row["window_start_ns"].as_u64().expect("window"), row["scope"].to_string(), row["entity"].to_string());
+        assert!(watched.insert(key.clone(), row).is_none(), "row {key:?} emitted twice");
+    }
+    let mut batch_args: Vec<&str> =
+        vec!["report", "--format", "json", "--scope", SCOPES, "--window-s", "30", "--sla-loss", "0.01"];
+    let delivered_s: Vec<String> = delivered.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    batch_args.extend(delivered_s.iter().map(String::as_str));
+    let out = analyze(&batch_args);
+    assert_eq!(out.status.code(), Some(1), "the damaged file is a problem: {}", String::from_utf8_lossy(&out.stderr));
+    let batch: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let batch_rows = batch["rows"].as_array().expect("rows");
+    let windows: BTreeSet<u64> = batch_rows.iter().map(|r| r["window_start_ns"].as_u64().expect("window")).collect();
+    assert!(windows.len() >= 30, "the batch must span the 16 minutes: {} windows", windows.len());
+    assert_eq!(watched.len(), batch_rows.len(), "row count");
+    for r in batch_rows {
+        let key = (r["window_start_ns"].as_u64().expect("window"), r["scope"].to_string(), r["entity"].to_string());
+        assert_eq!(watched.get(&key), Some(r), "row {key:?}");
+    }
+    // The planted cases are among them: a window of the dead pair, and the held-back file's.
+    assert!(batch_rows.iter().any(|r| r["scope"] == "pair"
+        && r["entity"] == "wb-h1/mlx5_0->wa-h0/mlx5_0"
+        && r["unreachable"].as_u64() > Some(0)));
+    let held_window = T0 / 1_000_000_000 / WINDOW_S * WINDOW_S * 1_000_000_000 + 5 * 60_000_000_000;
+    assert!(watched.keys().any(|(w, _, e)| *w == held_window && e == "\"wa-h1/mlx5_0\""));
+
+    // Lines already written stay put: a restart over a complete state adds nothing.
+    let before = std::fs::read(&output).expect("read");
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&output).expect("read"), before);
+}
+
+#[test]
+fn a_state_of_another_window_or_a_shorter_output_is_refused_with_the_fix() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = tmp.path().join("collection");
+    let agents = write_agents(&col);
+    assert!(!agents[0].is_empty());
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&output).expect("output").len() > 0);
+
+    let mut other = watch_args(state_s, output_s, col_s, &["--once"]);
+    let w = other.iter().position(|a| *a == "30").expect("window");
+    other[w] = "60";
+    let out = analyze(&other);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--window-s 30") && stderr.contains(state_s), "{stderr}");
+
+    std::fs::write(&output, b"").expect("truncate");
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("move the state file away"), "{stderr}");
+}
