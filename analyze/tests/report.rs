@@ -16,6 +16,9 @@ use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSo
 use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity};
 use serde_json::Value;
 
+mod common;
+use common::Rng;
+
 const WINDOW_NS: u64 = 30_000_000_000;
 /// Not window-aligned on purpose: the first window is partly empty.
 const T0: u64 = 1_700_000_010_000_000_000 + 7_000_000_000;
@@ -76,16 +79,6 @@ struct Rec {
     rtt: i32,
     pd: i32,
     rd: i32,
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Writes one segment directory per prober and returns every record written.

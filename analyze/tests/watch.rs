@@ -7,92 +7,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
-use rocemesh_formats::segment::{SegmentReader, SegmentWriter, WriterConfig, WriterIdentity, seal};
+use rocemesh_formats::segment::SegmentReader;
 use serde_json::Value;
+
+mod common;
+use common::{MINUTES, SEGMENT_NS, T0, write_agents};
 
 const WINDOW_S: u64 = 30;
 const GRACE_S: u64 = 300;
-/// Not window-aligned: the first window is partly empty.
-const T0: u64 = 1_700_000_010_000_000_000 + 7_000_000_000;
-/// Each agent's segments close after two minutes of records.
-const SEGMENT_NS: u64 = 120_000_000_000;
-const MINUTES: u64 = 16;
-const RNICS: [(&str, &str); 4] =
-    [("wa-h0/mlx5_0", "tor-a"), ("wa-h1/mlx5_0", "tor-a"), ("wb-h0/mlx5_0", "tor-b"), ("wb-h1/mlx5_0", "tor-b")];
 const SCOPES: &str = "cluster,tor_pair,tor,rnic,pair";
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// Every agent probes the other three twice a second; a few losses and partials everywhere,
-/// and wb-h1 -> wa-h0 dead for minutes 5 and 6. Returns each agent's sealed files, in order.
-fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let mut out = Vec::new();
-    for (me, (name, tor)) in RNICS.iter().enumerate() {
-        let (host, device) = name.split_once('/').expect("host/device");
-        let mut cfg = WriterConfig::new(dir.join(host));
-        cfg.chunk_records = 64;
-        cfg.max_age_ns = SEGMENT_NS;
-        let id = WriterIdentity {
-            host: host.into(),
-            device: device.into(),
-            tor: (*tor).into(),
-            agent_epoch: 1,
-            tool: "watch-test".into(),
-        };
-        let mut w = SegmentWriter::new(cfg, id).expect("writer");
-        let ids: Vec<u32> = RNICS.iter().map(|(n, t)| w.endpoint(EndpointRole::Rnic, n, t, [0; 16])).collect();
-        let step_ns = 500_000_000 / 3;
-        let mut seq = 0u64;
-        let mut t1 = T0 + me as u64 * 7_000_000;
-        while t1 < T0 + MINUTES * 60_000_000_000 {
-            let target = (me + 1 + (seq % 3) as usize) % RNICS.len();
-            let minute = (t1 - T0) / 60_000_000_000;
-            let dead = me == 3 && target == 0 && (5..7).contains(&minute);
-            let roll = rng.next() % 100;
-            let (outcome, arrived) = match roll {
-                _ if dead => (Outcome::Lost as u8, Arrived::PROBE_SENT),
-                0..=1 => (Outcome::Lost as u8, Arrived::PROBE_SENT),
-                2 => (Outcome::Lost as u8, Arrived::PROBE_SENT | Arrived::ACK1),
-                3 => (Outcome::Invalid as u8, Arrived::ALL.0),
-                _ => (Outcome::Ok as u8, Arrived::ALL.0),
-            };
-            let ok = outcome == Outcome::Ok as u8 || outcome == Outcome::Invalid as u8;
-            let r = ProbeRecord {
-                t1_unix_ns: t1,
-                seq,
-                network_rtt_ns: if ok { 2_000 + (rng.next() % 40_000) as i32 } else { 0 },
-                prober_delay_ns: 500 + (rng.next() % 9_000) as i32,
-                responder_delay_ns: 300 + (rng.next() % 4_000) as i32,
-                prober: ids[me],
-                target: ids[target],
-                flow_label: 7,
-                responder_epoch: 1,
-                kind: 0,
-                outcome,
-                arrived,
-                ts_source: TsSource::KernelSoftware as u8,
-            };
-            w.append(&r).expect("append");
-            seq += 1;
-            t1 += step_ns;
-        }
-        let mut files: Vec<PathBuf> =
-            w.finish().expect("finish").iter().map(|p| seal(p, 3).expect("seal").sealed_path).collect();
-        files.sort();
-        out.push(files);
-    }
-    out
-}
 
 fn analyze(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_analyze")).args(args).output().expect("run analyze")

@@ -1,0 +1,234 @@
+"""The SLA report of `analyze report` as a Spark SQL job.
+
+Reads the raw probe table that `analyze export` writes (one Parquet file, or a Hive-partitioned
+directory `date=YYYY-MM-DD/hour=HH/tor=NAME/*.parquet`, whose partition columns are ignored) and
+writes the rows of `analyze report --scope cluster,tor,rnic --window-s N --format parquet`: one
+row per (window, scope, entity) with the same columns and the same numbers, so that a fleet too
+large for one machine can be reported on an existing Spark cluster. `compare.py` beside this file
+checks the two outputs row by row.
+
+The semantics mirrored (analyze/src/report.rs and analyze/src/probe.rs; bench/src/analyze.rs has
+the same query for DuckDB):
+
+- window = floor(t1_unix_ns / window_ns) * window_ns, aligned on the wall clock.
+- a record's class comes from its outcome byte and arrival bitmap: 0 ok; 1 lost, or partial when
+  ACK1 arrived (arrived & 2); 2 invalid; 3 refused; 4 local_drop; any other byte counts in
+  `probes` only.
+- the unreachable rule is applied per (window, prober, target) before any roll-up: a pair with no
+  ok and no partial has its lost probes counted as `unreachable`, not `lost`.
+- loss_ratio = lost / (ok + partial + lost) as a double, null when that sum is 0.
+- scopes: `cluster`; `tor`, every record whose prober or target hangs off the ToR (a ToR-local
+  record once); `rnic`, every record whose prober or target is the RNIC (a self-probe once).
+  RNIC names stand for fleet ids (ingest keys its dictionary by name, and every id no dictionary
+  defined is "(unknown rnic)", as in the report).
+- delay quantiles are over ok records only, nearest rank: the value at 1-based rank
+  max(ceil(q * n), 1) of the n sorted samples, with q * n computed in double precision exactly as
+  `nearest_rank_index` does: each row's ok samples are collected and sorted, and the value at
+  that index is read. No approximate function is used. Spark's percentile_disc agrees in 3.5.9
+  (checked), but returns a double and, in releases without the fix of SPARK-44871 (2023),
+  picked index floor((n - 1) * q), which is not nearest rank (n = 150, q = 0.99: 147, not 148),
+  so the rank is computed here in SQL whatever the Spark release.
+- ts_source: the timestamp sources of the ok samples, ORed per pair as a bitmask and then per
+  row; one name (`nic`, `host_poll`, `kernel_software`, `kernel_hardware`, `unknown` for bytes
+  above 3), `mixed(a+b)` in that order when several, null without ok samples.
+- sla_violations: `loss` when loss_ratio > --sla-loss, `rtt_p99` when rtt_ns_p99 > --sla-rtt-p99-us
+  * 1000, joined by `;` (empty within the SLA). Rows are sorted as the report sorts them:
+  violations first, then window, scope (cluster, tor, rnic), entity.
+
+Not mirrored: the `pair`, `tor_pair` and `service` scopes, and the integer types (Spark writes
+signed 64-bit integers where analyze writes unsigned ones; the values are the same).
+
+Usage: python sla_report.py --window-s N --input DIR_OR_FILE --output OUT.parquet
+       [--scopes cluster,tor,rnic] [--master local[*]] [--driver-memory 4g]
+Prints `query_s=<seconds> spark=<version> rows=<n>` last.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+import time
+
+from pyspark.sql import SparkSession
+
+SCOPES = ("cluster", "tor", "rnic")
+# Partition columns of `analyze export --partitioned`: directory names, not probe data.
+PARTITION_COLUMNS = ("date", "hour", "tor")
+# (delay column, output column, q): the report's QUANTILES, in its order.
+QUANTILES = [
+    ("rtt", "rtt_ns_p50", 0.5),
+    ("rtt", "rtt_ns_p99", 0.99),
+    ("rtt", "rtt_ns_p999", 0.999),
+    ("pd", "prober_delay_ns_p50", 0.5),
+    ("pd", "prober_delay_ns_p99", 0.99),
+    ("rd", "responder_delay_ns_p50", 0.5),
+    ("rd", "responder_delay_ns_p99", 0.99),
+]
+
+
+def ends_sql(scopes):
+    """`LATERAL VIEW stack(...) ends AS scope, entity`: the rows a record (or a pair's counts)
+    counts in. The second end of an either-end scope is NULL, and then filtered out by the
+    caller's `WHERE entity IS NOT NULL`, when it equals the first (a ToR-local record, a
+    self-probe: counted once)."""
+    rows = []
+    if "cluster" in scopes:
+        rows.append("'cluster', 'cluster'")
+    if "tor" in scopes:
+        rows.append("'tor', prober_tor")
+        rows.append("'tor', IF(target_tor <> prober_tor, target_tor, NULL)")
+    if "rnic" in scopes:
+        rows.append("'rnic', prober")
+        rows.append("'rnic', IF(target <> prober, target, NULL)")
+    body = ",\n            ".join(rows)
+    return f"LATERAL VIEW stack({len(rows)},\n            {body}) ends AS scope, entity"
+
+
+def nearest_rank_index(q, n="q.n"):
+    """0-based index of the q-quantile among the n sorted samples: analyze's nearest_rank_index,
+    ((n as f64 * q).ceil() - 1.0).max(0.0), in the same double arithmetic."""
+    return f"CAST(GREATEST(CEIL(CAST({n} AS DOUBLE) * {float(q)!r}D) - 1, 0) AS INT)"
+
+
+def report_sql(window_ns, scopes, sla_loss, sla_rtt_p99_us):
+    picks = ",\n           ".join(f"q.{m}[{nearest_rank_index(q)}] AS {name}" for m, name, q in QUANTILES)
+    return f"""
+    WITH raw AS (
+        SELECT (CAST(t1_unix_ns AS BIGINT) div {window_ns}) * {window_ns} AS w,
+               prober, target, prober_tor, target_tor, outcome, arrived, ts_source,
+               network_rtt_ns AS rtt, prober_delay_ns AS pd, responder_delay_ns AS rd
+        FROM probes
+    ),
+    -- Per (window, prober, target): records by class, and the timestamp sources of the ok ones
+    -- as a bitmask (bit = the source byte; bytes above 3 all on bit 4, "unknown").
+    pair AS (
+        SELECT w, prober, target, prober_tor, target_tor,
+               count(*) AS probes,
+               count(*) FILTER (WHERE outcome = 0) AS ok,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
+               count(*) FILTER (WHERE outcome = 2) AS invalid,
+               count(*) FILTER (WHERE outcome = 3) AS refused,
+               count(*) FILTER (WHERE outcome = 4) AS local_drop,
+               coalesce(bit_or(shiftleft(1, LEAST(ts_source, 4))) FILTER (WHERE outcome = 0), 0) AS ts_mask
+        FROM raw
+        GROUP BY w, prober, target, prober_tor, target_tor
+    ),
+    -- The unreachable rule, per pair and window, before any roll-up.
+    pc AS (
+        SELECT *,
+               IF(ok + partial = 0, lost_raw, 0) AS unreachable,
+               IF(ok + partial = 0, 0, lost_raw) AS lost
+        FROM pair
+    ),
+    counts AS (
+        SELECT w, scope, entity,
+               sum(probes) AS probes, sum(ok) AS ok, sum(lost) AS lost, sum(partial) AS partial,
+               sum(invalid) AS invalid, sum(refused) AS refused, sum(unreachable) AS unreachable,
+               sum(local_drop) AS local_drop, bit_or(ts_mask) AS ts_mask
+        FROM pc
+        {ends_sql(scopes)}
+        WHERE entity IS NOT NULL
+        GROUP BY w, scope, entity
+    ),
+    -- Every ok record's delays under each of its (scope, entity), sorted per row.
+    samples AS (
+        SELECT w, scope, entity, count(*) AS n,
+               sort_array(collect_list(rtt)) AS rtt,
+               sort_array(collect_list(pd)) AS pd,
+               sort_array(collect_list(rd)) AS rd
+        FROM raw
+        {ends_sql(scopes)}
+        WHERE outcome = 0 AND entity IS NOT NULL
+        GROUP BY w, scope, entity
+    ),
+    joined AS (
+        SELECT c.*,
+               {picks},
+               IF(c.ok + c.partial + c.lost > 0,
+                  CAST(c.lost AS DOUBLE) / CAST(c.ok + c.partial + c.lost AS DOUBLE), NULL) AS loss_ratio,
+               transform(filter(sequence(0, 4), b -> (c.ts_mask & shiftleft(1, b)) <> 0),
+                         b -> element_at(array('nic', 'host_poll', 'kernel_software', 'kernel_hardware', 'unknown'), b + 1))
+                   AS ts_names
+        FROM counts c LEFT JOIN samples q USING (w, scope, entity)
+    ),
+    rows AS (
+        SELECT *,
+               concat_ws(';',
+                   IF(loss_ratio > {float(sla_loss)!r}D, 'loss', NULL),
+                   IF(CAST(rtt_ns_p99 AS DOUBLE) > {float(sla_rtt_p99_us)!r}D * 1000D, 'rtt_p99', NULL)) AS sla_violations
+        FROM joined
+    )
+    SELECT w AS window_start_ns,
+           date_format(timestamp_seconds(w div 1000000000), "yyyy-MM-dd'T'HH:mm:ss'Z'") AS window_start,
+           scope, entity, probes, ok, lost, partial, invalid, refused, unreachable, loss_ratio,
+           rtt_ns_p50, rtt_ns_p99, rtt_ns_p999, prober_delay_ns_p50, prober_delay_ns_p99,
+           responder_delay_ns_p50, responder_delay_ns_p99,
+           sla_violations, local_drop,
+           CASE size(ts_names) WHEN 0 THEN NULL WHEN 1 THEN ts_names[0]
+                ELSE concat('mixed(', array_join(ts_names, '+'), ')') END AS ts_source
+    FROM rows
+    ORDER BY sla_violations = '', window_start_ns,
+             CASE scope WHEN 'cluster' THEN 0 WHEN 'tor' THEN 2 ELSE 3 END, entity
+    """
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--window-s", type=int, required=True, help="window length, seconds (as analyze's --window-s)")
+    ap.add_argument("--input", required=True, help="analyze export's Parquet file, or a (Hive-partitioned) directory of them")
+    ap.add_argument("--output", required=True, help="the report, one Parquet file")
+    ap.add_argument("--scopes", default="cluster,tor,rnic", help="comma-separated, of cluster, tor, rnic")
+    ap.add_argument("--sla-loss", type=float, default=0.001, help="loss-ratio threshold (analyze's default)")
+    ap.add_argument("--sla-rtt-p99-us", type=float, default=500.0, help="RTT p99 threshold, us (analyze's default)")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--driver-memory", default="4g")
+    ap.add_argument("--shuffle-partitions", type=int, default=None, help="spark.sql.shuffle.partitions (Spark's default if unset)")
+    args = ap.parse_args()
+    if args.window_s < 1:
+        ap.error("the window must be at least 1 s")
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad or not scopes:
+        ap.error(f"unknown scope(s) {bad}: this job computes {', '.join(SCOPES)}")
+
+    t0 = time.perf_counter()
+    builder = (
+        SparkSession.builder.appName("rocemesh-sla-report")
+        .master(args.master)
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        # Partition values are directory names: keep them strings (they are dropped anyway).
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if args.shuffle_partitions:
+        builder = builder.config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    print(f"start_s={time.perf_counter() - t0:.2f}", flush=True)
+
+    t = time.perf_counter()
+    probes = spark.read.parquet(args.input)
+    probes = probes.drop(*[c for c in PARTITION_COLUMNS if c in probes.columns])
+    probes.createOrReplaceTempView("probes")
+    report = spark.sql(report_sql(args.window_s * 1_000_000_000, scopes, args.sla_loss, args.sla_rtt_p99_us))
+    # One file, as analyze writes: the sorted rows in one partition, then the part file moved.
+    tmp = args.output + ".spark-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    report.coalesce(1).write.mode("overwrite").parquet(tmp)
+    parts = glob.glob(os.path.join(tmp, "part-*.parquet"))
+    if len(parts) != 1:
+        sys.exit(f"expected one part file in {tmp}, found {len(parts)}")
+    os.replace(parts[0], args.output)
+    shutil.rmtree(tmp)
+    query_s = time.perf_counter() - t
+    rows = spark.read.parquet(args.output).count()
+    print(f"query_s={query_s:.3f} spark={spark.version} rows={rows}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
