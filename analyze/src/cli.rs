@@ -355,7 +355,7 @@ pub fn report(args: &ReportArgs) -> i32 {
             rows_s += t.elapsed().as_secs_f64();
         }
         report::sort_rows(&mut rows);
-        let records = plan.records();
+        let records = plan.records_read();
         let ds = plan.finish();
         say_problems("report", &ds, inv.as_ref());
         say_unknown_outcomes("report", unknown_outcomes);

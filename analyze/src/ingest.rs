@@ -628,6 +628,9 @@ fn damage_problems<'a>(path: &'a std::path::Path, reader: &'a SegmentReader) -> 
     })
 }
 
+/// How a problem of a file the first pass read, and a range could not, begins.
+pub const READ_AGAIN_FAILED: &str = "could not be read again";
+
 /// A file [`Plan`] reads again for each time range it overlaps.
 #[derive(Debug)]
 struct Planned {
@@ -659,6 +662,8 @@ pub struct Plan {
     carried: Vec<(usize, SegmentReader)>,
     /// Records per window index, over every file.
     per_window: std::collections::BTreeMap<u64, u64>,
+    /// Records the ranges read so far (a file that cannot be read again is not in it).
+    read_records: usize,
 }
 
 /// What the first pass keeps of one file.
@@ -749,13 +754,19 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
         }
     }
     let unknown_ids = vec![0; planned.len()];
-    Plan { ds, files: planned, fields, unknown_ids, window_ns, carried: Vec::new(), per_window }
+    Plan { ds, files: planned, fields, unknown_ids, window_ns, carried: Vec::new(), per_window, read_records: 0 }
 }
 
 impl Plan {
-    /// Records in the readable files.
+    /// Records in the readable files, as the first pass counted them.
     pub fn records(&self) -> usize {
         self.files.iter().map(|f| f.records).sum()
+    }
+
+    /// Records the ranges read so far: after every range, what the output counts (less than
+    /// [`Plan::records`] when a file could not be read again).
+    pub fn records_read(&self) -> usize {
+        self.read_records
     }
 
     /// Consecutive time ranges `[from, to)` of whole windows that together hold every record,
@@ -800,12 +811,13 @@ impl Plan {
                 // are not counted, and the outputs say so.
                 Err(problem) => self.ds.problems.push(FileProblem {
                     path: self.files[i].path.clone(),
-                    problem: format!("could not be read again: {problem}"),
+                    problem: format!("{READ_AGAIN_FAILED}: {problem}"),
                     skipped: false,
                 }),
             }
         }
         let counts: Vec<usize> = readers.par_iter().map(|(_, r)| records_in(r, from, to)).collect();
+        self.read_records += counts.iter().sum::<usize>();
         let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
         let mut slices = split(&mut probes, &counts);
         let (files, fields) = (&self.files, self.fields);
@@ -1288,6 +1300,7 @@ mod tests {
             window_ns: w,
             carried: Vec::new(),
             per_window: counts.iter().copied().collect(),
+            read_records: 0,
         };
         // 10 and 11 fit in 10 records; 12 holds 20 alone (a window is never split); 13 is empty.
         let p = plan(&[(10, 5), (11, 5), (12, 20), (14, 1)]);

@@ -302,6 +302,19 @@ impl<'a> Watch<'a> {
             let prepared = report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
             rows.extend(prepared.rows(&self.cfg.scopes, Span::PerWindow, &self.cfg.sla)?);
         }
+        // A file gone or changed since it was first seen (a retention sweep): its records in
+        // these windows are not in the rows, and the output says so. Damage (not skipped) was
+        // said at first sight.
+        let gone: Vec<_> = plan
+            .finish()
+            .problems
+            .into_iter()
+            .filter(|p| p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED))
+            .collect();
+        for p in &gone {
+            lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
+            pass.said += 1;
+        }
         // Within a window, `report`'s order (violations first); windows in time order.
         report::sort_rows(&mut rows);
         rows.sort_by_key(|r| r.window_start_ns);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use polars::prelude::*;
-use rocemesh_analyze::ingest::ingest;
+use rocemesh_analyze::ingest::{Fields, ingest};
 use rocemesh_analyze::inspect::find_segments;
 use rocemesh_analyze::report::{Sla, Span, prepare};
 use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
@@ -401,6 +401,34 @@ fn read_a_window_at_a_time_the_report_is_the_same() {
     assert_eq!(whole["meta"], apart["meta"]);
     assert!(!whole["rows"].as_array().expect("rows").is_empty());
     assert_eq!(whole["rows"], apart["rows"], "same rows, same order");
+}
+
+#[test]
+fn a_file_gone_between_the_passes_is_said_and_not_counted() {
+    let (_dir, seg, recs) = fleet();
+    let files = find_segments(&[seg]).expect("list");
+    let mut plan = rocemesh_analyze::ingest::plan(&files, Fields::Report, None, WINDOW_NS);
+    assert_eq!(plan.records(), recs.len());
+    let gone = &files[0];
+    let gone_records: usize = rocemesh_formats::segment::SegmentReader::open(gone)
+        .expect("open")
+        .probe_chunks()
+        .map(|c| c.t1_unix_ns.len())
+        .sum();
+    assert!(gone_records > 0);
+    std::fs::remove_file(gone).expect("remove");
+    let mut read = 0;
+    for (from, to) in plan.ranges(1) {
+        read += plan.read(from, to).len();
+    }
+    assert_eq!(read, recs.len() - gone_records);
+    assert_eq!(plan.records_read(), read, "what the outputs count is what was read");
+    let ds = plan.finish();
+    assert!(
+        ds.problems.iter().any(|p| p.path == *gone && p.problem.contains("could not be read again")),
+        "{:?}",
+        ds.problems
+    );
 }
 
 #[test]

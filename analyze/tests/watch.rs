@@ -225,3 +225,24 @@ fn a_state_of_another_window_or_a_shorter_output_is_refused_with_the_fix() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("move the state file away"), "{stderr}");
 }
+
+#[test]
+fn a_file_gone_before_its_windows_are_emitted_is_said() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = tmp.path().join("collection");
+    let agents = write_agents(&col);
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The newest file of an agent: its windows are within the grace, so not emitted yet.
+    let gone = agents[0].last().expect("files");
+    assert!(emitted_to(&state) <= last_ns(gone), "its windows must still be pending");
+    std::fs::remove_file(gone).expect("remove");
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--flush"]));
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let said: Vec<Value> = lines(&output).into_iter().filter(|l| l["type"] == "problem").collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0]["file"], Value::from(gone.to_str().expect("utf-8")));
+}
