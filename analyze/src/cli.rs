@@ -30,6 +30,14 @@ pub struct SlaArgs {
 }
 
 impl SlaArgs {
+    /// The thresholds, or the exit code after saying why they are not valid.
+    fn resolve_for(&self, command: &str) -> Result<Sla, i32> {
+        self.resolve().map_err(|e| {
+            eprintln!("analyze {command}: SLA: {e}");
+            exit::USAGE
+        })
+    }
+
     fn resolve(&self) -> Result<Sla, String> {
         if let Some(p) = &self.sla_config {
             return Sla::from_file(p).map_err(|e| e.to_string());
@@ -313,12 +321,9 @@ fn outcome(ds_problems: bool) -> i32 {
 
 /// Runs `analyze report`; returns the exit code.
 pub fn report(args: &ReportArgs) -> i32 {
-    let sla = match args.sla.resolve() {
+    let sla = match args.sla.resolve_for("report") {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("analyze report: SLA: {e}");
-            return exit::USAGE;
-        }
+        Err(code) => return code,
     };
     if args.format == Format::Parquet && args.output.is_none() {
         eprintln!("analyze report: --format parquet needs --output FILE");
@@ -389,17 +394,12 @@ pub fn report(args: &ReportArgs) -> i32 {
     }
 }
 
-/// Outcome bytes this build does not know come from a newer agent: counted in `probes` only,
-/// and said once, so that a row's probes exceeding its classes is explained.
 /// `analyze watch`: passes over the directory until stopped (or one, with --once or --flush).
 /// Exit code 1 when a pass said a problem or a late file, for the one-pass modes.
 pub fn watch(args: &WatchArgs) -> i32 {
-    let sla = match args.sla.resolve() {
+    let sla = match args.sla.resolve_for("watch") {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("analyze watch: SLA: {e}");
-            return exit::USAGE;
-        }
+        Err(code) => return code,
     };
     if !args.dir.is_dir() {
         eprintln!("analyze watch: {} is not a directory: pass the directory `ctl collect` fills", args.dir.display());
@@ -459,6 +459,8 @@ pub fn watch(args: &WatchArgs) -> i32 {
     }
 }
 
+/// Outcome bytes this build does not know come from a newer agent: counted in `probes` only,
+/// and said once, so that a row's probes exceeding its classes is explained.
 fn say_unknown_outcomes(command: &str, unknown_outcomes: u64) {
     if unknown_outcomes > 0 {
         eprintln!(
@@ -510,12 +512,9 @@ pub fn export(args: &ExportArgs) -> i32 {
 /// Runs `analyze html`; returns the exit code. It runs localisation itself, for the findings
 /// and the traced services they touch.
 pub fn html(args: &HtmlArgs) -> i32 {
-    let sla = match args.sla.resolve() {
+    let sla = match args.sla.resolve_for("html") {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("analyze html: SLA: {e}");
-            return exit::USAGE;
-        }
+        Err(code) => return code,
     };
     let inv = match load_inventory("html", args.inventory.as_deref()) {
         Ok(inv) => inv,
@@ -582,12 +581,9 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         eprintln!("analyze localize: --format {format} is not supported; use table or json");
         return exit::USAGE;
     }
-    let sla = match args.sla.resolve() {
+    let sla = match args.sla.resolve_for("localize") {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("analyze localize: SLA: {e}");
-            return exit::USAGE;
-        }
+        Err(code) => return code,
     };
     let inv = match load_inventory("localize", args.inventory.as_deref()) {
         Ok(inv) => inv,

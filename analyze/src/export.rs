@@ -95,11 +95,7 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     mut parts: impl FnMut() -> Option<P>,
 ) -> Result<usize, ExportError> {
     let names = Names::new(rnics, services, window_ns)?;
-    let file = std::fs::File::create(path).map_err(|source| ExportError::Io {
-        path: path.to_owned(),
-        what: "create the Parquet file",
-        source,
-    })?;
+    let file = std::fs::File::create(path).map_err(io(path, "create the Parquet file"))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut writer = None;
     let mut n = 0;
@@ -131,7 +127,7 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     if let Some(w) = writer {
         w.finish()?;
     }
-    out.flush().map_err(|source| ExportError::Io { path: path.to_owned(), what: "write the Parquet file", source })?;
+    out.flush().map_err(io(path, "write the Parquet file"))?;
     Ok(n)
 }
 
@@ -163,10 +159,6 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
     mut parts: impl FnMut() -> Option<P>,
 ) -> Result<Partitioned, ExportError> {
     let names = Names::new(rnics, services, window_ns)?;
-    let io = |path: &Path, what: &'static str| {
-        let path = path.to_owned();
-        move |source| ExportError::Io { path, what, source }
-    };
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -218,6 +210,12 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
     }
     done.partitions = partitions.len();
     Ok(done)
+}
+
+/// An I/O error of `path` while doing `what`.
+fn io(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> ExportError {
+    let path = path.to_owned();
+    move |source| ExportError::Io { path, what, source }
 }
 
 /// A partition value as Hive writes it in a path: `%XX` for every byte outside
