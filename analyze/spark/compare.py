@@ -1,11 +1,13 @@
 """Compare two SLA report Parquet files (analyze report's and sla_report.py's) row by row.
 
-Rows are keyed on (window_start_ns, scope, entity). The two files must hold the same keys (each
-once), every count and quantile must be equal (nulls where the other has nulls), loss_ratio within
-1e-12, and the text columns both have (window_start, sla_violations, ts_source) equal. Prints the
-number of rows compared; exits 1 with the first 20 differences otherwise, and also when either
-file is missing, unreadable, lacks a compared column or has no rows: a check that finds nothing
-to compare has failed.
+Rows are keyed on (window_start_ns, scope, entity), whatever the scope (cluster, tor_pair, tor,
+rnic, pair: the pair scopes' `from->to` entities are plain strings too). The two files must
+hold the same keys (each once), every count and quantile must be equal (nulls where the other
+has nulls), loss_ratio within 1e-12, and the text columns both have (window_start,
+sla_violations, ts_source) equal. Prints the number of rows compared, and how many of each scope
+(`by scope: cluster=N, ...`, by name); exits 1 with the first 20 differences otherwise, and also
+when either file is missing, unreadable, lacks a compared column or has no rows: a check that
+finds nothing to compare has failed.
 
 Usage: python compare.py ANALYZE.parquet SPARK.parquet
 """
@@ -86,7 +88,11 @@ def main():
                 bad.append(f"{k}: {c} {x[c]!r} != {y[c]!r}")
     if bad:
         fail(bad)
-    print(f"rows compared: {len(a)} (columns: {', '.join(columns[3:])}): all equal")
+    by_scope = {}
+    for _, scope, _ in a:
+        by_scope[scope] = by_scope.get(scope, 0) + 1
+    scopes = ", ".join(f"{s}={n}" for s, n in sorted(by_scope.items()))
+    print(f"rows compared: {len(a)} (columns: {', '.join(columns[3:])}): all equal; by scope: {scopes}")
 
 
 def _exists(path):

@@ -2,25 +2,33 @@
 
 Reads the raw probe table that `analyze export` writes (one Parquet file, or a Hive-partitioned
 directory `date=YYYY-MM-DD/hour=HH/tor=NAME/*.parquet`, whose partition columns are ignored) and
-writes the rows of `analyze report --scope cluster,tor,rnic --window-s N --format parquet`: one
-row per (window, scope, entity) with the same columns and the same numbers, so that a fleet too
-large for one machine can be reported on an existing Spark cluster. `compare.py` beside this file
-checks the two outputs row by row.
+writes the rows of `analyze report --scope cluster,tor_pair,tor,rnic,pair --window-s N --format
+parquet` (or of any subset of those scopes): one row per (window, scope, entity) with the same
+columns and the same numbers, so that a fleet too large for one machine can be reported on an
+existing Spark cluster. `compare.py` beside this file checks the two outputs row by row.
 
 The semantics mirrored (analyze/src/report.rs and analyze/src/probe.rs; bench/src/analyze.rs has
-the same query for DuckDB):
+the same query for DuckDB, for cluster, tor and rnic):
 
 - window = floor(t1_unix_ns / window_ns) * window_ns, aligned on the wall clock.
 - a record's class comes from its outcome byte and arrival bitmap: 0 ok; 1 lost, or partial when
   ACK1 arrived (arrived & 2); 2 invalid; 3 refused; 4 local_drop; any other byte counts in
   `probes` only.
 - the unreachable rule is applied per (window, prober, target) before any roll-up: a pair with no
-  ok and no partial has its lost probes counted as `unreachable`, not `lost`.
+  ok and no partial has its lost probes counted as `unreachable`, not `lost`. A `pair` row is
+  one such (window, prober, target); every other scope sums them.
 - loss_ratio = lost / (ok + partial + lost) as a double, null when that sum is 0.
-- scopes: `cluster`; `tor`, every record whose prober or target hangs off the ToR (a ToR-local
-  record once); `rnic`, every record whose prober or target is the RNIC (a self-probe once).
-  RNIC names stand for fleet ids (ingest keys its dictionary by name, and every id no dictionary
-  defined is "(unknown rnic)", as in the report).
+- scopes (report.rs `KeySpace::keys` and `Prepared::collect_rows`): `cluster`; `tor_pair`,
+  entity `prober_tor->target_tor`, every record once under its ordered pair of ToRs, same-ToR
+  pairs (`tor-a->tor-a`) included; `tor`, every record whose prober or target hangs off the ToR
+  (a ToR-local record once); `rnic`, every record whose prober or target is the RNIC (a
+  self-probe once); `pair`, entity `prober->target`, every record once (a self-probe is its own
+  pair, `h0->h0`). An RNIC without a ToR, and the unknown RNIC, are under "(no tor)" in `tor`
+  and `tor_pair`, as in the export's prober_tor and target_tor. RNIC and ToR names stand for
+  fleet and ToR ids (ingest keys its dictionary by name, every id no dictionary defined is
+  "(unknown rnic)", and the report keys ToRs by name), so grouping by names groups as the
+  report's ids do; names that themselves contain `->` could make two pairs' entities equal,
+  where the report would write two rows with one entity.
 - delay quantiles are over ok records only, nearest rank: the value at 1-based rank
   max(ceil(q * n), 1) of the n sorted samples, with q * n computed in double precision exactly as
   `nearest_rank_index` does: each row's ok samples are collected and sorted, and the value at
@@ -33,13 +41,21 @@ the same query for DuckDB):
   above 3), `mixed(a+b)` in that order when several, null without ok samples.
 - sla_violations: `loss` when loss_ratio > --sla-loss, `rtt_p99` when rtt_ns_p99 > --sla-rtt-p99-us
   * 1000, joined by `;` (empty within the SLA). Rows are sorted as the report sorts them:
-  violations first, then window, scope (cluster, tor, rnic), entity.
+  violations first, then window, scope in the order of probe.rs's `Scope` enum (cluster,
+  tor_pair, tor, rnic, pair; service would be last), entity (byte order, as Rust compares
+  strings).
 
-Not mirrored: the `pair`, `tor_pair` and `service` scopes, and the integer types (Spark writes
-signed 64-bit integers where analyze writes unsigned ones; the values are the same).
+Not mirrored: the `service` scope, and the integer types (Spark writes signed 64-bit integers
+where analyze writes unsigned ones; the values are the same). A service row's entity is the
+connection's label, `comm[pid] qp local_qpn->remote_qpn prober->remote`, and its Parquet row
+carries the connection's fields (service, prober, remote, remote_resolution, pid, comm,
+local_qpn, remote_qpn, flow_label; asking for the scope adds those nine columns to every row);
+the export has only the service's dictionary name in `service` (null for ids beyond the
+dictionary, which the report names "(unknown service N)"), so neither the entity nor the
+columns can be rebuilt from it.
 
 Usage: python sla_report.py --window-s N --input DIR_OR_FILE --output OUT.parquet
-       [--scopes cluster,tor,rnic] [--master local[*]] [--driver-memory 4g]
+       [--scopes cluster,tor_pair,tor,rnic,pair] [--master local[*]] [--driver-memory 4g]
 Prints `query_s=<seconds> spark=<version> rows=<n>` last.
 """
 
@@ -52,7 +68,9 @@ import time
 
 from pyspark.sql import SparkSession
 
-SCOPES = ("cluster", "tor", "rnic")
+# The scopes this job computes, in the report's row order (probe.rs's `Scope` enum, derived
+# Ord: cluster, tor_pair, tor, rnic, pair, service; service is not mirrored, see above).
+SCOPES = ("cluster", "tor_pair", "tor", "rnic", "pair")
 # Partition columns of `analyze export --partitioned`: directory names, not probe data.
 PARTITION_COLUMNS = ("date", "hour", "tor")
 # (delay column, output column, q): the report's QUANTILES, in its order.
@@ -69,18 +87,22 @@ QUANTILES = [
 
 def ends_sql(scopes):
     """`LATERAL VIEW stack(...) ends AS scope, entity`: the rows a record (or a pair's counts)
-    counts in. The second end of an either-end scope is NULL, and then filtered out by the
-    caller's `WHERE entity IS NOT NULL`, when it equals the first (a ToR-local record, a
-    self-probe: counted once)."""
+    counts in. The second end of an either-end scope (tor, rnic) is NULL, and then filtered out
+    by the caller's `WHERE entity IS NOT NULL`, when it equals the first (a ToR-local record, a
+    self-probe: counted once). The pair scopes have one end, `from->to`, whatever the ends."""
     rows = []
     if "cluster" in scopes:
         rows.append("'cluster', 'cluster'")
+    if "tor_pair" in scopes:
+        rows.append("'tor_pair', concat(prober_tor, '->', target_tor)")
     if "tor" in scopes:
         rows.append("'tor', prober_tor")
         rows.append("'tor', IF(target_tor <> prober_tor, target_tor, NULL)")
     if "rnic" in scopes:
         rows.append("'rnic', prober")
         rows.append("'rnic', IF(target <> prober, target, NULL)")
+    if "pair" in scopes:
+        rows.append("'pair', concat(prober, '->', target)")
     body = ",\n            ".join(rows)
     return f"LATERAL VIEW stack({len(rows)},\n            {body}) ends AS scope, entity"
 
@@ -89,6 +111,12 @@ def nearest_rank_index(q, n="q.n"):
     """0-based index of the q-quantile among the n sorted samples: analyze's nearest_rank_index,
     ((n as f64 * q).ceil() - 1.0).max(0.0), in the same double arithmetic."""
     return f"CAST(GREATEST(CEIL(CAST({n} AS DOUBLE) * {float(q)!r}D) - 1, 0) AS INT)"
+
+
+def scope_rank_sql():
+    """The report's scope order as a sort key (the rank of `scope` in SCOPES)."""
+    whens = " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(SCOPES))
+    return f"CASE scope {whens} END"
 
 
 def report_sql(window_ns, scopes, sla_loss, sla_rtt_p99_us):
@@ -170,7 +198,7 @@ def report_sql(window_ns, scopes, sla_loss, sla_rtt_p99_us):
                 ELSE concat('mixed(', array_join(ts_names, '+'), ')') END AS ts_source
     FROM rows
     ORDER BY sla_violations = '', window_start_ns,
-             CASE scope WHEN 'cluster' THEN 0 WHEN 'tor' THEN 2 ELSE 3 END, entity
+             {scope_rank_sql()}, entity
     """
 
 
@@ -179,7 +207,7 @@ def main():
     ap.add_argument("--window-s", type=int, required=True, help="window length, seconds (as analyze's --window-s)")
     ap.add_argument("--input", required=True, help="analyze export's Parquet file, or a (Hive-partitioned) directory of them")
     ap.add_argument("--output", required=True, help="the report, one Parquet file")
-    ap.add_argument("--scopes", default="cluster,tor,rnic", help="comma-separated, of cluster, tor, rnic")
+    ap.add_argument("--scopes", default=",".join(SCOPES), help=f"comma-separated, of {', '.join(SCOPES)} (default: all)")
     ap.add_argument("--sla-loss", type=float, default=0.001, help="loss-ratio threshold (analyze's default)")
     ap.add_argument("--sla-rtt-p99-us", type=float, default=500.0, help="RTT p99 threshold, us (analyze's default)")
     ap.add_argument("--master", default="local[*]")

@@ -42,7 +42,7 @@ use rayon::prelude::*;
 use rocemesh_formats::gid::{gid_bytes, ip_of};
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::{Endpoint, EndpointRole, ServiceConn};
-use rocemesh_formats::segment::{SegmentReader, WriterIdentity};
+use rocemesh_formats::segment::{SealedSummary, SegmentReader, SummaryRead, WriterIdentity, read_summary, send_gaps};
 use serde::Serialize;
 
 /// The probe columns, all the same length, ids fleet-wide (see [`Dataset::rnics`]).
@@ -413,11 +413,8 @@ pub const UNKNOWN_RNIC: &str = "(unknown rnic)";
 /// How reports and exports name the ToR of an RNIC whose ToR no dictionary gave.
 pub const NO_TOR: &str = "(no tor)";
 
-/// A gap counts as "long" (host noise evidence) above this multiple of the prober's median
-/// spacing plus [`LONG_GAP_MIN_NS`].
-const LONG_GAP_FACTOR: u64 = 2;
-/// See `LONG_GAP_FACTOR`: 100 ms, far beyond any scheduling jitter of a healthy agent.
-pub const LONG_GAP_MIN_NS: u64 = 100_000_000;
+/// A send gap is host-noise evidence from this length up (see [`send_gaps`]).
+pub use rocemesh_formats::segment::LONG_GAP_MIN_NS;
 
 /// Reads every file in `files` (see [`crate::inspect::find_segments`]). `progress` draws a bar on
 /// stderr when it is a terminal.
@@ -621,11 +618,15 @@ impl<'i> Merger<'i> {
 
 /// What a file's reader says it had to skip, as problems of that file.
 fn damage_problems<'a>(path: &'a std::path::Path, reader: &'a SegmentReader) -> impl Iterator<Item = FileProblem> + 'a {
-    reader.damage().iter().map(move |d| FileProblem {
+    reader.damage().iter().map(move |d| damage_problem(path, d))
+}
+
+fn damage_problem(path: &std::path::Path, d: &rocemesh_formats::segment::Damage) -> FileProblem {
+    FileProblem {
         path: path.to_path_buf(),
         problem: format!("{:?} at byte {}: {}", d.kind, d.offset, d.detail),
         skipped: false,
-    })
+    }
 }
 
 /// How a problem of a file the first pass read, and a range could not, begins.
@@ -640,6 +641,10 @@ struct Planned {
     first_ns: u64,
     last_ns: u64,
     records: usize,
+    /// Entries and [`dictionary_hash`] of its dictionary.
+    dictionary: (usize, u64),
+    /// A range could not read it as planned (said then): the later ones do not try again.
+    left_out: bool,
 }
 
 /// Ingest one time range at a time, for passes whose windows are independent (`analyze
@@ -666,55 +671,59 @@ pub struct Plan {
     read_records: usize,
 }
 
-/// What the first pass keeps of one file.
+/// What the first pass keeps of one file: its summary (`formats::segment::read_summary`) when
+/// it is sealed with one, so that it is not inflated, else the same facts from reading it whole.
 struct Head {
     identity: WriterIdentity,
-    dictionary: Vec<Endpoint>,
-    damage: Vec<FileProblem>,
-    time_range: Option<(u64, u64)>,
-    records: usize,
-    /// Records per window index, ascending (a few dozen: a segment spans minutes).
-    per_window: Vec<(u64, u64)>,
-    long_gaps: Vec<(u64, u64)>,
-    median_gap_ns: u64,
-    first_prober: Option<u32>,
+    facts: SealedSummary,
+    /// Why a summary the file has could not be used (it was read whole instead).
+    unusable_summary: Option<String>,
 }
 
 impl Head {
-    fn of(path: &std::path::Path, r: &SegmentReader, window_ns: u64) -> Head {
-        let t1: Vec<u64> = r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())).collect();
-        let (long_gaps, median_gap_ns) = gaps(&t1);
-        let mut windows: Vec<u64> = t1.iter().map(|t| t / window_ns).collect();
-        windows.sort_unstable();
-        let mut per_window: Vec<(u64, u64)> = Vec::new();
-        for w in windows {
-            match per_window.last_mut() {
-                Some((last, n)) if *last == w => *n += 1,
-                _ => per_window.push((w, 1)),
+    fn of(path: &std::path::Path) -> Result<Head, String> {
+        let unusable_summary = match read_summary(path) {
+            Ok(SummaryRead::Found(s)) => {
+                return Ok(Head { identity: s.identity, facts: s.facts, unusable_summary: None });
+            }
+            Ok(SummaryRead::Unusable(why)) => Some(why),
+            // An error here is one `open` gives again, with its message.
+            Ok(SummaryRead::Absent) | Err(_) => None,
+        };
+        let r = SegmentReader::open(path).map_err(|e| e.to_string())?;
+        Ok(Head { identity: r.identity().clone(), facts: SealedSummary::of(&r, r.damage().to_vec()), unusable_summary })
+    }
+
+    /// Records per window index, ascending (a few dozen: a segment spans minutes).
+    fn per_window(&self, window_ns: u64) -> Vec<(u64, u64)> {
+        // floor(t / (k s)) = floor(floor(t / 1 s) / k): seconds add up to whole windows.
+        let window_s = window_ns / 1_000_000_000;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &(s, n) in &self.facts.per_second {
+            let w = s / window_s;
+            match out.last_mut() {
+                Some((last, m)) if *last == w => *m += n,
+                _ => out.push((w, n)),
             }
         }
-        Head {
-            identity: r.identity().clone(),
-            dictionary: r.dictionary().to_vec(),
-            damage: damage_problems(path, r).collect(),
-            time_range: r.time_range(),
-            records: t1.len(),
-            per_window,
-            long_gaps,
-            median_gap_ns,
-            first_prober: r.probe_chunks().find_map(|c| c.prober.first().map(|v| v.to_native())),
-        }
+        out
     }
+}
+
+/// Tells a file's dictionary from another's, so that a file whose records are read is the one
+/// its first pass planned (a summary could be forged, a file replaced).
+fn dictionary_hash(d: &[Endpoint]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    d.hash(&mut h);
+    h.finish()
 }
 
 /// See [`Plan`]: the first pass over `files`, for ranges of `window_ns` windows.
 pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, window_ns: u64) -> Plan {
-    assert!(window_ns > 0, "the CLI bounds the window");
+    assert!(window_ns > 0 && window_ns.is_multiple_of(1_000_000_000), "the CLI's windows are whole seconds");
     // One reader per thread at a time: a reader holds its whole (decompressed) file.
-    let heads: Vec<(PathBuf, Result<Head, String>)> = files
-        .par_iter()
-        .map(|p| (p.clone(), SegmentReader::open(p).map_err(|e| e.to_string()).map(|r| Head::of(p, &r, window_ns))))
-        .collect();
+    let heads: Vec<(PathBuf, Result<Head, String>)> = files.par_iter().map(|p| (p.clone(), Head::of(p))).collect();
     let mut ds = Dataset { files: files.len(), ..Dataset::default() };
     let mut merger = Merger::new(inventory);
     let mut kept = Vec::new();
@@ -722,9 +731,16 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
     for (path, head) in heads {
         match head {
             Err(problem) => ds.problems.push(FileProblem { path, problem, skipped: true }),
-            Ok(mut h) => {
-                ds.problems.append(&mut h.damage);
-                remaps.push(merger.add(&mut ds, &h.identity, &h.dictionary));
+            Ok(h) => {
+                if let Some(why) = &h.unusable_summary {
+                    ds.problems.push(FileProblem {
+                        path: path.clone(),
+                        problem: format!("its summary cannot be used ({why}): read whole to plan"),
+                        skipped: false,
+                    });
+                }
+                ds.problems.extend(h.facts.damage.iter().map(|d| damage_problem(&path, d)));
+                remaps.push(merger.add(&mut ds, &h.identity, &h.facts.dictionary));
                 kept.push((path, h));
             }
         }
@@ -733,24 +749,26 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
     let mut planned = Vec::new();
     let mut per_window: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     for ((path, h), m) in kept.into_iter().zip(remaps) {
-        let first = h.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
+        let first = h.facts.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
         let rnic = writer_rnic(&h.identity, first, &rnic_ids);
         claim_services(&mut ds, &m, rnic);
-        let (first_ns, last_ns) = h.time_range.unwrap_or((0, 0));
+        let (first_ns, last_ns) = h.facts.time_range.unwrap_or((0, 0));
+        for (w, n) in h.per_window(window_ns) {
+            *per_window.entry(w).or_default() += n;
+        }
+        let records = h.facts.records as usize;
+        let dictionary = (h.facts.dictionary.len(), dictionary_hash(&h.facts.dictionary));
         ds.agents.push(AgentFile {
             rnic,
             agent_epoch: h.identity.agent_epoch,
             first_ns,
             last_ns,
-            records: h.records as u64,
-            long_gaps: h.long_gaps,
-            median_gap_ns: h.median_gap_ns,
+            records: h.facts.records,
+            long_gaps: h.facts.send_gaps.long,
+            median_gap_ns: h.facts.send_gaps.median_ns,
         });
-        for &(w, n) in &h.per_window {
-            *per_window.entry(w).or_default() += n;
-        }
-        if h.time_range.is_some() {
-            planned.push(Planned { path, remap: m, first_ns, last_ns, records: h.records });
+        if h.facts.time_range.is_some() {
+            planned.push(Planned { path, remap: m, first_ns, last_ns, records, dictionary, left_out: false });
         }
     }
     let unknown_ids = vec![0; planned.len()];
@@ -799,18 +817,37 @@ impl Plan {
         let mut readers: Vec<(usize, SegmentReader)> =
             std::mem::take(&mut self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
         let chosen: Vec<usize> = (0..self.files.len())
-            .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from)
+            .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from && !self.files[i].left_out)
             .filter(|i| !readers.iter().any(|(c, _)| c == i))
             .collect();
         let opened: Vec<Result<SegmentReader, String>> =
             chosen.par_iter().map(|&i| SegmentReader::open(&self.files[i].path).map_err(|e| e.to_string())).collect();
         for (&i, r) in chosen.iter().zip(opened) {
+            let f = &self.files[i];
             match r {
-                Ok(r) => readers.push((i, r)),
+                Ok(r) if r.records() as usize == f.records
+                    && (r.dictionary().len(), dictionary_hash(r.dictionary())) == f.dictionary =>
+                {
+                    readers.push((i, r))
+                }
+                // Not what the first pass planned from: a summary that lied (a sealed file's
+                // plan comes from it), or another file put in its place since.
+                Ok(r) => self.left_out(i, FileProblem {
+                    path: f.path.clone(),
+                    problem: format!(
+                        "{READ_AGAIN_FAILED}: it holds {} records and {} dictionary entries where the first pass (its summary, when sealed) said {} and {}{}: left out",
+                        r.records(),
+                        r.dictionary().len(),
+                        f.records,
+                        f.dictionary.0,
+                        if r.dictionary().len() == f.dictionary.0 { " with other entries" } else { "" }
+                    ),
+                    skipped: false,
+                }),
                 // Read in the first pass, gone or changed since: its records of this range
                 // are not counted, and the outputs say so.
-                Err(problem) => self.ds.problems.push(FileProblem {
-                    path: self.files[i].path.clone(),
+                Err(problem) => self.left_out(i, FileProblem {
+                    path: f.path.clone(),
                     problem: format!("{READ_AGAIN_FAILED}: {problem}"),
                     skipped: false,
                 }),
@@ -833,6 +870,12 @@ impl Plan {
         // fleet, not by the input.
         self.carried = readers.into_iter().filter(|(i, _)| self.files[*i].last_ns >= to).collect();
         probes
+    }
+
+    /// Leaves file `i` out of every range from now on, said once.
+    fn left_out(&mut self, i: usize, problem: FileProblem) {
+        self.files[i].left_out = true;
+        self.ds.problems.push(problem);
     }
 
     /// The dataset, with the problems only the ranges read could tell (taken: the plan is
@@ -1217,7 +1260,7 @@ fn agent_file(
 ) -> AgentFile {
     let id = reader.identity();
     let rnic = writer_rnic(id, first_prober, rnic_ids);
-    let (long_gaps, median_gap_ns) = gaps(t1);
+    let gaps = send_gaps(t1);
     let (first_ns, last_ns) = reader.time_range().unwrap_or((0, 0));
     AgentFile {
         rnic,
@@ -1225,8 +1268,8 @@ fn agent_file(
         first_ns,
         last_ns,
         records: t1.len() as u64,
-        long_gaps,
-        median_gap_ns,
+        long_gaps: gaps.long,
+        median_gap_ns: gaps.median_ns,
     }
 }
 
@@ -1254,35 +1297,6 @@ fn unknown_ids_problem(path: &std::path::Path, n: u64) -> Option<FileProblem> {
         problem: format!("{n} probe records name an RNIC id its dictionary does not define: counted as {UNKNOWN_RNIC}"),
         skipped: false,
     })
-}
-
-/// Long send-time gaps of one prober's records, and its median spacing. Records are in the
-/// order the agent finalised them, not of T1: a lost probe is written a timeout after it was
-/// sent, behind probes sent later. So gaps are measured on the send times sorted, whatever order
-/// the file holds them in; a gap measured in file order (even against the latest T1 seen) put a
-/// timeout-long "frozen host" on every RNIC whose outage ended, because the first ok probe after
-/// it is written before the lost ones sent just before it.
-fn gaps(t1: &[u64]) -> (Vec<(u64, u64)>, u64) {
-    if t1.len() < 3 {
-        return (Vec::new(), 0);
-    }
-    let mut sorted = t1.to_vec();
-    sorted.sort_unstable();
-    let steps: Vec<(u64, u64)> = sorted.windows(2).filter(|p| p[1] > p[0]).map(|p| (p[0], p[1] - p[0])).collect();
-    if steps.is_empty() {
-        return (Vec::new(), 0);
-    }
-    // The median of a strided sample is plenty to know the usual spacing.
-    let stride = (steps.len() / 4096).max(1);
-    let mut sample: Vec<u64> = steps.iter().step_by(stride).map(|s| s.1).collect();
-    let mid = sample.len() / 2;
-    let median = *sample.select_nth_unstable(mid).1;
-    let limit = median.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
-    // Not `steps.into_iter()...collect()`: that collects in place and keeps the capacity of
-    // every step for the few long ones (3 MB per file held for a whole run, 6.5 GB over 2,176
-    // files of a ranged `report`).
-    let long = steps.iter().copied().filter(|s| s.1 > limit).collect();
-    (long, median)
 }
 
 #[cfg(test)]
@@ -1328,41 +1342,5 @@ mod tests {
         ds.paths.insert((1, 0, 7), vec![2, 1, 0]);
         assert_eq!(ds.path_at(&(1, 0, 7), 0), Some(&vec![2, 1, 0]));
         assert_eq!(ds.path_at(&(5, 0, 7), 0), None);
-    }
-
-    /// Issue 17's real-fabric report: an RNIC's port comes back after an outage. Every probe of
-    /// the outage is written a 500 ms timeout after it was sent; the first ok probe after the
-    /// outage is written at once, ahead of the lost ones sent in the 500 ms before it. Its agent
-    /// never stopped sending, so there is no send gap.
-    #[test]
-    fn the_first_ok_probe_after_an_outage_is_not_a_send_gap() {
-        let spacing = 20_000_000u64;
-        let timeout = 500_000_000u64;
-        // (T1, written at): lost probes from 0 to 2 s, ok ones after.
-        let mut written: Vec<(u64, u64)> = (0..200u64)
-            .map(|i| {
-                let t1 = i * spacing;
-                let lost = t1 < 2_000_000_000;
-                (t1, if lost { t1 + timeout } else { t1 + 50_000 })
-            })
-            .collect();
-        written.sort_by_key(|w| w.1);
-        let t1: Vec<u64> = written.iter().map(|w| w.0).collect();
-        assert_ne!(t1.windows(2).filter(|p| p[1] < p[0]).count(), 0, "the file is out of send order");
-        assert_eq!(gaps(&t1), (Vec::new(), spacing));
-    }
-
-    #[test]
-    fn a_loss_written_a_timeout_late_is_not_a_send_gap() {
-        // 50 ms spacing; the probe sent at 0 was lost and written after the one sent at 1000 ms.
-        let mut t1: Vec<u64> = (1..=20).map(|i| i * 50_000_000).collect();
-        t1.insert(20, 0);
-        t1.extend((21..=40).map(|i| i * 50_000_000));
-        let (long, median) = gaps(&t1);
-        assert_eq!((long, median), (Vec::new(), 50_000_000));
-        // A real stall still is one.
-        let mut stalled = t1.clone();
-        stalled.extend((0..5).map(|i| 3_000_000_000 + i * 50_000_000));
-        assert_eq!(gaps(&stalled).0, vec![(2_000_000_000, 1_000_000_000)]);
     }
 }

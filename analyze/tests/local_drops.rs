@@ -64,7 +64,36 @@ fn sends_that_fail_locally_are_local_drops_in_report_and_no_finding_in_localize(
     let (code, doc, err) = analyze(&["localize", "--format", "json", seg_s]);
     assert_eq!(code, 0, "{err}");
     let findings = doc["findings"].as_array().expect("findings");
-    assert!(findings.is_empty(), "a host's own send failures are no network fault: {findings:#?}");
+    // On a loaded machine the in-process agent can freeze for a while (152 ms once in CI, against
+    // its usual 25 ms spacing): localize then rightly finds that host frozen, from the send gap
+    // its own records show. That is neither a network fault nor about the local drops; any other
+    // finding, or a frozen host without such a gap, fails.
+    let longest_gap_ns = longest_send_gap_ns(&seg);
+    for f in findings {
+        let evidence = f["evidence"].as_str().unwrap_or_default();
+        assert!(
+            f["kind"] == "host" && evidence.contains("no probe sent for"),
+            "a host's own send failures are no network fault: {findings:#?}"
+        );
+        assert!(
+            longest_gap_ns >= rocemesh_analyze::ingest::LONG_GAP_MIN_NS,
+            "a frozen host without a send gap in its records ({longest_gap_ns} ns at most): {f}"
+        );
+    }
     assert!(doc["records"].as_u64().is_some_and(|n| n > 0), "localize read the agent's records");
     assert!(Path::new(&seg).join("lo0").exists());
+}
+
+/// The longest time between two consecutive send times of one file's records, over every file.
+fn longest_send_gap_ns(dir: &Path) -> u64 {
+    let files = rocemesh_analyze::inspect::find_segments(&[dir.to_path_buf()]).expect("list segments");
+    assert!(!files.is_empty(), "the agent wrote segments");
+    let mut longest = 0;
+    for f in files {
+        let r = rocemesh_formats::segment::SegmentReader::open(&f).expect("open");
+        let mut t1: Vec<u64> = r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())).collect();
+        t1.sort_unstable();
+        longest = t1.windows(2).map(|p| p[1] - p[0]).max().unwrap_or(0).max(longest);
+    }
+    longest
 }

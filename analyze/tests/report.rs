@@ -658,3 +658,69 @@ fn html_page_is_self_contained() {
     assert!(!html.contains("findings: run"), "localize's findings are on the page");
     assert!(!html.contains("http://") && !html.contains("https://") && !html.contains(" src="), "nothing fetched");
 }
+
+/// Sealed files are planned from their summaries (not inflated until their ranges are read):
+/// the report is the one a plan from the whole files gives, and a summary that does not match
+/// its file's data is said and that file left out, never read under a wrong dictionary.
+#[test]
+fn planned_from_summaries_or_from_whole_files_the_report_is_the_same() {
+    use rocemesh_formats::segment::{SummaryRead, read_summary};
+    let with = tempfile::tempdir().expect("tempdir");
+    let files: Vec<PathBuf> = common::write_agents(with.path()).into_iter().flatten().collect();
+    assert!(files.len() >= 8, "{files:?}");
+    // The same files as a build before summaries sealed them: the data frame only.
+    let without = tempfile::tempdir().expect("tempdir");
+    let strip = |bytes: &[u8]| {
+        assert_eq!(bytes[bytes.len() - 4..], *b"RSUM", "sealing wrote no summary");
+        let body = u32::from_le_bytes(bytes[bytes.len() - 16..bytes.len() - 12].try_into().expect("4")) as usize;
+        bytes[..bytes.len() - body - 24].to_vec()
+    };
+    for f in &files {
+        let to = without.path().join(f.strip_prefix(with.path()).expect("under"));
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&to, strip(&std::fs::read(f).expect("read"))).expect("write");
+        assert_eq!(read_summary(&to).expect("read"), SummaryRead::Absent);
+    }
+    let run = |dir: &Path, code: i32| {
+        let out = analyze(&[
+            "report",
+            "--scope",
+            "cluster,tor_pair,tor,rnic,pair",
+            "--format",
+            "json",
+            "--range-records",
+            "2000",
+            dir.to_str().expect("utf-8"),
+        ]);
+        assert_eq!(out.status.code(), Some(code), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).expect("json")
+    };
+    let (a, b) = (run(with.path(), 0), run(without.path(), 0));
+    assert!(a["rows"].as_array().is_some_and(|r| r.len() > 50), "{a}");
+    assert!(a["meta"]["records"].as_u64().is_some_and(|n| n > 10_000), "{a}");
+    assert_eq!(a, b, "planned from summaries and from whole files");
+
+    // A forgery: one file's summary renames an RNIC of its dictionary (checksum made right).
+    let victim = &files[1];
+    let SummaryRead::Found(s) = read_summary(victim).expect("read") else { panic!("no summary: {victim:?}") };
+    let mut forged = s.facts.clone();
+    forged.dictionary[1].name = "forged-h9/mlx5_0".into();
+    let mut bytes = strip(&std::fs::read(victim).expect("read"));
+    bytes.extend_from_slice(&forged.frame());
+    std::fs::write(victim, bytes).expect("write");
+    // Damaged input: exit 1 (the report is still written), the file said once though it
+    // spans several ranges.
+    let c = run(with.path(), 1);
+    let problems = c["meta"]["problems"].as_array().expect("problems");
+    let said = problems
+        .iter()
+        .filter(|p| p.to_string().contains("could not be read again") && p.to_string().contains("with other entries"))
+        .count();
+    assert_eq!(said, 1, "{problems:?}");
+    assert_eq!(
+        c["meta"]["records"].as_u64(),
+        a["meta"]["records"].as_u64().map(|n| n - s.facts.records),
+        "the forged file's records are left out"
+    );
+    assert!(!c.to_string().contains("forged-h9"), "nothing is read under the forged dictionary");
+}

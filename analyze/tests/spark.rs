@@ -1,15 +1,20 @@
 //! The SLA report as a Spark SQL job (analyze/spark/sla_report.py), run by pyspark in local mode
 //! over `analyze export --partitioned`, checked row by row against `analyze report` on the same
-//! segments (analyze/spark/compare.py: every count and quantile equal).
+//! segments (analyze/spark/compare.py: every count and quantile equal), in every scope the job
+//! mirrors.
 //!
 //! Needs a JRE and pyspark, so it is #[ignore]d in a plain `cargo test`; scripts/test installs
 //! both (analyze/spark/setup) and runs it with ROCEMESH_SPARK_PYTHON set.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
 mod common;
 use common::write_agents;
+
+/// The scopes both sides are asked for: every scope the Spark job mirrors (all but `service`).
+const SCOPES: [&str; 5] = ["cluster", "tor_pair", "tor", "rnic", "pair"];
 
 #[test]
 #[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
@@ -29,11 +34,12 @@ fn spark_sql_report_equals_analyze_report() {
         let out = Command::new(env!("CARGO_BIN_EXE_analyze")).args(args).output().expect("run analyze");
         assert_eq!(out.status.code(), Some(0), "analyze {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
+    let scopes = SCOPES.join(",");
     analyze(&["export".as_ref(), "--partitioned".as_ref(), dataset.as_os_str(), segs.as_os_str()]);
     analyze(&[
         "report".as_ref(),
         "--scope".as_ref(),
-        "cluster,tor,rnic".as_ref(),
+        scopes.as_ref(),
         "--window-s".as_ref(),
         "30".as_ref(),
         "--sla-loss".as_ref(),
@@ -46,7 +52,8 @@ fn spark_sql_report_equals_analyze_report() {
     ]);
     let out = Command::new(&python)
         .arg(spark_dir.join("sla_report.py"))
-        .args(["--window-s", "30", "--sla-loss", "0.01", "--driver-memory", "1g", "--input"])
+        .args(["--window-s", "30", "--sla-loss", "0.01", "--driver-memory", "1g"])
+        .args(["--scopes", scopes.as_str(), "--input"])
         .arg(&dataset)
         .arg("--output")
         .arg(&theirs)
@@ -65,7 +72,29 @@ fn spark_sql_report_equals_analyze_report() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no row count in {said}"));
-    // 16 minutes of 30 s windows: cluster, two ToRs and four RNICs in each.
-    assert!(rows >= 32 * 7, "too few rows compared: {said}");
+    // 16 minutes of 30 s windows: in each, cluster, four ToR pairs, two ToRs, four RNICs and
+    // sixteen RNIC pairs (self-probes included).
+    assert!(rows >= 32 * 27, "too few rows compared: {said}");
+    // compare.py finds the two row sets equal; a scope missing from both would pass it, so each
+    // file must have rows of every requested scope, and of no other.
+    for path in [&ours, &theirs] {
+        use polars::prelude::*;
+        let df = ParquetReader::new(std::fs::File::open(path).expect("open")).finish().expect("read parquet");
+        let scope = df.column("scope").expect("scope column").str().expect("str");
+        let entity = df.column("entity").expect("entity column").str().expect("str");
+        let keys: BTreeSet<(&str, &str)> =
+            (0..df.height()).filter_map(|i| Some((scope.get(i)?, entity.get(i)?))).collect();
+        let found: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
+        assert_eq!(found, SCOPES.into_iter().collect::<BTreeSet<_>>(), "{}: scopes of the rows", path.display());
+        // A self-probe is its own pair; same-ToR records have their own ToR pair.
+        for key in [
+            ("pair", "wa-h0/mlx5_0->wa-h0/mlx5_0"),
+            ("pair", "wb-h1/mlx5_0->wa-h0/mlx5_0"),
+            ("tor_pair", "tor-a->tor-a"),
+            ("tor_pair", "tor-b->tor-a"),
+        ] {
+            assert!(keys.contains(&key), "{}: no row {key:?}", path.display());
+        }
+    }
     eprintln!("{said}");
 }

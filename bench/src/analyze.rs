@@ -29,8 +29,9 @@ const RNICS_PER_TOR: usize = 32;
 const INTER_TOR_TARGETS: usize = 5;
 /// First probe time: window-aligned, fixed so reruns produce the same bytes.
 const START_UNIX_NS: u64 = 1_700_000_010_000_000_000;
-/// Bump when the generated data changes, so old directories are regenerated.
-const DATA_VERSION: u32 = 1;
+/// Bump when the generated data changes, so old directories are regenerated. 2: sealed files
+/// end in their summary.
+const DATA_VERSION: u32 = 2;
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -217,7 +217,7 @@ pub enum EndpointRole {
 }
 
 /// One entry of a segment's dictionary: who a compact id in the records stands for.
-#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, Default)]
 #[rkyv(derive(Debug))]
 pub struct Endpoint {
     /// The id records use. Ids are dense from 0 within a segment.
@@ -236,7 +236,7 @@ pub struct Endpoint {
 
 /// The RDMA connection a [`EndpointRole::Service`] endpoint stands for: enough for an operator to
 /// find the job (pid, command) and the QP pair (`rdma resource show qp lqpn N`).
-#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, Default)]
 #[rkyv(derive(Debug))]
 pub struct ServiceConn {
     /// Process that brought the QP to RTR (the thread group id).

@@ -17,6 +17,10 @@
 //! ...     zeros (the preallocated, not yet written part of an open segment)
 //! ```
 //!
+//! A sealed file is that layout (up to the end of its last frame) as one zstd frame, followed
+//! by a zstd skippable frame holding its summary (`summary`): what planning a read of the file
+//! needs, so that planning does not inflate it.
+//!
 //! Crash safety rests on two rules: a frame's payload is written before its header, and its
 //! header checksum last; and nothing already written is ever rewritten. After `kill -9` at any
 //! moment the page cache holds a prefix of frames plus at most one torn frame, which the reader
@@ -25,6 +29,7 @@
 mod layout;
 mod reader;
 mod seal;
+mod summary;
 mod writer;
 
 use std::path::PathBuf;
@@ -32,6 +37,10 @@ use std::path::PathBuf;
 pub use layout::{FORMAT_VERSION, FrameKind, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, WriterIdentity};
 pub use reader::{Damage, DamageKind, SegmentReader};
 pub use seal::{Eviction, SealReport, enforce_quota, seal};
+pub use summary::{
+    LONG_GAP_FACTOR, LONG_GAP_MIN_NS, SUMMARY_VERSION, SealedSummary, SendGaps, Summary, SummaryRead, read_summary,
+    send_gaps,
+};
 pub use writer::{SegmentWriter, WriteMode, WriterConfig, WriterStats};
 
 /// Everything that can go wrong with a segment file. Each variant names the file; its message

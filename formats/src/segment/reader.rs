@@ -14,10 +14,11 @@ use memmap2::Mmap;
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::vec::ArchivedVec;
+use rkyv::{Archive, Deserialize, Serialize};
 
 use super::layout::{
-    CloseBlock, FRAME_HEADER_BYTES, FrameHeaderError, FrameKind, HEADER_BYTES, HeaderProblem, IDENTITY_OFFSET,
-    WriterIdentity, decode_close, decode_frame_header, decode_header, frame_span,
+    CloseBlock, FRAME_HEADER_BYTES, FrameHeaderError, FrameKind, HEADER_BYTES, HeaderFields, HeaderProblem,
+    IDENTITY_OFFSET, WriterIdentity, decode_close, decode_frame_header, decode_header, frame_span,
 };
 use super::{FORMAT_VERSION, SegmentError, io_err};
 use crate::record::{
@@ -31,7 +32,8 @@ const MAX_DECOMPRESSED_BYTES: u64 = 4 << 30;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
 /// What kind of damage a segment had.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
 pub enum DamageKind {
     /// The last frame is incomplete: the writer died mid-write. Expected after a crash.
     TornTail,
@@ -46,7 +48,8 @@ pub enum DamageKind {
 }
 
 /// One thing the reader had to skip, and where.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
 pub struct Damage {
     /// Byte offset in the (decompressed) segment.
     pub offset: u64,
@@ -127,20 +130,7 @@ impl SegmentReader {
 
     fn validate(path: PathBuf, bytes: Bytes) -> Result<Self, SegmentError> {
         let b = bytes.as_slice();
-        let header = decode_header(b).map_err(|p| match p {
-            HeaderProblem::Foreign => SegmentError::Foreign { path: path.clone(), found: hex(&b[..b.len().min(8)]) },
-            HeaderProblem::Version(found) => {
-                SegmentError::UnsupportedVersion { path: path.clone(), found, supported: FORMAT_VERSION }
-            }
-            HeaderProblem::Damaged(reason) => SegmentError::BadHeader { path: path.clone(), reason },
-        })?;
-        if !READABLE_SCHEMA_HASHES.contains(&header.schema_hash) {
-            return Err(SegmentError::SchemaMismatch { path, found: header.schema_hash, expected: SCHEMA_HASH });
-        }
-        let id_bytes = &b[IDENTITY_OFFSET..IDENTITY_OFFSET + header.identity_len as usize];
-        let identity = rkyv::from_bytes::<WriterIdentity, rancor::Error>(id_bytes)
-            .map_err(|e| SegmentError::BadHeader { path: path.clone(), reason: format!("writer identity: {e}") })?;
-
+        let (header, identity) = header_page(&path, b)?;
         let mut damage = Vec::new();
         let close = match decode_close(b) {
             Ok(c) => c,
@@ -278,6 +268,29 @@ impl SegmentReader {
     pub(crate) fn chunk_count(&self) -> usize {
         self.probe_chunks.len()
     }
+}
+
+/// The header page of the segment whose bytes start `b`, checked as [`SegmentReader::open`]
+/// checks it: magic, version, checksum, schema, and the writer identity.
+pub(super) fn header_page(path: &Path, b: &[u8]) -> Result<(HeaderFields, WriterIdentity), SegmentError> {
+    let header = decode_header(b).map_err(|p| match p {
+        HeaderProblem::Foreign => SegmentError::Foreign { path: path.into(), found: hex(&b[..b.len().min(8)]) },
+        HeaderProblem::Version(found) => {
+            SegmentError::UnsupportedVersion { path: path.into(), found, supported: FORMAT_VERSION }
+        }
+        HeaderProblem::Damaged(reason) => SegmentError::BadHeader { path: path.into(), reason },
+    })?;
+    if !READABLE_SCHEMA_HASHES.contains(&header.schema_hash) {
+        return Err(SegmentError::SchemaMismatch {
+            path: path.into(),
+            found: header.schema_hash,
+            expected: SCHEMA_HASH,
+        });
+    }
+    let id_bytes = &b[IDENTITY_OFFSET..IDENTITY_OFFSET + header.identity_len as usize];
+    let identity = rkyv::from_bytes::<WriterIdentity, rancor::Error>(id_bytes)
+        .map_err(|e| SegmentError::BadHeader { path: path.into(), reason: format!("writer identity: {e}") })?;
+    Ok((header, identity))
 }
 
 struct Scan<'a> {
@@ -423,28 +436,90 @@ impl Scan<'_> {
     }
 }
 
-fn decompress(path: &Path, file: File) -> Result<AlignedVec<16>, SegmentError> {
+/// Inflates a sealed segment whole. Its zstd frame states its size (the sealer pledges it), so
+/// the file is inflated in one call into a buffer of exactly that size: streaming it through a
+/// small buffer into a growing one cost a copy of every byte and the growth's copies besides. A
+/// frame that does not state its size (not the sealer's) is streamed, under the same limit.
+fn decompress(path: &Path, mut file: File) -> Result<AlignedVec<16>, SegmentError> {
     let bad = |reason: String| SegmentError::BadSealed { path: path.into(), reason };
-    let mut file = file;
+    let len = file.metadata().map_err(io_err(path, "stat sealed segment"))?.len();
+    // zstd never makes data much larger than it was: a file this size cannot be a segment.
+    if len > MAX_DECOMPRESSED_BYTES + (MAX_DECOMPRESSED_BYTES >> 6) {
+        return Err(bad(format!(
+            "{len} bytes is more than any sealed segment ({MAX_DECOMPRESSED_BYTES} bytes inflated)"
+        )));
+    }
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(io_err(path, "seek"))?;
-    let mut dec = zstd::stream::read::Decoder::new(file).map_err(|e| bad(e.to_string()))?;
+    let mut src = Vec::with_capacity(len as usize);
+    file.read_to_end(&mut src).map_err(io_err(path, "read sealed segment"))?;
     // Look at the first bytes before inflating the rest: a foreign .zst is refused cheaply.
     let mut head = [0u8; 8];
-    let got = read_up_to(&mut dec, &mut head).map_err(|e| bad(e.to_string()))?;
+    let mut peek = zstd::stream::read::Decoder::with_buffer(&src[..]).map_err(|e| bad(e.to_string()))?;
+    let got = read_up_to(&mut peek, &mut head).map_err(|e| bad(e.to_string()))?;
     if got < 8 || head != super::layout::SEGMENT_MAGIC {
         return Err(SegmentError::Foreign {
             path: path.into(),
             found: format!("zstd data starting with {}", hex(&head[..got])),
         });
     }
+    let size = match zstd::zstd_safe::get_frame_content_size(&src) {
+        Ok(Some(size)) => size,
+        Ok(None) => return stream(path, &src),
+        Err(e) => return Err(bad(format!("zstd frame header: {e:?}"))),
+    };
+    if size >= MAX_DECOMPRESSED_BYTES {
+        return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
+    }
+    let mut out = AlignedVec::<16>::with_capacity(size as usize);
+    let mut dctx = zstd::zstd_safe::DCtx::create();
+    // More frames than the first (a forged file) do not fit the buffer and fail here; skippable
+    // frames (the summary) are skipped.
+    let n = dctx
+        .decompress(&mut Filling(&mut out), &src)
+        .map_err(|code| bad(zstd::zstd_safe::get_error_name(code).to_owned()))?;
+    if n as u64 != size {
+        return Err(bad(format!("inflated to {n} bytes where its frame header says {size}")));
+    }
+    Ok(out)
+}
+
+/// [`decompress`] for a frame that does not state its size.
+fn stream(path: &Path, src: &[u8]) -> Result<AlignedVec<16>, SegmentError> {
+    let bad = |reason: String| SegmentError::BadSealed { path: path.into(), reason };
+    let dec = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| bad(e.to_string()))?;
     let mut out = AlignedVec::<16>::new();
-    out.extend_from_slice(&head);
     let mut limited = dec.take(MAX_DECOMPRESSED_BYTES);
     std::io::copy(&mut limited, &mut out).map_err(|e| bad(e.to_string()))?;
     if out.len() as u64 >= MAX_DECOMPRESSED_BYTES {
         return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
     }
     Ok(out)
+}
+
+/// An empty [`AlignedVec`] zstd inflates into, up to its capacity, without zeroing it first.
+struct Filling<'a>(&'a mut AlignedVec<16>);
+
+// SAFETY: `as_slice` covers the initialised part only (the vector's length); `as_mut_ptr` and
+// `capacity` describe the vector's own allocation, which zstd never writes past; and
+// `filled_until` is called by zstd-safe only with the count zstd reports having written from the
+// start of that allocation.
+unsafe impl zstd::zstd_safe::WriteBuf for Filling<'_> {
+    fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+
+    unsafe fn filled_until(&mut self, n: usize) {
+        // SAFETY: see the impl: the first `n` bytes were written by zstd.
+        unsafe { self.0.set_len(n) }
+    }
 }
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {

@@ -3,7 +3,7 @@
 //! Sealing runs off the shard's hot path (a sealer thread in the agent, or at start-up for
 //! segments a crashed agent left open). It never loses data: the compressed copy is written to
 //! a temporary name, fsync'd, read back and validated, and only then renamed into place and the
-//! original removed.
+//! original removed. The compressed copy ends in its summary (`summary`), checked the same way.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::layout::{CloseBlock, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, encode_close};
 use super::reader::{Damage, DamageKind, SegmentReader};
+use super::summary::{SealedSummary, SummaryRead, read_summary};
 use super::writer::{lock_exclusive, sync_dir};
 use super::{SegmentError, io_err};
 
@@ -110,6 +111,10 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
         },
     );
 
+    // What the sealed copy will hold, for planners that must not inflate it (`summary`): the
+    // source's facts, with the damage a reader of the copy reports (a torn tail is not copied).
+    let summary = SealedSummary::of(&source, carried.clone());
+
     // A stale temporary is a previous seal that died before its rename: ours, incomplete.
     let _ = std::fs::remove_file(&tmp_path);
     let file = OpenOptions::new().write(true).create_new(true).open(&tmp_path).map_err(io_err(&tmp_path, "create"))?;
@@ -119,7 +124,9 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
         enc.include_checksum(true)?;
         enc.write_all(&header)?;
         enc.write_all(&raw[HEADER_BYTES..end])?;
-        let file = enc.finish()?.into_inner().map_err(|e| e.into_error())?;
+        let mut out = enc.finish()?;
+        out.write_all(&summary.frame())?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         Ok(file)
     };
@@ -130,16 +137,21 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
 
     // The other side of the write: read the sealed copy back and insist it holds exactly what
     // the source held, before the source goes away.
+    // The summary too: found, agreeing with the header, and what the copy's own reader says.
     let check = SegmentReader::open(&tmp_path);
-    let verified = match &check {
-        Ok(r) => {
+    let summary_back = read_summary(&tmp_path);
+    let verified = match (&check, &summary_back) {
+        (Ok(r), Ok(SummaryRead::Found(back))) => {
             r.records() == source.records()
                 && r.is_closed()
                 && r.damage().iter().all(|d| d.kind == DamageKind::CorruptChunk)
                 && r.damage().len() == carried.len()
                 && r.dictionary() == source.dictionary()
+                && back.facts == summary
+                && back.facts == SealedSummary::of(r, r.damage().to_vec())
+                && back.identity == *r.identity()
         }
-        Err(_) => false,
+        _ => false,
     };
     if !verified {
         let _ = std::fs::remove_file(&tmp_path);
@@ -147,9 +159,19 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
             path: tmp_path,
             reason: format!(
                 "read-back of the sealed copy does not match the source ({}): source kept",
-                match check {
-                    Ok(r) => format!("{} records vs {}, damage {:?}", r.records(), source.records(), r.damage()),
-                    Err(e) => e.to_string(),
+                match (check, summary_back) {
+                    (Ok(r), Ok(back)) => format!(
+                        "{} records vs {}, damage {:?}, summary {}",
+                        r.records(),
+                        source.records(),
+                        r.damage(),
+                        match back {
+                            SummaryRead::Found(_) => "found".to_owned(),
+                            SummaryRead::Absent => "absent".to_owned(),
+                            SummaryRead::Unusable(why) => why,
+                        }
+                    ),
+                    (Err(e), _) | (_, Err(e)) => e.to_string(),
                 }
             ),
         });

@@ -554,3 +554,91 @@ fn an_unwritable_directory_is_an_error_naming_it_and_records_are_counted_as_drop
     let r = SegmentReader::open(&closed[0]).expect("open");
     assert_eq!(all_records(&r), (4..8).map(rec).collect::<Vec<_>>());
 }
+
+/// The summary a sealed file ends in: what its reader says, found without inflating the data;
+/// a file without one, or with a damaged or foreign one, is said to be so and still reads whole.
+#[test]
+fn a_sealed_segment_carries_a_summary_of_what_its_reader_says() {
+    // Records over 3 s, a second-long stall in the middle, a corrupt chunk carried as evidence.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 8);
+    let t1 = |i: u64| T0 + i * 50_000_000 + if i >= 20 { 1_000_000_000 } else { 0 };
+    for i in 0..40 {
+        w.append(&ProbeRecord { t1_unix_ns: t1(i), ..rec(i) }).expect("append");
+    }
+    let open = w.finish().expect("finish").remove(0);
+    let mut bytes = std::fs::read(&open).expect("read");
+    let dict_len = u32::from_le_bytes(bytes[HEADER_BYTES + 8..HEADER_BYTES + 12].try_into().expect("4")) as usize;
+    let first = HEADER_BYTES + layout::frame_span(dict_len);
+    bytes[first + FRAME_HEADER_BYTES + 3] ^= 0x40;
+    std::fs::write(&open, &bytes).expect("write");
+    let sealed = seal(&open, 3).expect("seal").sealed_path;
+
+    let r = SegmentReader::open(&sealed).expect("the reader skips the summary's frame");
+    assert_eq!((r.records(), r.damage().len()), (32, 1));
+    let SummaryRead::Found(s) = read_summary(&sealed).expect("read") else { panic!("no summary") };
+    assert_eq!(s.facts, SealedSummary::of(&r, r.damage().to_vec()));
+    assert_eq!((s.identity, s.created_unix_ns), (identity(), r.created_unix_ns()));
+    // Every record is in its second; the stall is the one long gap.
+    let (sec0, per) = (T0 / 1_000_000_000, &s.facts.per_second);
+    assert_eq!(per.iter().map(|p| p.1).sum::<u64>(), 32);
+    assert!(per.iter().all(|&(sec, _)| (sec0..sec0 + 4).contains(&sec)), "{per:?}");
+    assert_eq!(s.facts.send_gaps.long, vec![(t1(19), t1(20) - t1(19))]);
+    assert_eq!(s.facts.first_prober, Some(0));
+
+    let sealed_bytes = std::fs::read(&sealed).expect("read");
+    let frame = s.facts.frame();
+    assert!(sealed_bytes.ends_with(&frame));
+    let data_len = sealed_bytes.len() - frame.len();
+    // Any zstd decoder skips it: streaming the file gives exactly what its data frame holds.
+    let inflated = zstd::stream::decode_all(&sealed_bytes[..]).expect("inflate");
+    assert_eq!(inflated, zstd::stream::decode_all(&sealed_bytes[..data_len]).expect("inflate the data frame"));
+    assert_eq!(inflated[..8], *b"ROCEMSEG");
+    let variant = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(format!("{name}{SEALED_SUFFIX}"));
+        std::fs::write(&p, bytes).expect("write");
+        p
+    };
+    // Sealed by a build before summaries: absent, and the file reads as before.
+    let bare = variant("bare", &sealed_bytes[..data_len]);
+    assert_eq!(read_summary(&bare).expect("read"), SummaryRead::Absent);
+    assert_eq!(SegmentReader::open(&bare).expect("open").records(), 32);
+    // A flipped bit in the body: unusable, said why; the data still reads.
+    let mut flipped = sealed_bytes.clone();
+    flipped[data_len + 20] ^= 1;
+    let flipped = variant("flipped", &flipped);
+    assert!(matches!(read_summary(&flipped), Ok(SummaryRead::Unusable(why)) if why.contains("checksum")));
+    assert_eq!(SegmentReader::open(&flipped).expect("open").records(), 32);
+    // Another version, and a length that does not fit.
+    let mut other = sealed_bytes.clone();
+    let v = other.len() - 8;
+    other[v] = 9;
+    assert!(
+        matches!(read_summary(&variant("v9", &other)), Ok(SummaryRead::Unusable(why)) if why.contains("version 9"))
+    );
+    let mut long = sealed_bytes.clone();
+    let l = long.len() - 16;
+    long[l..l + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(
+        matches!(read_summary(&variant("long", &long)), Ok(SummaryRead::Unusable(why)) if why.contains("does not fit"))
+    );
+    // A summary whose counts disagree with the close block (a forgery that kept its checksum).
+    let mut forged = s.facts.clone();
+    forged.records += 1;
+    let mut bytes = sealed_bytes[..data_len].to_vec();
+    bytes.extend_from_slice(&forged.frame());
+    assert!(
+        matches!(read_summary(&variant("forged", &bytes)), Ok(SummaryRead::Unusable(why)) if why.contains("close block"))
+    );
+    // An open segment has none; a foreign file is refused as the reader refuses it.
+    let (_d, open2) = one_segment(10, 4);
+    assert_eq!(read_summary(&open2).expect("read"), SummaryRead::Absent);
+    let mut foreign = compress_foreign();
+    foreign.extend_from_slice(&frame);
+    assert!(matches!(read_summary(&variant("foreign", &foreign)), Err(SegmentError::Foreign { .. })));
+}
+
+/// A zstd file that is no segment.
+fn compress_foreign() -> Vec<u8> {
+    zstd::bulk::compress(&[7u8; 5000], 3).expect("compress")
+}
