@@ -681,6 +681,7 @@ struct Head {
 }
 
 impl Head {
+    /// `Err`: the file cannot be read, and why.
     fn of(path: &std::path::Path) -> Result<Head, String> {
         let unusable_summary = match read_summary(path) {
             Ok(SummaryRead::Found(s)) => {
