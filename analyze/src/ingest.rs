@@ -711,6 +711,19 @@ impl Head {
     }
 }
 
+/// Whether `r` holds what the first pass planned `f` from: the same records and dictionary. An
+/// open segment may have grown since (its writer still appends: `analyze` run on a live agent's
+/// directory); a writer never rewrites, so its planned part must be unchanged.
+fn as_planned(r: &SegmentReader, f: &Planned) -> bool {
+    let (entries, hash) = f.dictionary;
+    let d = r.dictionary();
+    if r.is_sealed() {
+        r.records() as usize == f.records && d.len() == entries && dictionary_hash(d) == hash
+    } else {
+        r.records() as usize >= f.records && d.len() >= entries && dictionary_hash(&d[..entries]) == hash
+    }
+}
+
 /// Tells a file's dictionary from another's, so that a file whose records are read is the one
 /// its first pass planned (a summary could be forged, a file replaced).
 fn dictionary_hash(d: &[Endpoint]) -> u64 {
@@ -826,11 +839,7 @@ impl Plan {
         for (&i, r) in chosen.iter().zip(opened) {
             let f = &self.files[i];
             match r {
-                Ok(r) if r.records() as usize == f.records
-                    && (r.dictionary().len(), dictionary_hash(r.dictionary())) == f.dictionary =>
-                {
-                    readers.push((i, r))
-                }
+                Ok(r) if as_planned(&r, f) => readers.push((i, r)),
                 // Not what the first pass planned from: a summary that lied (a sealed file's
                 // plan comes from it), or another file put in its place since.
                 Ok(r) => self.left_out(i, FileProblem {

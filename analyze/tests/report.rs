@@ -403,6 +403,63 @@ fn read_a_window_at_a_time_the_report_is_the_same() {
     assert_eq!(whole["rows"], apart["rows"], "same rows, same order");
 }
 
+/// `analyze` run on a live agent's directory: the open segment grows between the plan and the
+/// read. The records it held when planned are read, and it is not taken for a changed file.
+#[test]
+fn an_open_segment_that_grew_since_the_plan_is_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.chunk_records = 4;
+    let id = WriterIdentity {
+        host: "live-h0".into(),
+        device: "mlx5_0".into(),
+        tor: "tor-a".into(),
+        agent_epoch: 1,
+        tool: "report-test".into(),
+    };
+    let mut w = SegmentWriter::new(cfg, id).expect("writer");
+    let me = w.endpoint(EndpointRole::Rnic, "live-h0/mlx5_0", "tor-a", [0; 16]);
+    let peer = w.endpoint(EndpointRole::Rnic, "live-h1/mlx5_0", "tor-a", [1; 16]);
+    let start = (T0 / WINDOW_NS + 1) * WINDOW_NS;
+    let rec = |i: u64| ProbeRecord {
+        t1_unix_ns: start + i * 100_000_000,
+        seq: i,
+        network_rtt_ns: 5_000,
+        prober_delay_ns: 1_000,
+        responder_delay_ns: 1_000,
+        prober: me,
+        target: peer,
+        flow_label: 1,
+        responder_epoch: 1,
+        kind: 0,
+        outcome: Outcome::Ok as u8,
+        arrived: Arrived::ALL.0,
+        ts_source: TsSource::KernelSoftware as u8,
+    };
+    for i in 0..8 {
+        w.append(&rec(i)).expect("append");
+    }
+    w.flush().expect("flush");
+    let files = find_segments(&[dir.path().to_path_buf()]).expect("list");
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut plan = rocemesh_analyze::ingest::plan(&files, Fields::Report, None, WINDOW_NS);
+    assert_eq!(plan.records(), 8);
+    // The agent goes on writing, in the same window and with a new dictionary entry.
+    let third = w.endpoint(EndpointRole::Rnic, "live-h2/mlx5_0", "tor-a", [2; 16]);
+    for i in 8..16 {
+        w.append(&ProbeRecord { target: third, ..rec(i) }).expect("append");
+    }
+    w.flush().expect("flush");
+    let mut read = 0;
+    for (from, to) in plan.ranges(1) {
+        read += plan.read(from, to).len();
+    }
+    let ds = plan.finish();
+    assert!(ds.problems.iter().all(|p| !p.problem.contains("could not be read again")), "{:?}", ds.problems);
+    assert!(read >= 8, "the planned records are read: {read}");
+    drop(w);
+}
+
 #[test]
 fn a_file_gone_between_the_passes_is_said_and_not_counted() {
     let (_dir, seg, recs) = fleet();
