@@ -17,7 +17,8 @@
 //!    and when a host delay is a stall.
 //! 2. `Noise`: when each host was noise, as spans of time: its own send gaps (a frozen host's
 //!    timers fire late) and host delays above the stall threshold. Noisy hosts become `host`
-//!    findings.
+//!    findings. Short of a stall, a host may be busy in a window ([`BUSY_SHARE`]): its
+//!    host-stamped RTTs there are loss evidence but no slowness evidence.
 //! 3. `tally`: the one pass over the records: counters per (window, prober, target, label),
 //!    leaving out probes that met a stall, and when each prober first heard a restarted target.
 //! 4. `Exclusions`: probes to an RNIC whose agent was not running, and to a restarted agent
@@ -80,6 +81,7 @@ use serde::Serialize;
 use crate::ingest::{Dataset, NO_SERVICE, Probes, Resolution, UNKNOWN_RNIC, UnmappedHop};
 use crate::probe::{Class, Sla, TS_CODES, TsSources, ts_code, ts_name};
 use crate::report::nearest_rank_index;
+use rocemesh_formats::record::TsSource;
 
 /// Tunables. The defaults are starting points, checked against the generated scenario suite
 /// (`analyze/tests/accuracy.rs`), not fitted to the public examples.
@@ -96,7 +98,8 @@ pub struct Options {
     /// about: half of Pingmesh's 0.1% alert, because a link losing 0.1% of its packets loses
     /// about 0.1% of the probes that cross it, and the bar must sit below what it should catch)...
     pub loss_ratio_min: f64,
-    /// ...or this share of its ok probes slow...
+    /// ...or this share of its ok probes slow (of those the window's null leaves fast, when
+    /// the fleet is slow as a whole: `ratio_bar`)...
     pub slow_ratio_min: f64,
     /// ...and at least this many times the fleet's own bad share in the same window (the null:
     /// the lower quartile over RNICs), so that a fabric-wide slowdown is not pinned on one
@@ -223,6 +226,12 @@ pub struct NotEvidence {
     pub unknown_rnic: u64,
     /// Sent from or to a host while it stalled (or within the stall pad of it).
     pub host_noise: u64,
+    /// Ok probes whose RTT was no slowness evidence (still loss evidence): stamped by the host
+    /// (`kernel_software`, `host_poll`), so their RTT holds a host's own kernel or polling,
+    /// and sent from or to a host that was busy in the window ([`BUSY_SHARE`]).
+    pub busy_host_rtt: u64,
+    /// Busy hosts: windows busy, by host name.
+    pub busy_host_windows: BTreeMap<String, u64>,
 }
 
 /// What localisation saw and concluded.
@@ -476,6 +485,11 @@ impl Baselines {
             .map_or(self.noise_default_ns, |b| b.host_noise_threshold_ns)
     }
 
+    /// The fleet's p99 host delay of `ts_source`, ns; `None` without a baseline.
+    fn host_delay_p99_ns(&self, ts_source: u8) -> Option<i64> {
+        self.by_code[usize::from(ts_code(ts_source))].iter().flatten().next().map(|b| b.host_delay_ns_p99)
+    }
+
     /// Every baseline, in (source, scope) order.
     fn all(&self) -> impl Iterator<Item = &Baseline> {
         self.by_code.iter().flatten().flatten()
@@ -657,6 +671,25 @@ impl Agents {
 /// hiccup; three within a stall's reach, one of them at least 100 ms late, are a frozen host).
 const STALLS_MIN: u32 = 3;
 
+/// A host is busy in a window when at least this share of its own host delays there (its
+/// prober delays, and its responder delays when answering) lie above the fleet's p99 host
+/// delay of the probe's timestamp source: five times the rate at which the fleet's own do.
+/// Its host-stamped RTTs are then no slowness evidence. Such a source's network RTT is taken in
+/// the hosts' kernels (software socket stamps) or by their polling threads, so it holds the
+/// host's own delays too: a busy host (a core shared with a training job's threads, a vCPU
+/// with steal time) makes its RNIC look slow to every peer, both ways, the signature of a slow
+/// RNIC. The Clos testbed's CI run named two RNICs of one core so (61% and 54% of their probes
+/// slow against the fleet's 25%). Its host delays rise with it; a NIC's stamps do not
+/// see it and are not affected by this rule.
+pub const BUSY_SHARE: f64 = 0.05;
+/// ...and at least this many of them, so that a host probed little is not busy by chance.
+pub const BUSY_MIN_DELAYED: u32 = 10;
+
+/// Whether probes stamped by `ts_source` carry their hosts' own delays in their network RTT.
+fn host_in_rtt(ts_source: u8) -> bool {
+    matches!(TsSource::from_u8(ts_source), Some(TsSource::HostPoll | TsSource::KernelSoftware))
+}
+
 /// When each host was noise, from its own files: send gaps far beyond its usual spacing (a
 /// frozen host's timers fire late), and host delays above the stall threshold. Probes are
 /// excluded by time, not by window: a stall in a window's last millisecond used to throw the
@@ -666,6 +699,9 @@ struct Noise {
     spans: Vec<Vec<(u64, u64)>>,
     /// (host, window) -> why it is noise: the `host` findings.
     windows: BTreeMap<(u32, u32), String>,
+    /// (host, window) -> (own host delays above the fleet's p99, own host delays) where the
+    /// host was busy ([`BUSY_SHARE`]), counted over host-stamped ok probes only.
+    busy: BTreeMap<(u32, u32), (u32, u32)>,
     pad_ns: u64,
     lost_pad_ns: u64,
 }
@@ -696,6 +732,7 @@ impl Noise {
         let p = &ds.probes;
         // (host, start, end, RNIC, answering, the late delay), ns.
         let mut events: Vec<(u32, u64, u64, u32, bool, u64)> = Vec::new();
+        let mut own: HashMap<(u32, u32), (u32, u32)> = HashMap::new();
         for i in 0..p.len() {
             let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
             if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
@@ -703,6 +740,16 @@ impl Noise {
             }
             let noise_ns = base.noise_ns(p.ts_source[i]);
             let (pd, rd) = (i64::from(p.prober_delay_ns[i]), i64::from(p.responder_delay_ns[i]));
+            if host_in_rtt(p.ts_source[i])
+                && let Some(p99_ns) = base.host_delay_p99_ns(p.ts_source[i])
+            {
+                let w = win(p.t1_unix_ns[i]);
+                for (host, delay_ns) in [(hosts.of_rnic[pr], pd), (hosts.of_rnic[tg], rd)] {
+                    let c = own.entry((host, w)).or_default();
+                    c.0 += u32::from(delay_ns > p99_ns);
+                    c.1 += 1;
+                }
+            }
             if pd <= noise_ns && rd <= noise_ns {
                 continue;
             }
@@ -757,7 +804,22 @@ impl Noise {
         for s in &mut spans {
             s.sort_unstable();
         }
-        Noise { spans, windows, pad_ns: opts.stall_pad_ns, lost_pad_ns: opts.stall_pad_ns + opts.clock_offset_max_ns }
+        let busy = own
+            .into_iter()
+            .filter(|&(_, (delayed, n))| delayed >= BUSY_MIN_DELAYED && f64::from(delayed) >= BUSY_SHARE * f64::from(n))
+            .collect();
+        Noise {
+            spans,
+            windows,
+            busy,
+            pad_ns: opts.stall_pad_ns,
+            lost_pad_ns: opts.stall_pad_ns + opts.clock_offset_max_ns,
+        }
+    }
+
+    /// Whether `host` was busy in window `w` ([`BUSY_SHARE`]).
+    fn busy(&self, host: u32, w: u32) -> bool {
+        !self.busy.is_empty() && self.busy.contains_key(&(host, w))
     }
 
     /// Whether a probe sent at `t_ns` from or to `host` met its stall, `pad_ns` either side.
@@ -926,11 +988,15 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
         match class {
             Class::Ok => {
                 let ts = p.ts_source[i];
-                a.ok = 1;
                 a.valid = 1;
-                a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > base.slow_ns(ts, is_inter(p, tor_of, i)));
-                if a.slow > 0 {
-                    a.slow_ts = TsSources::of(ts).0;
+                if host_in_rtt(ts) && (noise.busy(hp, w) || noise.busy(ht, w)) {
+                    t.not_evidence.busy_host_rtt += 1;
+                } else {
+                    a.ok = 1;
+                    a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > base.slow_ns(ts, is_inter(p, tor_of, i)));
+                    if a.slow > 0 {
+                        a.slow_ts = TsSources::of(ts).0;
+                    }
                 }
                 if let Some(list) = restarts.get(&tg) {
                     for &(_, back) in list {
@@ -974,6 +1040,9 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
     }
     for (rnic, &n) in local_drops.iter().enumerate().filter(|(_, n)| **n > 0) {
         t.not_evidence.local_drop_by_prober.insert(ds.rnics[rnic].name.clone(), n);
+    }
+    for &(host, _) in noise.busy.keys() {
+        *t.not_evidence.busy_host_windows.entry(hosts.names[host as usize].clone()).or_default() += 1;
     }
     t.acc = acc.into_iter().collect();
     t.acc.sort_unstable_by_key(|e| e.0);
@@ -1377,6 +1446,22 @@ fn absorb_edges(e: &Evidence, held: &mut Held) {
     }
 }
 
+/// The share of its probes an element must have bad to be a candidate, against the window's
+/// null share. Loss: `loss_ratio_min`. Slowness: `slow_ratio_min` at the null's floor (the
+/// healthy 1% above a p99), and when the whole fleet is slower than that, `slow_ratio_min` of
+/// the probes that the fleet's extra slowness left fast. A probe is slow above a fixed
+/// threshold, so a fleet slowed as a whole pushes many healthy probes past it, and a small
+/// extra shift of a few RNICs (their hosts' share of a busy machine) doubles their share: the
+/// Clos testbed's CI run named two RNICs at 61% and 54% slow against a null of 25% (bar here:
+/// 62%). A slow element adds its delay to every probe crossing it, far above this bar.
+fn ratio_bar(slowness: bool, opts: &Options, null: f64) -> f64 {
+    if !slowness {
+        return opts.loss_ratio_min;
+    }
+    let shift = ((null - opts.slow_null_floor) / (1.0 - opts.slow_null_floor)).max(0.0);
+    opts.slow_ratio_min + (1.0 - opts.slow_ratio_min) * shift
+}
+
 /// What [`smallest_detectable`] is asked about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
@@ -1392,10 +1477,11 @@ pub enum Signal {
 /// (element, window) tests must pass (llr >= ln(tests / fdr)). `None` when no share can be (too
 /// few probes for `lost_min`). This is the table in ARCHITECTURE.md, "Localisation".
 pub fn smallest_detectable(probes: u32, signal: Signal, opts: &Options, tests: u64, power: f64) -> Option<f64> {
-    let (null, ratio_min) = match signal {
-        Signal::Loss => (opts.loss_null_floor, opts.loss_ratio_min),
-        Signal::Slowness => (opts.slow_null_floor, opts.slow_ratio_min),
+    let null = match signal {
+        Signal::Loss => opts.loss_null_floor,
+        Signal::Slowness => opts.slow_null_floor,
     };
+    let ratio_min = ratio_bar(signal == Signal::Slowness, opts, null);
     let cut = (tests as f64 / opts.fdr).ln();
     let n = probes;
     let named = |k: u32| {
@@ -1744,10 +1830,7 @@ fn cover(
     null: Null,
 ) -> Vec<(u32, f64, u32, u32)> {
     let count = counter(mode);
-    let min_ratio = match mode {
-        Mode::Slow => opts.slow_ratio_min,
-        Mode::Lossy => opts.loss_ratio_min,
-    };
+    let min_ratio = ratio_bar(mode == Mode::Slow, opts, null.share);
     let candidate = |(bad, total): (u32, u32)| -> Option<f64> {
         if bad < opts.lost_min || total == 0 {
             return None;
@@ -1899,15 +1982,18 @@ pub fn render_table(l: &Localization) -> String {
     render_unmapped_hops(&mut s, &l.unmapped_hops);
     let ne = &l.not_evidence;
     if !ne.local_drop_by_prober.is_empty() {
-        let mut worst: Vec<(&String, &u64)> = ne.local_drop_by_prober.iter().collect();
-        worst.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        let shown: Vec<String> = worst.iter().take(5).map(|(n, c)| format!("{n} {c}")).collect();
-        let more = worst.len().saturating_sub(5);
         let _ = writeln!(
             s,
-            "probes dropped on their prober's own host (not network evidence): {}{}",
-            shown.join(", "),
-            if more > 0 { format!(" and {more} more RNICs") } else { String::new() }
+            "probes dropped on their prober's own host (not network evidence): {}",
+            worst_five(&ne.local_drop_by_prober, "RNICs")
+        );
+    }
+    if ne.busy_host_rtt > 0 {
+        let _ = writeln!(
+            s,
+            "{} host-stamped RTTs were no slowness evidence: a host on them was busy (windows busy: {})",
+            ne.busy_host_rtt,
+            worst_five(&ne.busy_host_windows, "hosts")
         );
     }
     if ne.unknown_outcome + ne.unknown_rnic > 0 {
@@ -1938,6 +2024,16 @@ pub fn render_table(l: &Localization) -> String {
     }
     render_services(&mut s, l);
     s
+}
+
+/// The five largest counts of `by_name` as "name count", largest first, and how many more
+/// `what` there are.
+fn worst_five(by_name: &BTreeMap<String, u64>, what: &str) -> String {
+    let mut worst: Vec<(&String, &u64)> = by_name.iter().collect();
+    worst.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let shown: Vec<String> = worst.iter().take(5).map(|(n, c)| format!("{n} {c}")).collect();
+    let more = worst.len().saturating_sub(5);
+    format!("{}{}", shown.join(", "), if more > 0 { format!(" and {more} more {what}") } else { String::new() })
 }
 
 /// Addresses shown by name in [`render_unmapped_hops`]; the rest are counted.
@@ -2404,6 +2500,68 @@ mod tests {
         assert!(held.0.is_empty(), "{:?}", held.0.keys().collect::<Vec<_>>());
     }
 
+    /// A fleet slowed as a whole (28% of a healthy RNIC's probes slow) with one RNIC at 60%:
+    /// more than twice the null, and far beyond chance, but under the bar of 64% (half of the
+    /// probes the fleet's extra slowness left fast), which a busy machine's spread reaches. A slow RNIC, which slows every
+    /// probe crossing it, is named in the same fleet.
+    #[test]
+    fn in_a_slowed_fleet_an_rnic_is_slow_only_when_most_of_its_otherwise_fast_probes_are() {
+        let with_h0 = |slow_of_10: u32| {
+            let mut groups = mesh_groups(|_, _| 0);
+            for g in &mut groups {
+                g.acc.slow = if g.elements[..2].contains(&0) { slow_of_10 } else { 2 };
+            }
+            blame_mesh(groups, KS)
+        };
+        let named = |h: &Held| h.0.keys().map(|k| format!("{} {}", k.0, k.1)).collect::<Vec<_>>();
+        assert!(with_h0(6).0.is_empty(), "{:?}", named(&with_h0(6)));
+        assert_eq!(named(&with_h0(10)), ["rnic h0/d0"]);
+        let o = Options::default();
+        assert_eq!(ratio_bar(true, &o, o.slow_null_floor), o.slow_ratio_min, "a healthy fleet's bar is unchanged");
+        assert!((ratio_bar(true, &o, 0.28) - (0.5 + 0.5 * 0.27 / 0.99)).abs() < 1e-12);
+        assert_eq!(ratio_bar(false, &Options::default(), 0.28), Options::default().loss_ratio_min);
+    }
+
+    /// A busy host (CI: a vCPU shared with other work) slows its own host-stamped RTTs, to and
+    /// from every peer, as a slow RNIC would; its host delays say why. The same slowness with
+    /// NIC stamps, or without the host delays, is the RNIC's.
+    #[test]
+    fn a_busy_host_is_not_a_slow_rnic_when_the_host_stamps_the_rtt() {
+        let run = |ts: u8, busy: bool| {
+            // 8 RNICs probe each other, 20 probes per pair and window, over 10 windows. In
+            // window 1, h0's probes are slow both ways, and (when busy) 6 of each 20 it sends
+            // waited 200 us on its host: above the fleet's p99 host delay, far below a stall.
+            let mut recs = Vec::new();
+            for w in 0..10 {
+                for pr in 0..8 {
+                    for tg in (0..8).filter(|&t| t != pr) {
+                        for k in 0..20 {
+                            let on_h0 = w == 1 && (pr == 0 || tg == 0);
+                            let rtt = if on_h0 { 40_000 } else { 10_000 };
+                            let pd = if busy && w == 1 && pr == 0 && k < 6 { 200_000 } else { 1_000 };
+                            recs.push(Rec(pr, tg, w, Outcome::Ok, rtt, pd, ts));
+                        }
+                    }
+                }
+            }
+            localize(&dataset(8, 10, &recs), &Options::default())
+        };
+        let rnic_h0 = |l: &Localization| l.findings.iter().any(|f| f.kind == "rnic" && f.entity == "h0/d0");
+        let l = run(KS, true);
+        assert!(!rnic_h0(&l), "{:?}", l.findings);
+        assert!(l.findings.iter().all(|f| f.kind == "host"), "nothing in the network: {:?}", l.findings);
+        assert_eq!(l.not_evidence.busy_host_rtt, 2 * 7 * 20, "h0's probes of window 1, both ways");
+        assert_eq!(l.not_evidence.busy_host_windows, BTreeMap::from([("h0".to_owned(), 1)]));
+        assert!(render_table(&l).contains("280 host-stamped RTTs were no slowness evidence"), "{}", render_table(&l));
+        // Controls: the rule is what keeps h0 out, not a lack of evidence.
+        let quiet = run(KS, false);
+        assert!(rnic_h0(&quiet), "no host delay, the slowness is the RNIC's: {:?}", quiet.findings);
+        assert_eq!(quiet.not_evidence.busy_host_rtt, 0);
+        let nic = run(TsSource::Nic as u8, true);
+        assert!(rnic_h0(&nic), "NIC stamps leave the host out of the RTT: {:?}", nic.findings);
+        assert_eq!(nic.not_evidence.busy_host_rtt, 0);
+    }
+
     #[test]
     fn the_false_discovery_cut_is_benjamini_hochberg_on_chernoff_p_values() {
         // p = exp(-llr): 1e-6, 1e-3, 0.02, 0.5 and 96 tests with no excess. At 1% over 100
@@ -2499,8 +2657,8 @@ mod tests {
         );
     }
 
-    /// Host-poll probes from one RNIC, far slower than the kernel-stamped rest: judged against
-    /// their own source, they are not slow (a pooled baseline called that RNIC slow).
+    /// Host-poll probes to and from one RNIC, far slower than the kernel-stamped rest: judged
+    /// against their own source, they are not slow (a pooled baseline called that RNIC slow).
     #[test]
     fn rtt_evidence_stays_within_one_timestamp_source() {
         let mut recs = Vec::new();
@@ -2508,7 +2666,7 @@ mod tests {
             for pr in 0..6u32 {
                 for tg in (0..6).filter(|&t| t != pr) {
                     for _ in 0..10 {
-                        let (rtt, ts) = if pr == 2 { (150_000, HP) } else { (10_000, KS) };
+                        let (rtt, ts) = if pr == 2 || tg == 2 { (150_000, HP) } else { (10_000, KS) };
                         recs.push(Rec(pr, tg, w, Outcome::Ok, rtt, 1_000, ts));
                     }
                 }
@@ -2521,10 +2679,10 @@ mod tests {
         assert_eq!(
             sources,
             [
-                ("kernel_software", "inter_tor", 300),
-                ("kernel_software", "tor_mesh", 200),
-                ("host_poll", "inter_tor", 60),
-                ("host_poll", "tor_mesh", 40)
+                ("kernel_software", "inter_tor", 240),
+                ("kernel_software", "tor_mesh", 160),
+                ("host_poll", "inter_tor", 120),
+                ("host_poll", "tor_mesh", 80)
             ],
             "most samples first"
         );
