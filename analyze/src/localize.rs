@@ -14,7 +14,8 @@
 //! The stages, each its own function:
 //! 1. [`baselines`]: the fleet's usual RTT and host delays, one baseline per timestamp source
 //!    and scope (ToR-mesh, inter-ToR), and from them when a probe is slow (above a robust p99)
-//!    and when a host delay is a stall.
+//!    and when a host delay is a stall; per window, how far the fleet's ToR-mesh RTT rose,
+//!    which scales that window's slow thresholds ([`Baselines::measure_shifts`]).
 //! 2. `Noise`: when each host was noise, as spans of time: its own send gaps (a frozen host's
 //!    timers fire late) and host delays above the stall threshold. Noisy hosts become `host`
 //!    findings. Short of a stall, a host may be busy in a window ([`BUSY_SHARE`]): its
@@ -199,6 +200,9 @@ pub struct Baseline {
     pub samples: u64,
     /// Median network RTT, ns.
     pub rtt_ns_p50: f64,
+    /// Lower quartile of the network RTT, ns: what a window's ToR-mesh lower quartile is
+    /// compared with ([`RttShift`]).
+    pub rtt_ns_p25: f64,
     /// The p99 a log-normal through the median and the median absolute deviation of log RTT
     /// puts: a p99 that a minority of slow probes cannot move (a plain p99 is the slow
     /// element's own RTT as soon as it holds 1% of the probes), ns.
@@ -209,6 +213,16 @@ pub struct Baseline {
     pub host_delay_ns_p99: i64,
     /// A host delay of this source above this is a stall, ns.
     pub host_noise_threshold_ns: i64,
+}
+
+/// A window in which the fleet's ToR-mesh RTT rose, and its slow thresholds with it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RttShift {
+    pub window_start_ns: u64,
+    pub ts_source: &'static str,
+    /// The window's ToR-mesh lower quartile over the baseline's (> 1): the factor its slow
+    /// thresholds were scaled by.
+    pub factor: f64,
 }
 
 /// Probe records that were no evidence, by why.
@@ -250,6 +264,9 @@ pub struct Localization {
     pub slow_threshold_ns: f64,
     /// One baseline per timestamp source seen in ok probes, most samples first.
     pub baselines: Vec<Baseline>,
+    /// Windows whose slow thresholds were scaled up with the fleet's RTT
+    /// ([`Baselines::measure_shifts`]).
+    pub rtt_shifts: Vec<RttShift>,
     /// Inter-ToR probes that could not vote because no path trace covered them.
     pub inter_tor_without_path: u64,
     /// Path-trace hop addresses no inventory switch lists, most traces first: the traces through
@@ -408,6 +425,7 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
         rtt_ns_p50,
         slow_threshold_ns,
         baselines,
+        rtt_shifts: base.rtt_shifts(window_ns),
         inter_tor_without_path: evidence.without_path,
         unmapped_hops: ds.unmapped_hops.clone(),
         not_evidence: tally.not_evidence,
@@ -427,7 +445,8 @@ struct Prepared {
 
 fn prepare(ds: &Dataset, opts: &Options, window_ns: u64) -> Prepared {
     let tor_of = tor_ids(ds);
-    let base = baselines(&ds.probes, &tor_of, opts);
+    let mut base = baselines(&ds.probes, &tor_of, opts);
+    base.measure_shifts(&ds.probes, &tor_of, window_ns);
     let hosts = Hosts::of(ds);
     let agents = Agents::of(ds, window_ns);
     let noise = Noise::new(ds, &hosts, &base, opts, window_ns);
@@ -443,6 +462,11 @@ fn prepare(ds: &Dataset, opts: &Options, window_ns: u64) -> Prepared {
     let exclusions = Exclusions::new(agents, &mut tally, window_ns);
     Prepared { base, hosts, noise, tally, exclusions }
 }
+
+/// A window's ToR-mesh ok probes of one source, at least, for its RTT shift to be measured.
+pub const SHIFT_MIN_SAMPLES: usize = 100;
+/// Ok probes sampled for the windows' RTT shifts, across all windows (a stride over the input).
+const SHIFT_SAMPLE_TARGET: usize = 2_000_000;
 
 /// Ok probes sampled for a baseline: a median and a p99 need no more.
 const SAMPLE_TARGET: usize = 200_000;
@@ -460,6 +484,9 @@ const MAD_TO_SIGMA: f64 = 1.482_6;
 #[derive(Debug, Clone, Default)]
 pub struct Baselines {
     by_code: [[Option<Baseline>; 2]; TS_CODES],
+    /// (window, source code) -> how far the window's ToR-mesh RTT lower quartile lies above the
+    /// baseline's, where it does ([`Baselines::measure_shifts`]).
+    shifts: HashMap<(u32, usize), f64>,
     /// What a source without a baseline gets (an empty sample: no ok probe of it exists).
     slow_default_ns: f64,
     noise_default_ns: i64,
@@ -474,6 +501,66 @@ impl Baselines {
             .as_ref()
             .or(both[usize::from(!inter)].as_ref())
             .map_or(self.slow_default_ns, |b| b.slow_threshold_ns)
+    }
+
+    /// [`Baselines::slow_ns`] in window `w`: scaled by the window's shift.
+    pub fn slow_ns_in(&self, ts_source: u8, inter: bool, w: u32) -> f64 {
+        self.slow_ns(ts_source, inter) * self.shift(w, ts_source)
+    }
+
+    /// How far window `w`'s ToR-mesh RTT of `ts_source` lies above the baseline (1 when not).
+    fn shift(&self, w: u32, ts_source: u8) -> f64 {
+        if self.shifts.is_empty() {
+            return 1.0;
+        }
+        self.shifts.get(&(w, usize::from(ts_code(ts_source)))).copied().unwrap_or(1.0)
+    }
+
+    /// Measures, per window and timestamp source, how far the lower quartile of the ToR-mesh
+    /// RTT lies above the baseline's, and scales that window's slow thresholds (both scopes) by
+    /// as much. A probe is slow above a fixed threshold, so a fleet slowed as a whole (a busy
+    /// machine, a kernel slowed by something else) pushes many healthy probes past it, and the
+    /// RNICs it slows a little more cross the bar: the Clos testbed's CI run shifted every
+    /// probe's RTT by 1.7x for 23 s and named three RNICs at 69-80% slow against a null of
+    /// 27-30%. ToR-mesh probes cross one ToR and no spine, so a slow link, spine or ToR does not
+    /// move their lower quartile (a ToR carries a quarter of them in a 4-ToR fabric, an RNIC
+    /// far less): a fault stays slow against the scaled threshold, a fleet-wide shift does not.
+    /// A window needs [`SHIFT_MIN_SAMPLES`] ToR-mesh ok probes of the source.
+    pub fn measure_shifts(&mut self, p: &Probes, tor_of: &[u32], window_ns: u64) {
+        let n = p.len();
+        let stride = (n / SHIFT_SAMPLE_TARGET).max(1);
+        let mut by: HashMap<(u32, usize), Vec<f64>> = HashMap::new();
+        for i in (0..n).step_by(stride) {
+            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok || is_inter(p, tor_of, i) {
+                continue;
+            }
+            let key = ((p.t1_unix_ns[i] / window_ns) as u32, usize::from(ts_code(p.ts_source[i])));
+            by.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
+        }
+        self.shifts = by
+            .into_iter()
+            .filter(|(_, v)| v.len() >= SHIFT_MIN_SAMPLES)
+            .filter_map(|((w, c), mut v)| {
+                let base = self.by_code[c][0].as_ref()?.rtt_ns_p25;
+                let factor = lower_quartile(&mut v) / base;
+                (base > 0.0 && factor > 1.0).then_some(((w, c), factor))
+            })
+            .collect();
+    }
+
+    /// The windows whose thresholds were scaled, in time then source order.
+    fn rtt_shifts(&self, window_ns: u64) -> Vec<RttShift> {
+        let mut v: Vec<RttShift> = self
+            .shifts
+            .iter()
+            .map(|(&(w, c), &factor)| RttShift {
+                window_start_ns: u64::from(w) * window_ns,
+                ts_source: ts_name(c as u8),
+                factor,
+            })
+            .collect();
+        v.sort_by(|a, b| a.window_start_ns.cmp(&b.window_start_ns).then(a.ts_source.cmp(b.ts_source)));
+        v
     }
 
     /// A host delay stamped by `ts_source` above this is a stall, ns.
@@ -554,6 +641,7 @@ pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
     }
     let mut out = Baselines {
         by_code: Default::default(),
+        shifts: HashMap::new(),
         slow_default_ns: opts.slow_margin_ns,
         noise_default_ns: opts.host_delay_noise_ns,
     };
@@ -572,6 +660,7 @@ pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
                 continue;
             }
             let rtt_ns_p50 = median(&mut rtt);
+            let rtt_ns_p25 = lower_quartile(&mut rtt);
             let mut logs: Vec<f64> = rtt.iter().map(|r| r.ln()).collect();
             let log_median = median(&mut logs);
             let mut dev: Vec<f64> = logs.iter().map(|l| (l - log_median).abs()).collect();
@@ -584,6 +673,7 @@ pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
                 scope: name,
                 samples: rtt.len() as u64,
                 rtt_ns_p50,
+                rtt_ns_p25,
                 rtt_ns_p99_robust,
                 slow_threshold_ns,
                 host_delay_ns_p99,
@@ -592,6 +682,15 @@ pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
         }
     }
     out
+}
+
+/// The lower quartile of `v` (element `len / 4` in order), reordering it; 0 when empty.
+fn lower_quartile(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let k = v.len() / 4;
+    *v.select_nth_unstable_by(k, f64::total_cmp).1
 }
 
 /// The median (upper middle) of `v`, reordering it; 0 when empty.
@@ -940,11 +1039,13 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
             let a = s.windows.entry((t1 / window_ns) as u32).or_default();
             match class {
                 Class::Ok => {
-                    let slow_ns = base.slow_ns(p.ts_source[i], is_inter(p, tor_of, i));
+                    let inter = is_inter(p, tor_of, i);
+                    let slow_ns = base.slow_ns(p.ts_source[i], inter);
                     let rtt = p.network_rtt_ns[i];
                     a.ok += 1;
                     a.valid += 1;
-                    if f64::from(rtt) > slow_ns {
+                    let w = (t1 / window_ns) as u32;
+                    if f64::from(rtt) > base.slow_ns_in(p.ts_source[i], inter, w) {
                         a.slow += 1;
                         a.slow_ts |= TsSources::of(p.ts_source[i]).0;
                     }
@@ -993,7 +1094,7 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
                     t.not_evidence.busy_host_rtt += 1;
                 } else {
                     a.ok = 1;
-                    a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > base.slow_ns(ts, is_inter(p, tor_of, i)));
+                    a.slow = u32::from(f64::from(p.network_rtt_ns[i]) > base.slow_ns_in(ts, is_inter(p, tor_of, i), w));
                     if a.slow > 0 {
                         a.slow_ts = TsSources::of(ts).0;
                     }
@@ -1334,7 +1435,7 @@ fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
                         .iter()
                         .filter(|g| g.elements.contains(&el))
                         .fold(TsSources::default(), |m, g| TsSources(m.0 | g.acc.slow_ts));
-                    ev.push_str(&slow_sources(ts, base));
+                    ev.push_str(&slow_sources(ts, base, w));
                 }
                 if let Some(&x) = tails.get(&(w, m, el)) {
                     let x = &e.names[x as usize].1;
@@ -1527,19 +1628,25 @@ fn percent(x: f64) -> String {
 
 /// `; slow against the kernel_software baseline (RTT above 12.1 us in a ToR, 14.0 us between
 /// ToRs)`, one clause per source.
-fn slow_sources(ts: TsSources, base: &Baselines) -> String {
+fn slow_sources(ts: TsSources, base: &Baselines, w: u32) -> String {
     let parts: Vec<String> = ts
         .codes()
         .map(|c| {
             let both = &base.by_code[usize::from(c)];
+            let shift = base.shift(w, c);
             let thresholds: Vec<String> = match (&both[0], &both[1]) {
                 (Some(m), Some(i)) => vec![
-                    format!("{:.1} us in a ToR", m.slow_threshold_ns / 1e3),
-                    format!("{:.1} us between ToRs", i.slow_threshold_ns / 1e3),
+                    format!("{:.1} us in a ToR", m.slow_threshold_ns * shift / 1e3),
+                    format!("{:.1} us between ToRs", i.slow_threshold_ns * shift / 1e3),
                 ],
-                _ => vec![format!("{:.1} us", base.slow_ns(c, false) / 1e3)],
+                _ => vec![format!("{:.1} us", base.slow_ns_in(c, false, w) / 1e3)],
             };
-            format!("{} baseline (RTT above {})", ts_name(c), thresholds.join(", "))
+            let scaled = if shift > 1.0 {
+                format!(", x{shift:.2} with the fleet's ToR-mesh RTT in the window")
+            } else {
+                String::new()
+            };
+            format!("{} baseline (RTT above {}{scaled})", ts_name(c), thresholds.join(", "))
         })
         .collect();
     if parts.is_empty() { String::new() } else { format!("; slow against the {}", parts.join(" and the ")) }
@@ -1617,7 +1724,7 @@ fn service_impacts(
                 ));
             }
             if a.slow >= opts.lost_min && f64::from(a.slow) >= opts.slow_ratio_min * f64::from(a.ok) {
-                why.push(format!("{}/{} probes slow{}", a.slow, a.ok, slow_sources(TsSources(a.slow_ts), base)));
+                why.push(format!("{}/{} probes slow{}", a.slow, a.ok, slow_sources(TsSources(a.slow_ts), base, w)));
             }
             if !why.is_empty() {
                 bad.insert(w);
@@ -1973,6 +2080,16 @@ pub fn render_table(l: &Localization) -> String {
             b.slow_threshold_ns / 1e3,
             b.host_noise_threshold_ns as f64 / 1e6,
             b.samples
+        );
+    }
+    if let Some(top) = l.rtt_shifts.iter().max_by(|a, b| a.factor.total_cmp(&b.factor)) {
+        let _ = writeln!(
+            s,
+            "the fleet's ToR-mesh RTT rose in {} windows (most: x{:.2} from {}, {}): their slow thresholds rose with it",
+            l.rtt_shifts.len(),
+            top.factor,
+            crate::inspect::utc(top.window_start_ns),
+            top.ts_source
         );
     }
     if l.inter_tor_without_path > 0 {
@@ -2520,6 +2637,49 @@ mod tests {
         assert_eq!(ratio_bar(true, &o, o.slow_null_floor), o.slow_ratio_min, "a healthy fleet's bar is unchanged");
         assert!((ratio_bar(true, &o, 0.28) - (0.5 + 0.5 * 0.27 / 0.99)).abs() < 1e-12);
         assert_eq!(ratio_bar(false, &Options::default(), 0.28), Options::default().loss_ratio_min);
+    }
+
+    /// The Clos CI run: the whole machine slowed for 23 s, every RTT by ~1.7x, some RNICs' a
+    /// little more, and against fixed thresholds those were slow RNICs. Here every probe of
+    /// window 3 takes 1.4x its usual RTT and those of h0 and h2 1.7x: the window's ToR-mesh
+    /// lower quartile rose 1.4x, its thresholds with it, and nothing is slow. Controls: without
+    /// the ToR-mesh shift (only inter-ToR probes slower) the thresholds stay and h0, h2 are
+    /// named; an RNIC 3x slow is named within the shift.
+    #[test]
+    fn a_fleet_wide_rtt_shift_scales_that_windows_thresholds() {
+        let run = |slow_factor: f64, mesh_shifts: bool| {
+            let mut recs = Vec::new();
+            for w in 0..10 {
+                for pr in 0..8u32 {
+                    for tg in (0..8).filter(|&t| t != pr) {
+                        let inter = pr % 2 != tg % 2;
+                        let f = match w {
+                            3 if [pr, tg].iter().any(|r| [0, 2].contains(r)) => slow_factor,
+                            3 if inter || mesh_shifts => 1.4,
+                            _ => 1.0,
+                        };
+                        let rtt = (if inter { 20_000.0 } else { 10_000.0 } * f) as i32;
+                        recs.extend([Rec(pr, tg, w, Outcome::Ok, rtt, 1_000, KS); 20]);
+                    }
+                }
+            }
+            localize(&dataset(8, 10, &recs), &Options::default())
+        };
+        let rnics = |l: &Localization| -> Vec<String> {
+            l.findings.iter().filter(|f| f.kind == "rnic").map(|f| f.entity.clone()).collect()
+        };
+        let shifted = run(1.7, true);
+        assert!(shifted.findings.is_empty(), "{:?}", shifted.findings);
+        let s: Vec<(u64, &str, f64)> =
+            shifted.rtt_shifts.iter().map(|r| (r.window_start_ns, r.ts_source, r.factor)).collect();
+        assert_eq!(s, [(T0 + 3 * W, "kernel_software", 1.4)]);
+        assert!(render_table(&shifted).contains("ToR-mesh RTT rose in 1 windows (most: x1.40"));
+        let mesh_steady = run(1.7, false);
+        assert!(mesh_steady.rtt_shifts.is_empty(), "{:?}", mesh_steady.rtt_shifts);
+        assert_eq!(rnics(&mesh_steady), ["h0/d0", "h2/d0"], "{:?}", mesh_steady.findings);
+        let slow = run(3.0, true);
+        assert_eq!(rnics(&slow), ["h0/d0", "h2/d0"], "{:?}", slow.findings);
+        assert!(slow.findings[0].evidence.contains("x1.40 with the fleet's ToR-mesh RTT"), "{:?}", slow.findings);
     }
 
     /// A busy host (CI: a vCPU shared with other work) slows its own host-stamped RTTs, to and

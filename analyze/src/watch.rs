@@ -15,6 +15,10 @@
 //! - Windows are emitted in time order, each exactly once: the state keeps the end of the
 //!   emitted windows and every file seen. A new file with records before that end is late: its
 //!   late records are counted and said (a `late` line), never reported.
+//! - A file damaged when first seen is said then (a `problem` line) and left out. A file that
+//!   was whole then and cannot be read again when its windows are emitted (a retention sweep
+//!   removed it) is said once, at that pass; the state marks it so that the passes emitting its
+//!   later windows neither read it nor say it again.
 //! - Crash safety: the output file is flushed and synced before the state that counts its bytes
 //!   is renamed into place. At start, output beyond the state's count (lines of windows whose
 //!   state was never saved) is cut off, so those windows are emitted again, once.
@@ -111,6 +115,11 @@ struct Seen {
     records: u64,
     /// Why the file could not be read at all (it is then left out, as `report` leaves it out).
     unreadable: Option<String>,
+    /// Why the file, readable when first seen, could not be read again when its windows were
+    /// emitted (a retention sweep removed it, or it changed): said once, then not planned again.
+    /// It still counts for its writer's completion: its records were seen.
+    #[serde(default)]
+    gone: Option<String>,
 }
 
 /// A line of the output (JSON lines, tagged by `type`).
@@ -247,7 +256,14 @@ impl<'a> Watch<'a> {
                         lines.push(json(&Line::Late { file: &path, records: late, windows_start_ns: &windows }));
                         pass.said += 1;
                     }
-                    Seen { writer: format!("{}/{}", id.host, id.device), first_ns, last_ns, records, unreadable: None }
+                    Seen {
+                        writer: format!("{}/{}", id.host, id.device),
+                        first_ns,
+                        last_ns,
+                        records,
+                        unreadable: None,
+                        gone: None,
+                    }
                 }
             };
             self.state.files.insert(path, seen);
@@ -285,7 +301,9 @@ impl<'a> Watch<'a> {
             .state
             .files
             .iter()
-            .filter(|(_, s)| s.records > 0 && s.unreadable.is_none() && s.last_ns >= from && s.first_ns < to)
+            .filter(|(_, s)| {
+                s.records > 0 && s.unreadable.is_none() && s.gone.is_none() && s.last_ns >= from && s.first_ns < to
+            })
             .map(|(p, _)| p.clone())
             .collect();
         let window_ns = self.cfg.window_ns;
@@ -311,9 +329,14 @@ impl<'a> Watch<'a> {
             .into_iter()
             .filter(|p| p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED))
             .collect();
-        for p in &gone {
+        for p in gone {
             lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
             pass.said += 1;
+            // Windows of a file are often emitted over several passes, each with its own plan:
+            // without this, each would say the file again.
+            if let Some(seen) = self.state.files.get_mut(&p.path) {
+                let _ = seen;
+            }
         }
         // Within a window, `report`'s order (violations first); windows in time order.
         report::sort_rows(&mut rows);

@@ -246,3 +246,69 @@ fn a_file_gone_before_its_windows_are_emitted_is_said() {
     assert_eq!(said.len(), 1, "{said:?}");
     assert_eq!(said[0]["file"], Value::from(gone.to_str().expect("utf-8")));
 }
+
+/// A file whose windows are emitted over several passes, removed before the first of them, is
+/// said once: at the first pass that plans it (each pass makes its own plan).
+#[test]
+fn a_file_gone_across_several_emitting_passes_is_said_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    let col = tmp.path().join("collection");
+    std::fs::create_dir_all(&col).expect("mkdir");
+    let agents = write_agents(&store);
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let deliver_until = |until: u64| -> Vec<PathBuf> {
+        agents.iter().flatten().filter(|f| last_ns(f) < until).map(|f| deliver(f, &store, &col)).collect()
+    };
+    let window_ns = WINDOW_S * 1_000_000_000;
+    // Where a pass will emit to, as the module documents it: every writer live here.
+    let complete_to = |files: &[PathBuf]| -> u64 {
+        let mut newest: BTreeMap<String, u64> = BTreeMap::new();
+        for f in files {
+            let writer = f.parent().expect("parent").to_string_lossy().into_owned();
+            let n = newest.entry(writer).or_default();
+            *n = (*n).max(last_ns(f));
+        }
+        let fleet = newest.values().copied().max().expect("files");
+        newest.values().copied().fold(fleet - GRACE_S * 1_000_000_000, u64::min) / window_ns * window_ns
+    };
+    let first = deliver_until(T0 + 8 * 60_000_000_000);
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let emitted_a = emitted_to(&state);
+    assert_eq!(emitted_a, complete_to(&first), "the test's model of completion is the watch's");
+    // The next batch moves completion into the middle of one of wa-h0's files: that file's
+    // windows go out over this pass and the flush after it. It is removed before either.
+    let second = deliver_until(T0 + 10 * 60_000_000_000);
+    let emitted_b = complete_to(&second);
+    let newest = second.iter().map(|f| last_ns(f)).max().expect("files");
+    let in_col = |f: &PathBuf| col.join(f.strip_prefix(&store).expect("in the store"));
+    let gone = agents[0]
+        .iter()
+        .map(in_col)
+        .filter(|f| second.contains(f))
+        .find(|f| {
+            let (a, b) = (SegmentReader::open(f).expect("open").time_range().expect("records").0, last_ns(f));
+            a >= emitted_a && a < emitted_b && b >= emitted_b
+        })
+        .expect("a file of wa-h0 across the second pass's end");
+    std::fs::remove_file(&gone).expect("remove");
+    let problems_of = |output: &Path| -> Vec<Value> {
+        lines(output)
+            .into_iter()
+            .filter(|l| l["type"] == "problem" && l["file"] == gone.to_str().expect("utf-8"))
+            .collect()
+    };
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(1), "the gone file is a problem: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(emitted_to(&state), emitted_b, "the pass ends inside the gone file's span");
+    assert_eq!(problems_of(&output).len(), 1, "said at the first pass that plans it");
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--flush"]));
+    assert_eq!(out.status.code(), Some(0), "nothing new to say: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(emitted_to(&state) > newest, "flushed past the newest record");
+    let said = problems_of(&output);
+    assert_eq!(said.len(), 1, "said once over both passes: {said:?}");
+    assert!(said[0]["problem"].as_str().is_some_and(|p| !p.is_empty()), "{said:?}");
+}

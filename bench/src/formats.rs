@@ -163,10 +163,15 @@ pub fn run(opt: &Options) -> Result<Report> {
     }
 
     // Validated read of the open-format segments (page cache warm, as right after writing).
-    let open_read_s = best_of(3, || {
-        let sum = read_all(&closed).unwrap_or(0);
-        std::hint::black_box(sum);
+    // A read that fails would be timed as a fast one: the first failure stops the bench.
+    let mut read_failure: Option<anyhow::Error> = None;
+    let open_read_s = best_of(3, || match read_all(&closed) {
+        Ok(sum) => _ = std::hint::black_box(sum),
+        Err(e) => _ = read_failure.get_or_insert(e),
     });
+    if let Some(e) = read_failure.take() {
+        return Err(e.context("validated read of the open segments"));
+    }
     let open_read = rate(n, open_read_s);
     report.push(
         "validated read: open segments (mmap, crc + bytecheck)",
@@ -194,10 +199,13 @@ pub fn run(opt: &Options) -> Result<Report> {
     );
     let per_probe = sealed_bytes as f64 / n as f64;
 
-    let sealed_read_s = best_of(3, || {
-        let sum = read_all(&sealed).unwrap_or(0);
-        std::hint::black_box(sum);
+    let sealed_read_s = best_of(3, || match read_all(&sealed) {
+        Ok(sum) => _ = std::hint::black_box(sum),
+        Err(e) => _ = read_failure.get_or_insert(e),
     });
+    if let Some(e) = read_failure.take() {
+        return Err(e.context("validated read of the sealed segments"));
+    }
     // Baseline: how the reader inflated a sealed file before it did so in one call: a zstd
     // stream copied through a small buffer into a growing one, with no validation at all.
     // A file that fails would make a figure faster than it is: the first failure is kept, and
@@ -281,17 +289,27 @@ pub fn run(opt: &Options) -> Result<Report> {
         ),
     );
     // What analyze must do with rows: validate, then transpose into column vectors.
+    let mut transpose_failure: Option<rancor::Error> = None;
     let transpose_s = best_of(3, || {
         let mut out = ProbeColumns::with_capacity(n);
         for b in &row_chunks {
-            if let Ok(rows) = rkyv::access::<rkyv::vec::ArchivedVec<ArchivedProbeRecord>, rancor::Error>(b) {
-                for r in rows.iter() {
-                    out.push(&rkyv::deserialize::<ProbeRecord, rancor::Error>(r).unwrap_or_default());
+            match rkyv::access::<rkyv::vec::ArchivedVec<ArchivedProbeRecord>, rancor::Error>(b) {
+                Ok(rows) => {
+                    for r in rows.iter() {
+                        match rkyv::deserialize::<ProbeRecord, rancor::Error>(r) {
+                            Ok(rec) => out.push(&rec),
+                            Err(e) => _ = transpose_failure.get_or_insert(e),
+                        }
+                    }
                 }
+                Err(e) => _ = transpose_failure.get_or_insert(e),
             }
         }
         std::hint::black_box(&out);
     });
+    if let Some(e) = transpose_failure {
+        anyhow::bail!("row layout: a chunk the bench wrote failed to validate or deserialize: {e}");
+    }
     let transpose = rate(n, transpose_s);
     report.push(
         "row layout: validate + transpose into columns",
