@@ -335,7 +335,7 @@ impl<'a> Watch<'a> {
             // Windows of a file are often emitted over several passes, each with its own plan:
             // without this, each would say the file again.
             if let Some(seen) = self.state.files.get_mut(&p.path) {
-                let _ = seen;
+                seen.gone = Some(p.problem);
             }
         }
         // Within a window, `report`'s order (violations first); windows in time order.
