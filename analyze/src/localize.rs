@@ -813,8 +813,8 @@ impl Noise {
         for a in ds.agents.iter().filter(|a| (a.rnic as usize) < ds.rnics.len()) {
             let host = hosts.of_rnic[a.rnic as usize];
             for &(t, gap) in &a.long_gaps {
-                spans[host as usize].push((t, t + gap));
-                for w in win(t)..=win(t + gap) {
+                spans[host as usize].push((t, t.saturating_add(gap)));
+                for w in win(t)..=win(t.saturating_add(gap)) {
                     windows.entry((host, w)).or_insert_with(|| {
                         format!(
                             "{}: no probe sent for {:.0} ms (usual spacing {:.1} ms): a frozen host",
@@ -853,7 +853,8 @@ impl Noise {
                 continue;
             }
             let t1 = p.t1_unix_ns[i];
-            let end = t1 + (i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64;
+            // Saturating: T1 and the delays are what the files say.
+            let end = t1.saturating_add((i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64);
             if pd > noise_ns {
                 events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, pd as u64));
             }
@@ -873,7 +874,7 @@ impl Noise {
         while i < events.len() {
             let (host, start, mut end, rnic, answering, mut longest_ns) = events[i];
             let mut j = i + 1;
-            while j < events.len() && events[j].0 == host && events[j].1 <= end + opts.stall_pad_ns {
+            while j < events.len() && events[j].0 == host && events[j].1 <= end.saturating_add(opts.stall_pad_ns) {
                 end = end.max(events[j].2);
                 longest_ns = longest_ns.max(events[j].5);
                 j += 1;
@@ -923,7 +924,9 @@ impl Noise {
 
     /// Whether a probe sent at `t_ns` from or to `host` met its stall, `pad_ns` either side.
     fn hit(&self, host: u32, t_ns: u64, pad_ns: u64) -> bool {
-        self.spans.get(host as usize).is_some_and(|s| s.iter().any(|&(a, b)| t_ns + pad_ns >= a && t_ns <= b + pad_ns))
+        self.spans.get(host as usize).is_some_and(|s| {
+            s.iter().any(|&(a, b)| t_ns.saturating_add(pad_ns) >= a && t_ns <= b.saturating_add(pad_ns))
+        })
     }
 }
 

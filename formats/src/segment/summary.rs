@@ -234,7 +234,8 @@ pub fn send_gaps(t1: &[u64]) -> SendGaps {
     let mut sample: Vec<u64> = steps.iter().step_by(stride).map(|s| s.1).collect();
     let mid = sample.len() / 2;
     let median_ns = *sample.select_nth_unstable(mid).1;
-    let limit = median_ns.saturating_mul(LONG_GAP_FACTOR) + LONG_GAP_MIN_NS;
+    // Saturating: T1 is whatever the file says, and a forged one spaces probes by centuries.
+    let limit = median_ns.saturating_mul(LONG_GAP_FACTOR).saturating_add(LONG_GAP_MIN_NS);
     // Not `steps.into_iter()...collect()`: that collects in place and keeps the capacity of
     // every step for the few long ones (3 MB per file held for a whole run, 6.5 GB over 2,176
     // files of a ranged `report`).
@@ -279,5 +280,15 @@ mod tests {
         let mut stalled = t1.clone();
         stalled.extend((0..5).map(|i| 3_000_000_000 + i * 50_000_000));
         assert_eq!(send_gaps(&stalled).long, vec![(2_000_000_000, 1_000_000_000)]);
+    }
+
+    /// Fuzzing (segment_open, sealing a forged open segment) found the limit overflowing when
+    /// the usual spacing is near u64::MAX / 2.
+    #[test]
+    fn send_times_spaced_by_centuries_do_not_overflow() {
+        let t1 = [0, u64::MAX / 2, u64::MAX - 1];
+        let g = send_gaps(&t1);
+        assert_eq!(g.median_ns, u64::MAX / 2, "{g:?}");
+        assert!(g.long.is_empty(), "nothing is longer than a saturated limit: {g:?}");
     }
 }
