@@ -565,16 +565,18 @@ impl Baselines {
 
     /// A host delay stamped by `ts_source` above this is a stall, ns.
     pub fn noise_ns(&self, ts_source: u8) -> i64 {
-        self.by_code[usize::from(ts_code(ts_source))]
-            .iter()
-            .flatten()
-            .next()
-            .map_or(self.noise_default_ns, |b| b.host_noise_threshold_ns)
+        self.either_scope(ts_source).map_or(self.noise_default_ns, |b| b.host_noise_threshold_ns)
     }
 
     /// The fleet's p99 host delay of `ts_source`, ns; `None` without a baseline.
     fn host_delay_p99_ns(&self, ts_source: u8) -> Option<i64> {
-        self.by_code[usize::from(ts_code(ts_source))].iter().flatten().next().map(|b| b.host_delay_ns_p99)
+        self.either_scope(ts_source).map(|b| b.host_delay_ns_p99)
+    }
+
+    /// A baseline of `ts_source`, either scope: the host-delay figures are the source's, the
+    /// same in both.
+    fn either_scope(&self, ts_source: u8) -> Option<&Baseline> {
+        self.by_code[usize::from(ts_code(ts_source))].iter().flatten().next()
     }
 
     /// Every baseline, in (source, scope) order.
@@ -686,20 +688,20 @@ pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
 
 /// The lower quartile of `v` (element `len / 4` in order), reordering it; 0 when empty.
 fn lower_quartile(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let k = v.len() / 4;
-    *v.select_nth_unstable_by(k, f64::total_cmp).1
+    order_statistic(v, v.len() / 4)
 }
 
 /// The median (upper middle) of `v`, reordering it; 0 when empty.
 fn median(v: &mut [f64]) -> f64 {
+    order_statistic(v, v.len() / 2)
+}
+
+/// Element `k` of `v` in order, reordering it; 0 when empty.
+fn order_statistic(v: &mut [f64], k: usize) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    let mid = v.len() / 2;
-    *v.select_nth_unstable_by(mid, f64::total_cmp).1
+    *v.select_nth_unstable_by(k, f64::total_cmp).1
 }
 
 /// Hosts by index, so that per-key checks do not compare strings.
@@ -798,9 +800,9 @@ struct Noise {
     spans: Vec<Vec<(u64, u64)>>,
     /// (host, window) -> why it is noise: the `host` findings.
     windows: BTreeMap<(u32, u32), String>,
-    /// (host, window) -> (own host delays above the fleet's p99, own host delays) where the
-    /// host was busy ([`BUSY_SHARE`]), counted over host-stamped ok probes only.
-    busy: BTreeMap<(u32, u32), (u32, u32)>,
+    /// (host, window) where the host was busy ([`BUSY_SHARE`]), counted over host-stamped ok
+    /// probes only.
+    busy: BTreeSet<(u32, u32)>,
     pad_ns: u64,
     lost_pad_ns: u64,
 }
@@ -907,6 +909,7 @@ impl Noise {
         let busy = own
             .into_iter()
             .filter(|&(_, (delayed, n))| delayed >= BUSY_MIN_DELAYED && f64::from(delayed) >= BUSY_SHARE * f64::from(n))
+            .map(|(key, _)| key)
             .collect();
         Noise {
             spans,
@@ -919,7 +922,7 @@ impl Noise {
 
     /// Whether `host` was busy in window `w` ([`BUSY_SHARE`]).
     fn busy(&self, host: u32, w: u32) -> bool {
-        !self.busy.is_empty() && self.busy.contains_key(&(host, w))
+        self.busy.contains(&(host, w))
     }
 
     /// Whether a probe sent at `t_ns` from or to `host` met its stall, `pad_ns` either side.
@@ -1039,7 +1042,8 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
             if s.prober == u32::MAX {
                 s.prober = pr;
             }
-            let a = s.windows.entry((t1 / window_ns) as u32).or_default();
+            let w = (t1 / window_ns) as u32;
+            let a = s.windows.entry(w).or_default();
             match class {
                 Class::Ok => {
                     let inter = is_inter(p, tor_of, i);
@@ -1047,7 +1051,6 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
                     let rtt = p.network_rtt_ns[i];
                     a.ok += 1;
                     a.valid += 1;
-                    let w = (t1 / window_ns) as u32;
                     if f64::from(rtt) > base.slow_ns_in(p.ts_source[i], inter, w) {
                         a.slow += 1;
                         a.slow_ts |= TsSources::of(p.ts_source[i]).0;
@@ -1145,7 +1148,7 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
     for (rnic, &n) in local_drops.iter().enumerate().filter(|(_, n)| **n > 0) {
         t.not_evidence.local_drop_by_prober.insert(ds.rnics[rnic].name.clone(), n);
     }
-    for &(host, _) in noise.busy.keys() {
+    for &(host, _) in &noise.busy {
         *t.not_evidence.busy_host_windows.entry(hosts.names[host as usize].clone()).or_default() += 1;
     }
     t.acc = acc.into_iter().collect();

@@ -163,15 +163,14 @@ pub fn run(opt: &Options) -> Result<Report> {
     }
 
     // Validated read of the open-format segments (page cache warm, as right after writing).
-    // A read that fails would be timed as a fast one: the first failure stops the bench.
-    let mut read_failure: Option<anyhow::Error> = None;
+    // A read that fails would be timed as a fast one: the first failure of a timing is kept
+    // in `failure`, and the bench stops on it once that timing is done.
+    let mut failure: Option<anyhow::Error> = None;
     let open_read_s = best_of(3, || match read_all(&closed) {
         Ok(sum) => _ = std::hint::black_box(sum),
-        Err(e) => _ = read_failure.get_or_insert(e),
+        Err(e) => _ = failure.get_or_insert(e),
     });
-    if let Some(e) = read_failure.take() {
-        return Err(e.context("validated read of the open segments"));
-    }
+    stop_on(&mut failure, "validated read of the open segments")?;
     let open_read = rate(n, open_read_s);
     report.push(
         "validated read: open segments (mmap, crc + bytecheck)",
@@ -201,16 +200,11 @@ pub fn run(opt: &Options) -> Result<Report> {
 
     let sealed_read_s = best_of(3, || match read_all(&sealed) {
         Ok(sum) => _ = std::hint::black_box(sum),
-        Err(e) => _ = read_failure.get_or_insert(e),
+        Err(e) => _ = failure.get_or_insert(e),
     });
-    if let Some(e) = read_failure.take() {
-        return Err(e.context("validated read of the sealed segments"));
-    }
+    stop_on(&mut failure, "validated read of the sealed segments")?;
     // Baseline: how the reader inflated a sealed file before it did so in one call: a zstd
     // stream copied through a small buffer into a growing one, with no validation at all.
-    // A file that fails would make a figure faster than it is: the first failure is kept, and
-    // the bench stops on it once the timings are done.
-    let mut failure: Option<anyhow::Error> = None;
     let stream_s = best_of(3, || {
         let mut bytes = 0usize;
         for p in &sealed {
@@ -255,9 +249,7 @@ pub fn run(opt: &Options) -> Result<Report> {
             }
         }
     });
-    if let Some(e) = failure {
-        return Err(e.context("reading back the sealed segments this run wrote"));
-    }
+    stop_on(&mut failure, "reading back the sealed segments this run wrote")?;
     report.push(
         "plan sealed segments: from their summaries",
         sealed.len() as f64 / from_summary_s,
@@ -289,27 +281,11 @@ pub fn run(opt: &Options) -> Result<Report> {
         ),
     );
     // What analyze must do with rows: validate, then transpose into column vectors.
-    let mut transpose_failure: Option<rancor::Error> = None;
-    let transpose_s = best_of(3, || {
-        let mut out = ProbeColumns::with_capacity(n);
-        for b in &row_chunks {
-            match rkyv::access::<rkyv::vec::ArchivedVec<ArchivedProbeRecord>, rancor::Error>(b) {
-                Ok(rows) => {
-                    for r in rows.iter() {
-                        match rkyv::deserialize::<ProbeRecord, rancor::Error>(r) {
-                            Ok(rec) => out.push(&rec),
-                            Err(e) => _ = transpose_failure.get_or_insert(e),
-                        }
-                    }
-                }
-                Err(e) => _ = transpose_failure.get_or_insert(e),
-            }
-        }
-        std::hint::black_box(&out);
+    let transpose_s = best_of(3, || match transpose(&row_chunks, n) {
+        Ok(out) => _ = std::hint::black_box(out),
+        Err(e) => _ = failure.get_or_insert(anyhow::anyhow!("{e}")),
     });
-    if let Some(e) = transpose_failure {
-        anyhow::bail!("row layout: a chunk the bench wrote failed to validate or deserialize: {e}");
-    }
+    stop_on(&mut failure, "row layout: a chunk the bench wrote failed to validate or deserialize")?;
     let transpose = rate(n, transpose_s);
     report.push(
         "row layout: validate + transpose into columns",
@@ -358,6 +334,23 @@ fn read_all(paths: &[PathBuf]) -> Result<i64> {
         }
     }
     Ok(sum)
+}
+
+/// Rows in rkyv chunks validated, then transposed into column vectors.
+fn transpose(chunks: &[AlignedVec<16>], n: usize) -> Result<ProbeColumns, rancor::Error> {
+    let mut out = ProbeColumns::with_capacity(n);
+    for b in chunks {
+        for r in rkyv::access::<rkyv::vec::ArchivedVec<ArchivedProbeRecord>, rancor::Error>(b)?.iter() {
+            out.push(&rkyv::deserialize::<ProbeRecord, rancor::Error>(r)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The first failure a timing kept, with what was being timed: a figure is not given for work
+/// that failed.
+fn stop_on(failure: &mut Option<anyhow::Error>, what: &'static str) -> Result<()> {
+    failure.take().map_or(Ok(()), |e| Err(e.context(what)))
 }
 
 /// Where `--keep` put the segments, for the README's run command.
