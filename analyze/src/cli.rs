@@ -81,7 +81,7 @@ pub struct ReportArgs {
     pub inputs: Vec<PathBuf>,
 }
 
-/// How much of the input `report` and `export` hold at once.
+/// How much of the input `report`, `export`, `localize` and `watch` hold at once.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RangeArgs {
     /// Records held in memory at once, at most: the input is read in ranges of whole windows
@@ -198,7 +198,7 @@ pub struct LocalizeArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Window length in seconds; windows are wall-clock aligned so all agents' coincide.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
     pub window_s: u64,
     /// Quiet windows after which a finding closes (hysteresis: a flap stays one finding).
     #[arg(long, default_value_t = 3)]
@@ -217,6 +217,9 @@ pub struct LocalizeArgs {
     /// SLA a traced service's own probes are judged by (its loss ratio marks a bad window).
     #[command(flatten)]
     pub sla: SlaArgs,
+    /// Localisation reads these ranges four times (see `localize::localize_ranges`).
+    #[command(flatten)]
+    pub ranges: RangeArgs,
 }
 
 /// `--fdr`: a rate strictly between 0 and 1.
@@ -589,12 +592,15 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         Ok(inv) => inv,
         Err(code) => return code,
     };
-    let mut ds = match load_fields("localize", &args.inputs, Fields::All, inv.as_ref()) {
-        Ok(ds) => ds,
+    let files = match find("localize", &args.inputs) {
+        Ok(f) => f,
         Err(code) => return code,
     };
+    // Read a range of whole windows at a time, pass by pass: memory follows --range-records
+    // and the fleet, not the hours read.
+    let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
-        ds.add_single_paths(inv);
+        plan.ds.add_single_paths(inv);
     }
     let opts = crate::localize::Options {
         window_s: args.window_s,
@@ -603,7 +609,10 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         sla,
         ..crate::localize::Options::default()
     };
-    let result = crate::localize::localize(&ds, &opts);
+    let ranges = plan.ranges(args.ranges.range_records as usize);
+    let result = crate::localize::localize_ranges(&mut plan, ranges, &opts);
+    let ds = plan.finish();
+    say_problems("localize", &ds, inv.as_ref());
     if format == "json" || args.json.is_some() {
         let text = match serde_json::to_string_pretty(&result) {
             Ok(s) => s,

@@ -78,6 +78,11 @@ pub struct Probes {
     /// for every other probe. Empty when no file defines a service (then no probe is one): fleets
     /// without traced connections pay nothing for it. Read for every [`Fields`].
     pub service: Vec<u32>,
+    /// Each record's position in the whole input as [`ingest_with`] orders it (files in order,
+    /// each file's records in order), for a range that a [`Plan`] read with
+    /// [`Plan::with_index`]: a strided sample by position is then the same sample, range by
+    /// range, as over the whole input. Empty: the position is the record's index here.
+    pub index: Vec<u64>,
 }
 
 impl Probes {
@@ -89,6 +94,12 @@ impl Probes {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.t1_unix_ns.is_empty()
+    }
+
+    /// Record `i`'s position in the whole input (see [`Probes::index`]).
+    #[inline]
+    pub fn index_of(&self, i: usize) -> u64 {
+        self.index.get(i).copied().unwrap_or(i as u64)
     }
 
     /// The service id of record `i` ([`NO_SERVICE`] when it probed no traced connection).
@@ -140,6 +151,7 @@ impl Probes {
             arrived: vec![0; n],
             ts_source: vec![0; n],
             service: if services { vec![NO_SERVICE; n] } else { Vec::new() },
+            index: Vec::new(),
         }
     }
 
@@ -478,7 +490,7 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
             .zip(remaps.par_iter())
             .zip(slices.par_iter_mut())
             .map(|(((_, reader), m), out)| {
-                let unknown_ids = fill(reader, m, out, fields, None);
+                let unknown_ids = fill(reader, m, out, fields, None, 0);
                 let agent = agent_file(reader, out.t1, out.prober.first().copied(), &rnic_ids);
                 bar.inc(1);
                 (agent, unknown_ids)
@@ -645,6 +657,10 @@ struct Planned {
     dictionary: (usize, u64),
     /// A range could not read it as planned (said then): the later ones do not try again.
     left_out: bool,
+    /// Its first record's position in the whole input ([`Probes::index`]).
+    offset: u64,
+    /// Its path traces were gathered ([`Plan::with_paths`]).
+    traced: bool,
 }
 
 /// Ingest one time range at a time, for passes whose windows are independent (`analyze
@@ -669,6 +685,10 @@ pub struct Plan {
     per_window: std::collections::BTreeMap<u64, u64>,
     /// Records the ranges read so far (a file that cannot be read again is not in it).
     read_records: usize,
+    /// Whether ranges carry each record's position in the whole input ([`Plan::with_index`]).
+    indexed: bool,
+    /// Path traces gathered from the files the ranges opened ([`Plan::with_paths`]).
+    traces: Option<PathTraces>,
 }
 
 /// What the first pass keeps of one file: its summary (`formats::segment::read_summary`) when
@@ -761,6 +781,7 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
     }
     let rnic_ids = merger.finish(&mut ds, &mut remaps, inventory);
     let mut planned = Vec::new();
+    let mut offset = 0u64;
     let mut per_window: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     for ((path, h), m) in kept.into_iter().zip(remaps) {
         let first = h.facts.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
@@ -782,14 +803,64 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
             median_gap_ns: h.facts.send_gaps.median_ns,
         });
         if h.facts.time_range.is_some() {
-            planned.push(Planned { path, remap: m, first_ns, last_ns, records, dictionary, left_out: false });
+            planned.push(Planned {
+                path,
+                remap: m,
+                first_ns,
+                last_ns,
+                records,
+                dictionary,
+                left_out: false,
+                offset,
+                traced: false,
+            });
         }
+        offset += h.facts.records;
     }
     let unknown_ids = vec![0; planned.len()];
-    Plan { ds, files: planned, fields, unknown_ids, window_ns, carried: Vec::new(), per_window, read_records: 0 }
+    Plan {
+        ds,
+        files: planned,
+        fields,
+        unknown_ids,
+        window_ns,
+        carried: Vec::new(),
+        per_window,
+        read_records: 0,
+        indexed: false,
+        traces: None,
+    }
 }
 
 impl Plan {
+    /// Ranges read from now on carry each record's position in the whole input
+    /// ([`Probes::index`]).
+    pub fn with_index(&mut self) {
+        self.indexed = true;
+    }
+
+    /// The files that ranges open from now on give their path traces, placed into
+    /// [`Dataset::paths`] by [`Plan::place_paths`] once a pass over every range opened them all.
+    pub fn with_paths(&mut self) {
+        self.traces.get_or_insert_default();
+    }
+
+    /// Places the path traces gathered since [`Plan::with_paths`] (see [`place_paths`]); later
+    /// ranges gather none.
+    pub fn place_paths(&mut self) {
+        if let Some(t) = self.traces.take() {
+            t.place(&mut self.ds);
+        }
+    }
+
+    /// Starts another pass over the ranges: what [`Plan::records_read`] and the unknown-id
+    /// problems count is the next pass's, and no reader is carried into its first range.
+    pub fn rewind(&mut self) {
+        self.read_records = 0;
+        self.unknown_ids.iter_mut().for_each(|u| *u = 0);
+        self.carried.clear();
+    }
+
     /// Records in the readable files, as the first pass counted them.
     pub fn records(&self) -> usize {
         self.files.iter().map(|f| f.records).sum()
@@ -863,15 +934,27 @@ impl Plan {
                 }),
             }
         }
+        if let Some(traces) = &mut self.traces {
+            for (i, r) in &readers {
+                let f = &mut self.files[*i];
+                if !f.traced {
+                    f.traced = true;
+                    traces.add(&mut self.ds, &f.path, r, &f.remap);
+                }
+            }
+        }
         let counts: Vec<usize> = readers.par_iter().map(|(_, r)| records_in(r, from, to)).collect();
         self.read_records += counts.iter().sum::<usize>();
         let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
+        if self.indexed {
+            probes.index = vec![0; probes.len()];
+        }
         let mut slices = split(&mut probes, &counts);
         let (files, fields) = (&self.files, self.fields);
         let unknown: Vec<u64> = readers
             .par_iter()
             .zip(slices.par_iter_mut())
-            .map(|((i, r), out)| fill(r, &files[*i].remap, out, fields, Some((from, to))))
+            .map(|((i, r), out)| fill(r, &files[*i].remap, out, fields, Some((from, to)), files[*i].offset))
             .collect();
         for ((i, _), u) in readers.iter().zip(unknown) {
             self.unknown_ids[*i] += u;
@@ -912,9 +995,26 @@ const UNRESOLVED_PEER: u32 = u32::MAX - 1;
 /// the file reported. One through an unmapped hop is left out and counted in
 /// [`Dataset::unmapped_hops`].
 fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &[Remap]) {
-    let mut unmapped: HashMap<[u8; 16], u64> = HashMap::new();
-    let mut history: HashMap<PathKey, Vec<TimedPath>> = HashMap::new();
+    let mut traces = PathTraces::default();
     for ((path, reader), m) in readers.iter().zip(remaps) {
+        traces.add(ds, path, reader, m);
+    }
+    traces.place(ds);
+}
+
+/// Path traces gathered file by file, in any order, and placed once every file is in
+/// ([`place_paths`]; a [`Plan`] gathers them as its first pass over the ranges opens each file).
+#[derive(Debug, Default)]
+struct PathTraces {
+    /// Traces by unmapped hop address.
+    unmapped: HashMap<[u8; 16], u64>,
+    history: HashMap<PathKey, Vec<TimedPath>>,
+}
+
+impl PathTraces {
+    /// One file's traces; what cannot be placed is said as the file's problem in `ds`.
+    fn add(&mut self, ds: &mut Dataset, path: &std::path::Path, reader: &SegmentReader, m: &Remap) {
+        let PathTraces { unmapped, history } = self;
         let (mut undefined, mut to_unresolved) = (0u64, 0u64);
         let mut unresolved_addrs: BTreeSet<String> = BTreeSet::new();
         for p in reader.path_records() {
@@ -960,7 +1060,7 @@ fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &
         }
         if undefined > 0 {
             ds.problems.push(FileProblem {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 problem: format!("{undefined} path traces name ids its dictionary does not define: left out"),
                 skipped: false,
             });
@@ -968,7 +1068,7 @@ fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &
         if to_unresolved > 0 {
             let addrs: Vec<String> = unresolved_addrs.into_iter().collect();
             ds.problems.push(FileProblem {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 problem: format!(
                     "{to_unresolved} path traces end at a peer address that no RNIC's dictionary entry and no inventory RNIC declares ({}): left out (fix: read the probers' segments too, or give an inventory that lists the address)",
                     addrs.join(", ")
@@ -977,20 +1077,27 @@ fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &
             });
         }
     }
-    // The latest trace of each key is its path; a key whose path changed keeps its changes.
-    for (key, mut traces) in history {
-        traces.sort_by_key(|(t, _)| *t);
-        traces.dedup_by(|later, earlier| later.1 == earlier.1);
-        let latest = traces.last().map(|(_, h)| h.clone()).unwrap_or_default();
-        if traces.len() > 1 {
-            ds.path_changes.insert(key, traces);
+
+    /// Into `ds`: each key's path, its changes, and the unmapped hops.
+    fn place(self, ds: &mut Dataset) {
+        let PathTraces { unmapped, history } = self;
+        // The latest trace of each key is its path; a key whose path changed keeps its changes.
+        // Ordered by hops too, so that two traces of one instant come out the same whatever order
+        // the files were read in.
+        for (key, mut traces) in history {
+            traces.sort_unstable();
+            traces.dedup_by(|later, earlier| later.1 == earlier.1);
+            let latest = traces.last().map(|(_, h)| h.clone()).unwrap_or_default();
+            if traces.len() > 1 {
+                ds.path_changes.insert(key, traces);
+            }
+            ds.paths.insert(key, latest);
         }
-        ds.paths.insert(key, latest);
+        let mut hops: Vec<UnmappedHop> =
+            unmapped.into_iter().map(|(addr, traces)| UnmappedHop { addr: addr_text(&addr), traces }).collect();
+        hops.sort_by(|a, b| b.traces.cmp(&a.traces).then_with(|| a.addr.cmp(&b.addr)));
+        ds.unmapped_hops = hops;
     }
-    let mut hops: Vec<UnmappedHop> =
-        unmapped.into_iter().map(|(addr, traces)| UnmappedHop { addr: addr_text(&addr), traces }).collect();
-    hops.sort_by(|a, b| b.traces.cmp(&a.traces).then_with(|| a.addr.cmp(&b.addr)));
-    ds.unmapped_hops = hops;
 }
 
 /// An address as operators write it: IPv4 for an IPv4-mapped address.
@@ -1124,6 +1231,7 @@ struct Slices<'a> {
     arrived: &'a mut [u8],
     ts_source: &'a mut [u8],
     service: &'a mut [u32],
+    index: &'a mut [u64],
 }
 
 fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
@@ -1141,6 +1249,7 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
         arrived: &mut p.arrived,
         ts_source: &mut p.ts_source,
         service: &mut p.service,
+        index: &mut p.index,
     };
     let mut out = Vec::with_capacity(counts.len());
     for &n in counts {
@@ -1167,6 +1276,7 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
             arrived: cut!(arrived),
             ts_source: cut!(ts_source),
             service: cut!(service),
+            index: cut!(index),
         });
     }
     out
@@ -1176,14 +1286,27 @@ fn split<'a>(p: &'a mut Probes, counts: &[usize]) -> Vec<Slices<'a>> {
 /// returns how many prober or target ids its dictionary does not define as RNICs or services
 /// (remapped to `u32::MAX`, the unknown RNIC of reports). A service probe's target becomes its
 /// remote RNIC and its service id goes to the service column: table lookups, nothing allocated.
-fn fill(reader: &SegmentReader, m: &Remap, out: &mut Slices<'_>, fields: Fields, range: Option<(u64, u64)>) -> u64 {
+/// `offset`: the file's first record's position in the whole input ([`Probes::index`], written
+/// when that slice is not empty).
+fn fill(
+    reader: &SegmentReader,
+    m: &Remap,
+    out: &mut Slices<'_>,
+    fields: Fields,
+    range: Option<(u64, u64)>,
+    offset: u64,
+) -> u64 {
     let mut at = 0;
+    // Position of the current chunk's first record in the file, skipped chunks included.
+    let mut chunk_at = offset;
     let mut unknown_ids = 0u64;
     let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
     // Which of a chunk's rows to take: all of them (a plain copy, the usual case), or the
     // ones inside the range, which only a chunk straddling a boundary needs.
     let mut picked: Vec<u32> = Vec::new();
     for c in reader.probe_chunks() {
+        let first = chunk_at;
+        chunk_at += c.len() as u64;
         let whole = match range.map(|r| (r, chunk_span(c))) {
             None => true,
             Some(((from, to), (lo, hi))) if within(lo, from, to) && within(hi, from, to) => true,
@@ -1240,6 +1363,17 @@ fn fill(reader: &SegmentReader, m: &Remap, out: &mut Slices<'_>, fields: Fields,
         copy!(out.outcome, c.outcome, v => *v);
         copy!(out.arrived, c.arrived, v => *v);
         copy!(out.ts_source, c.ts_source, v => *v);
+        if !out.index.is_empty() {
+            if whole {
+                for (k, o) in out.index[r.clone()].iter_mut().enumerate() {
+                    *o = first + k as u64;
+                }
+            } else {
+                for (o, &i) in out.index[r.clone()].iter_mut().zip(&picked) {
+                    *o = first + u64::from(i);
+                }
+            }
+        }
         at += n;
     }
     unknown_ids
@@ -1325,6 +1459,8 @@ mod tests {
             carried: Vec::new(),
             per_window: counts.iter().copied().collect(),
             read_records: 0,
+            indexed: false,
+            traces: None,
         };
         // 10 and 11 fit in 10 records; 12 holds 20 alone (a window is never split); 13 is empty.
         let p = plan(&[(10, 5), (11, 5), (12, 20), (14, 1)]);

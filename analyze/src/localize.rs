@@ -4,39 +4,47 @@
 //! files (testbeds/scenarios/README.md), and its JSON output is the findings shape
 //! `testbeds score` reads.
 //!
-//! The evidence is counts tested against the fleet's own, not quantiles, so it is gathered in one
-//! pass over the probe columns into per (window, prober, target, label) counters; everything after that
-//! works on those counters (thousands of entries, not millions of records). What a probe counts
-//! as is [`crate::probe`]'s: ok and lost (no ACK1) are evidence, partial (only ACK2 missing) is
-//! neither loss nor a sample, and invalid, refused, local drops (the probe never left its
-//! prober's host) and unknown outcome bytes are no evidence at all.
+//! The evidence is counts tested against the fleet's own, not quantiles, so it is gathered from
+//! the probe columns into per (window, prober, target, label) counters; everything after that
+//! works on those counters (thousands of entries per window, not millions of records). What a
+//! probe counts as is [`crate::probe`]'s: ok and lost (no ACK1) are evidence, partial (only ACK2
+//! missing) is neither loss nor a sample, and invalid, refused, local drops (the probe never left
+//! its prober's host) and unknown outcome bytes are no evidence at all.
+//!
+//! The input is one table ([`localize`]) or a plan's ranges of whole windows ([`localize_ranges`],
+//! what `analyze localize` runs), read in four passes (`run`): both give the same output, exactly.
+//! Each stage keeps across ranges only what the whole input decides, and says where that grows
+//! with the input.
 //!
 //! The stages, each its own function:
-//! 1. [`baselines`]: the fleet's usual RTT and host delays, one baseline per timestamp source
-//!    and scope (ToR-mesh, inter-ToR), and from them when a probe is slow (above a robust p99)
-//!    and when a host delay is a stall; per window, how far the fleet's ToR-mesh RTT rose,
-//!    which scales that window's slow thresholds ([`Baselines::measure_shifts`]).
-//! 2. `Noise`: when each host was noise, as spans of time: its own send gaps (a frozen host's
-//!    timers fire late) and host delays above the stall threshold. Noisy hosts become `host`
-//!    findings. Short of a stall, a host may be busy in a window ([`BUSY_SHARE`]): its
+//! 1. `Sampler` (pass 1): the fleet's usual RTT and host delays, one baseline per timestamp
+//!    source and scope (ToR-mesh, inter-ToR), from a strided sample by position in the whole
+//!    input, and from them when a probe is slow (above a robust p99) and when a host delay is a
+//!    stall; per window, how far the fleet's ToR-mesh RTT rose, which scales that window's slow
+//!    thresholds (`Baselines::measure_shifts`).
+//! 2. `Noise` (pass 2): when each host was noise, as spans of time: its own send gaps (a frozen
+//!    host's timers fire late) and host delays above the stall threshold. Noisy hosts become
+//!    `host` findings. Short of a stall, a host may be busy in a window ([`BUSY_SHARE`]): its
 //!    host-stamped RTTs there are loss evidence but no slowness evidence.
-//! 3. `tally`: the one pass over the records: counters per (window, prober, target, label),
-//!    leaving out probes that met a stall, and when each prober first heard a restarted target.
-//! 4. `Exclusions`: probes to an RNIC whose agent was not running, and to a restarted agent
-//!    until that prober hears the new instance.
-//! 5. `evidence`: the elements each counter's probes cross: both RNICs and their ToRs
-//!    (ToR-mesh and inter-ToR probes alike), and for inter-ToR probes the links and spines of
-//!    the traced (or inventory-determined) forward and ACK paths.
-//! 6. `blame`: per window a greedy cover (`cover`) over the elements whose bad share is in
-//!    significant excess over the fleet's own in the window (a log-likelihood ratio held to a
-//!    false-discovery rate over every element and window), taking the one that explains the
+//! 3. `tally_range` (passes 3 and 4): counters per (window, prober, target, label) of one
+//!    range, leaving out probes that met a stall, and when each prober first heard a restarted
+//!    target.
+//! 4. `excluded`: probes to an RNIC whose agent was not running, and to a restarted agent
+//!    until that prober hears the new instance. `evidence`: the elements each counter's probes
+//!    cross: both RNICs and their ToRs (ToR-mesh and inter-ToR probes alike), and for inter-ToR
+//!    probes the links and spines of the traced (or inventory-determined) forward and ACK paths.
+//! 5. `Llrs` (pass 3) and `BlameStream` (pass 4): per window a greedy cover (`cover`) over the
+//!    elements whose bad share is in significant excess over the fleet's own in the window (a
+//!    log-likelihood ratio held to a false-discovery rate over every element and window: pass 3
+//!    gathers the ratios, pass 4 covers against the cut), taking the one that explains the
 //!    most at the highest share, then specialising to a contained element clearly worse than
 //!    the rest (two dead RNICs of a ToR) or generalising to a containing one where the pick is
 //!    not (a faint ToR- or spine-wide loss). Once for loss, once for slowness; slowness
 //!    evidence names the timestamp source(s) whose baseline its probes were judged against.
-//! 7. `hysteresis`: a finding holds from its first bad window until
+//!    A window is settled once its next window is covered (`neighbours_tails`).
+//! 6. `hysteresis`: a finding holds from its first bad window until
 //!    `close_after_quiet_windows` quiet windows pass, so a flap is one finding with a flap count.
-//! 8. `service_impacts`: which traced service connections (RDMA QPs of jobs, probed along their
+//! 7. `service_impacts`: which traced service connections (RDMA QPs of jobs, probed along their
 //!    own GIDs and flow label; [`crate::ingest::Service`]) the findings touch, ranked by impact.
 //!
 //! [`smallest_detectable`] says what a window of a given number of probes can show under these
@@ -79,7 +87,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::ingest::{Dataset, NO_SERVICE, Probes, Resolution, UNKNOWN_RNIC, UnmappedHop};
+use crate::ingest::{Dataset, NO_SERVICE, Plan, Probes, Resolution, UNKNOWN_RNIC, UnmappedHop};
 use crate::probe::{Class, Sla, TS_CODES, TsSources, ts_code, ts_name};
 use crate::report::nearest_rank_index;
 use rocemesh_formats::record::TsSource;
@@ -279,6 +287,25 @@ pub struct Localization {
     /// Names of the services whose remote RNIC nothing resolved (no agent name, no inventory or
     /// dictionary entry with its GID): their remote is an RNIC named after the GID.
     pub unresolved_services: Vec<String>,
+    /// Every (window, entity) blamed, before hysteresis joins them into findings: what a
+    /// consumer of single windows (`analyze watch`) emits. Not in the JSON (the findings say it).
+    #[serde(skip)]
+    pub blamed: Vec<Blamed>,
+}
+
+/// One entity blamed in one window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Blamed {
+    /// Start of the window, Unix ns.
+    pub window_start_ns: u64,
+    /// As [`Finding::kind`].
+    pub kind: String,
+    /// As [`Finding::entity`].
+    pub entity: String,
+    /// Share of the evidence that was bad, 0-1 (1 for a noisy host).
+    pub score: f64,
+    /// Why.
+    pub evidence: String,
 }
 
 /// How hard a finding hits a traced service (see the module documentation).
@@ -403,15 +430,131 @@ pub struct ServiceImpact {
 /// When the probe columns differ in length, which ingest never produces (a hand-built
 /// [`Dataset`], or one ingested without every column).
 pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
+    run(&mut Input::Whole(ds), opts)
+}
+
+/// Runs localisation over a plan's ranges of whole windows ([`Plan::ranges`]), reading them
+/// four times, so that memory follows a range (and the fleet), not the hours read: the same
+/// [`Localization`] as [`localize`] over the same files, exactly (`analyze/tests/localize_ranges.rs`
+/// holds the two to it). What grows with the input is small and said where it is kept: each
+/// traced service's ok RTTs (for its exact p99), the log-likelihood ratios that could pass the
+/// false-discovery cut, the windows held as findings, host-noise spans. The plan's path traces
+/// are placed by the first pass; after the last, [`Plan::records_read`] and the problems are
+/// that pass's.
+pub fn localize_ranges(plan: &mut Plan, ranges: Vec<(u64, u64)>, opts: &Options) -> Localization {
+    plan.with_index();
+    plan.with_paths();
+    run(&mut Input::Ranges { plan, ranges }, opts)
+}
+
+/// Where localisation's records come from.
+enum Input<'a> {
+    /// One table holding every record.
+    Whole(&'a Dataset),
+    /// A plan's ranges, read again on each pass, in time order.
+    Ranges { plan: &'a mut Plan, ranges: Vec<(u64, u64)> },
+}
+
+impl Input<'_> {
+    /// Everything but the records.
+    fn ds(&self) -> &Dataset {
+        match self {
+            Input::Whole(ds) => ds,
+            Input::Ranges { plan, .. } => &plan.ds,
+        }
+    }
+
+    /// Records in the input (a strided sample's stride follows it).
+    fn records(&self) -> usize {
+        match self {
+            Input::Whole(ds) => ds.probes.len(),
+            Input::Ranges { plan, .. } => plan.records(),
+        }
+    }
+
+    /// One pass: `each` with every range's records, in time order (a window is never split).
+    fn pass(&mut self, each: &mut dyn FnMut(&Dataset, &Probes)) {
+        match self {
+            Input::Whole(ds) => each(ds, &ds.probes),
+            Input::Ranges { plan, ranges } => {
+                plan.rewind();
+                for &(from, to) in ranges.iter() {
+                    let probes = plan.read(from, to);
+                    each(&plan.ds, &probes);
+                }
+                plan.place_paths();
+            }
+        }
+    }
+}
+
+/// The stages over an input, pass by pass:
+/// 1. the baselines' and the windows' RTT-shift samples (strided by position in the input);
+/// 2. host noise and busy hosts (judged against the baselines);
+/// 3. the evidence's log-likelihood ratios, for the one false-discovery cut over every window;
+/// 4. the evidence again, blamed window by window against that cut.
+///
+/// Over one table, pass 3's evidence is kept for pass 4 instead of being gathered again.
+fn run(input: &mut Input, opts: &Options) -> Localization {
     let window_ns = opts.window_s.max(1) * 1_000_000_000;
-    let Prepared { base, hosts, noise, tally, exclusions } = prepare(ds, opts, window_ns);
-    let evidence = evidence(ds, &tally, &exclusions);
+    let tor_of = tor_ids(input.ds());
+    let mut sampler = Sampler::new(input.records());
+    input.pass(&mut |_, p| sampler.add(p, &tor_of, window_ns));
+    let base = sampler.finish(opts);
+    let hosts = Hosts::of(input.ds());
+    let agents = Agents::of(input.ds(), window_ns);
+    let mut scan = NoiseScan::default();
+    input.pass(&mut |ds, p| scan.add(ds, p, &hosts, &base, window_ns));
+    let noise = Noise::new(input.ds(), &hosts, &base, opts, window_ns, scan);
+    let cx = TallyContext { base: &base, tor_of: &tor_of, noise: &noise, hosts: &hosts, agents: &agents, window_ns };
+    let blamer = Blamer::new(input.ds());
+    // Pass 3 gathers the evidence as pass 4 does, in the same order, and keeps only what the
+    // cut needs; over one table its evidence goes on to pass 4 as it is.
+    let mut llrs = Llrs::new(opts.fdr);
+    let (mut tally, mut el) = (Tally::new(input.ds()), Elements::new(input.ds()));
+    let whole = matches!(input, Input::Whole(_));
+    let mut kept: Option<Evidence> = None;
+    input.pass(&mut |ds, p| {
+        let range = tally_range(ds, p, &cx, &mut tally);
+        let e = evidence(ds, &range, &tally, &cx, &mut el);
+        llrs.add(&e, el.names.len(), &blamer, opts);
+        if whole {
+            kept = Some(e);
+        }
+    });
     let mut held = Held::default();
     for ((host, w), why) in &noise.windows {
         held.hold("host", &hosts.names[*host as usize], *w, 1.0, why.clone());
     }
-    blame(&evidence, &base, opts, &mut held);
+    let mut stream = BlameStream::new(llrs.cuts());
+    if let Some(e) = kept {
+        stream.add(e, &el, &blamer, &base, opts, &mut held);
+    } else {
+        (tally, el) = (Tally::new(input.ds()), Elements::new(input.ds()));
+        input.pass(&mut |ds, p| {
+            let range = tally_range(ds, p, &cx, &mut tally);
+            let e = evidence(ds, &range, &tally, &cx, &mut el);
+            stream.add(e, &el, &blamer, &base, opts, &mut held);
+        });
+    }
+    stream.finish(&el, &base, &mut held);
+    let ds = input.ds();
+    tally.finish(ds, &noise, &hosts);
+    absorb_edges(&el, &mut held);
     let last_window = tally.windows.iter().next_back().copied();
+    let blamed = held
+        .0
+        .iter()
+        .flat_map(|((kind, entity), ws)| {
+            ws.iter().map(|(&w, (score, evidence))| Blamed {
+                window_start_ns: u64::from(w) * window_ns,
+                kind: kind.clone(),
+                entity: entity.clone(),
+                score: *score,
+                evidence: evidence.clone(),
+            })
+        })
+        .collect();
     let findings = hysteresis(held, window_ns, last_window, opts.close_after_quiet_windows);
     let services = service_impacts(ds, &tally.services, &findings, &base, opts, window_ns);
     let mut baselines: Vec<Baseline> = base.all().cloned().collect();
@@ -421,46 +564,18 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
     Localization {
         findings,
         windows: tally.windows.len() as u64,
-        records: ds.probes.len() as u64,
+        records: tally.records,
         rtt_ns_p50,
         slow_threshold_ns,
         baselines,
         rtt_shifts: base.rtt_shifts(window_ns),
-        inter_tor_without_path: evidence.without_path,
+        inter_tor_without_path: el.without_path,
         unmapped_hops: ds.unmapped_hops.clone(),
         not_evidence: tally.not_evidence,
         services,
         unresolved_services: ds.unresolved_services().map(|s| s.name.clone()).collect(),
+        blamed,
     }
-}
-
-/// Stages 1 to 4: what the evidence is judged against, and what is not evidence.
-struct Prepared {
-    base: Baselines,
-    hosts: Hosts,
-    noise: Noise,
-    tally: Tally,
-    exclusions: Exclusions,
-}
-
-fn prepare(ds: &Dataset, opts: &Options, window_ns: u64) -> Prepared {
-    let tor_of = tor_ids(ds);
-    let mut base = baselines(&ds.probes, &tor_of, opts);
-    base.measure_shifts(&ds.probes, &tor_of, window_ns);
-    let hosts = Hosts::of(ds);
-    let agents = Agents::of(ds, window_ns);
-    let noise = Noise::new(ds, &hosts, &base, opts, window_ns);
-    let cx = TallyContext {
-        base: &base,
-        tor_of: &tor_of,
-        restarts: &agents.restarts,
-        noise: &noise,
-        hosts: &hosts,
-        window_ns,
-    };
-    let mut tally = tally(ds, &cx);
-    let exclusions = Exclusions::new(agents, &mut tally, window_ns);
-    Prepared { base, hosts, noise, tally, exclusions }
 }
 
 /// A window's ToR-mesh ok probes of one source, at least, for its RTT shift to be measured.
@@ -525,18 +640,9 @@ impl Baselines {
     /// 27-30%. ToR-mesh probes cross one ToR and no spine, so a slow link, spine or ToR does not
     /// move their lower quartile (a ToR carries a quarter of them in a 4-ToR fabric, an RNIC
     /// far less): a fault stays slow against the scaled threshold, a fleet-wide shift does not.
-    /// A window needs [`SHIFT_MIN_SAMPLES`] ToR-mesh ok probes of the source.
-    pub fn measure_shifts(&mut self, p: &Probes, tor_of: &[u32], window_ns: u64) {
-        let n = p.len();
-        let stride = (n / SHIFT_SAMPLE_TARGET).max(1);
-        let mut by: HashMap<(u32, usize), Vec<f64>> = HashMap::new();
-        for i in (0..n).step_by(stride) {
-            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok || is_inter(p, tor_of, i) {
-                continue;
-            }
-            let key = ((p.t1_unix_ns[i] / window_ns) as u32, usize::from(ts_code(p.ts_source[i])));
-            by.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
-        }
+    /// A window needs [`SHIFT_MIN_SAMPLES`] ToR-mesh ok probes of the source; `by` holds them,
+    /// by (window, source code), as [`Sampler`] sampled them.
+    fn measure_shifts(&mut self, by: HashMap<(u32, usize), Vec<f64>>) {
         self.shifts = by
             .into_iter()
             .filter(|(_, v)| v.len() >= SHIFT_MIN_SAMPLES)
@@ -614,76 +720,113 @@ fn is_inter(p: &Probes, tor_of: &[u32], i: usize) -> bool {
 /// delays: a fleet whose healthy hosts take milliseconds to turn a probe around (soft-RoCE, a
 /// VM) must not be all "noisy". Per source, because a host-poll stamp includes the poll loop's
 /// latency where a kernel or NIC stamp does not: a pooled baseline would call every host-poll
-/// RNIC slow.
-pub fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
-    let n = p.len();
-    let ok = |i: usize| Class::of(p.outcome[i], p.arrived[i]) == Class::Ok;
-    let code = |i: usize| usize::from(ts_code(p.ts_source[i]));
-    let sample_of =
-        |i: usize| (p.network_rtt_ns[i], p.prober_delay_ns[i].max(p.responder_delay_ns[i]), is_inter(p, tor_of, i));
-    let stride = (n / SAMPLE_TARGET).max(1);
-    let mut samples: [Vec<(i32, i32, bool)>; TS_CODES] = Default::default();
-    for i in (0..n).step_by(stride).filter(|&i| ok(i)) {
-        samples[code(i)].push(sample_of(i));
+/// RNIC slow. The sample is by position in the whole input ([`Probes::index_of`]), so that a
+/// range at a time samples what the whole input would.
+struct Sampler {
+    stride: u64,
+    shift_stride: u64,
+    /// (RTT, larger host delay, inter-ToR) by source code.
+    samples: [Vec<(i32, i32, bool)>; TS_CODES],
+    /// Every ok probe of a source while its strided sample is thinner than [`SAMPLE_MIN`] (and
+    /// the stride above 1): a source rare in the fleet (one host-poll RNIC among
+    /// kernel-stamped ones) has few or no probes in the fleet-wide stride and is sampled whole,
+    /// which is little (fewer than SAMPLE_MIN in the stride means about SAMPLE_MIN x stride,
+    /// n / 200, at most). Dropped once the strided sample is thick enough.
+    whole: [Option<Vec<(i32, i32, bool)>>; TS_CODES],
+    /// ToR-mesh ok RTTs by (window, source code), for [`Baselines::measure_shifts`].
+    shift: HashMap<(u32, usize), Vec<f64>>,
+}
+
+impl Sampler {
+    /// For an input of `n` records.
+    fn new(n: usize) -> Sampler {
+        let stride = (n / SAMPLE_TARGET).max(1) as u64;
+        Sampler {
+            stride,
+            shift_stride: (n / SHIFT_SAMPLE_TARGET).max(1) as u64,
+            samples: Default::default(),
+            whole: std::array::from_fn(|_| (stride > 1).then(Vec::new)),
+            shift: HashMap::new(),
+        }
     }
-    // A source rare in the fleet (one host-poll RNIC among kernel-stamped ones) has few or no
-    // probes in the fleet-wide stride: it is sampled whole, which is little (fewer than
-    // SAMPLE_MIN in the stride means about SAMPLE_MIN x stride, n / 200, at most).
-    let thin: Vec<usize> = (0..TS_CODES).filter(|&c| samples[c].len() < SAMPLE_MIN).collect();
-    if stride > 1 && !thin.is_empty() {
-        for &c in &thin {
-            samples[c].clear();
-        }
-        for i in (0..n).filter(|&i| ok(i)) {
-            let c = code(i);
-            if thin.contains(&c) {
-                samples[c].push(sample_of(i));
-            }
-        }
-    }
-    let mut out = Baselines {
-        by_code: Default::default(),
-        shifts: HashMap::new(),
-        slow_default_ns: opts.slow_margin_ns,
-        noise_default_ns: opts.host_delay_noise_ns,
-    };
-    for (c, s) in samples.iter_mut().enumerate() {
-        if s.is_empty() {
-            continue;
-        }
-        let k = (s.len() * 99 / 100).min(s.len() - 1);
-        let host_delay_ns_p99 = i64::from(s.select_nth_unstable_by_key(k, |x| x.1).1.1);
-        let host_noise_threshold_ns =
-            opts.host_delay_noise_ns.max(host_delay_ns_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
-        for (scope, name) in SCOPES.iter().enumerate() {
-            let mut rtt: Vec<f64> =
-                s.iter().filter(|x| usize::from(x.2) == scope).map(|x| f64::from(x.0.max(1))).collect();
-            if rtt.is_empty() {
+
+    fn add(&mut self, p: &Probes, tor_of: &[u32], window_ns: u64) {
+        for i in 0..p.len() {
+            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
                 continue;
             }
-            let rtt_ns_p50 = median(&mut rtt);
-            let rtt_ns_p25 = lower_quartile(&mut rtt);
-            let mut logs: Vec<f64> = rtt.iter().map(|r| r.ln()).collect();
-            let log_median = median(&mut logs);
-            let mut dev: Vec<f64> = logs.iter().map(|l| (l - log_median).abs()).collect();
-            let sigma = median(&mut dev) * MAD_TO_SIGMA;
-            let rtt_ns_p99_robust = (log_median + Z99 * sigma).exp();
-            let slow_threshold_ns =
-                rtt_ns_p99_robust.max(rtt_ns_p50 * opts.slow_p50_factor).max(rtt_ns_p50 + opts.slow_margin_ns);
-            out.by_code[c][scope] = Some(Baseline {
-                ts_source: ts_name(c as u8),
-                scope: name,
-                samples: rtt.len() as u64,
-                rtt_ns_p50,
-                rtt_ns_p25,
-                rtt_ns_p99_robust,
-                slow_threshold_ns,
-                host_delay_ns_p99,
-                host_noise_threshold_ns,
-            });
+            let (at, c, inter) = (p.index_of(i), usize::from(ts_code(p.ts_source[i])), is_inter(p, tor_of, i));
+            let x = (p.network_rtt_ns[i], p.prober_delay_ns[i].max(p.responder_delay_ns[i]), inter);
+            if at.is_multiple_of(self.stride) {
+                self.samples[c].push(x);
+                if self.samples[c].len() >= SAMPLE_MIN {
+                    self.whole[c] = None;
+                }
+            }
+            if let Some(v) = &mut self.whole[c] {
+                v.push(x);
+            }
+            if at.is_multiple_of(self.shift_stride) && !inter {
+                let key = ((p.t1_unix_ns[i] / window_ns) as u32, c);
+                self.shift.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
+            }
         }
     }
-    out
+
+    fn finish(self, opts: &Options) -> Baselines {
+        let Sampler { mut samples, whole, shift, .. } = self;
+        for (c, w) in whole.into_iter().enumerate() {
+            if let Some(w) = w
+                && samples[c].len() < SAMPLE_MIN
+            {
+                samples[c] = w;
+            }
+        }
+        let mut out = Baselines {
+            by_code: Default::default(),
+            shifts: HashMap::new(),
+            slow_default_ns: opts.slow_margin_ns,
+            noise_default_ns: opts.host_delay_noise_ns,
+        };
+        for (c, s) in samples.iter_mut().enumerate() {
+            if s.is_empty() {
+                continue;
+            }
+            let k = (s.len() * 99 / 100).min(s.len() - 1);
+            let host_delay_ns_p99 = i64::from(s.select_nth_unstable_by_key(k, |x| x.1).1.1);
+            let host_noise_threshold_ns =
+                opts.host_delay_noise_ns.max(host_delay_ns_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
+            for (scope, name) in SCOPES.iter().enumerate() {
+                let mut rtt: Vec<f64> =
+                    s.iter().filter(|x| usize::from(x.2) == scope).map(|x| f64::from(x.0.max(1))).collect();
+                if rtt.is_empty() {
+                    continue;
+                }
+                let rtt_ns_p50 = median(&mut rtt);
+                let rtt_ns_p25 = lower_quartile(&mut rtt);
+                let mut logs: Vec<f64> = rtt.iter().map(|r| r.ln()).collect();
+                let log_median = median(&mut logs);
+                let mut dev: Vec<f64> = logs.iter().map(|l| (l - log_median).abs()).collect();
+                let sigma = median(&mut dev) * MAD_TO_SIGMA;
+                let rtt_ns_p99_robust = (log_median + Z99 * sigma).exp();
+                let slow_threshold_ns =
+                    rtt_ns_p99_robust.max(rtt_ns_p50 * opts.slow_p50_factor).max(rtt_ns_p50 + opts.slow_margin_ns);
+                out.by_code[c][scope] = Some(Baseline {
+                    ts_source: ts_name(c as u8),
+                    scope: name,
+                    samples: rtt.len() as u64,
+                    rtt_ns_p50,
+                    rtt_ns_p25,
+                    rtt_ns_p99_robust,
+                    slow_threshold_ns,
+                    host_delay_ns_p99,
+                    host_noise_threshold_ns,
+                });
+            }
+        }
+        out.measure_shifts(shift);
+        out
+    }
 }
 
 /// The lower quartile of `v` (element `len / 4` in order), reordering it; 0 when empty.
@@ -734,8 +877,9 @@ impl Hosts {
 /// What the agents' files say: which windows each RNIC's agent covered and when agents
 /// restarted.
 struct Agents {
-    /// Windows in which each RNIC's agent wrote records.
-    covered: Vec<BTreeSet<u32>>,
+    /// Windows in which each RNIC's agent wrote records, as sorted disjoint runs (first, last):
+    /// a file covers its span's windows, and a day's windows per RNIC would not fit as a set.
+    covered: Vec<Vec<(u32, u32)>>,
     /// Restarts by RNIC: (last record of the old instance, first of the new one).
     restarts: HashMap<u32, Vec<(u64, u64)>>,
 }
@@ -744,15 +888,24 @@ impl Agents {
     fn of(ds: &Dataset, window_ns: u64) -> Agents {
         let win = |t: u64| (t / window_ns) as u32;
         let rnics = ds.rnics.len();
-        let mut covered: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); rnics];
+        let mut covered: Vec<Vec<(u32, u32)>> = vec![Vec::new(); rnics];
         let mut files_by_rnic: Vec<Vec<usize>> = vec![Vec::new(); rnics];
         for (i, a) in ds.agents.iter().enumerate() {
             if (a.rnic as usize) < rnics && a.records > 0 {
                 files_by_rnic[a.rnic as usize].push(i);
-                for w in win(a.first_ns)..=win(a.last_ns) {
-                    covered[a.rnic as usize].insert(w);
+                covered[a.rnic as usize].push((win(a.first_ns), win(a.last_ns)));
+            }
+        }
+        for runs in &mut covered {
+            runs.sort_unstable();
+            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(runs.len());
+            for &(a, b) in runs.iter() {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
                 }
             }
+            *runs = merged;
         }
         let mut restarts: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for (rnic, files) in files_by_rnic.iter_mut().enumerate() {
@@ -765,6 +918,13 @@ impl Agents {
             }
         }
         Agents { covered, restarts }
+    }
+
+    /// Whether `rnic`'s agent wrote records in window `w`.
+    fn covers(&self, rnic: u32, w: u32) -> bool {
+        let runs = &self.covered[rnic as usize];
+        let i = runs.partition_point(|&(first, _)| first <= w);
+        i > 0 && runs[i - 1].1 >= w
     }
 }
 
@@ -807,32 +967,22 @@ struct Noise {
     lost_pad_ns: u64,
 }
 
-impl Noise {
-    fn new(ds: &Dataset, hosts: &Hosts, base: &Baselines, opts: &Options, window_ns: u64) -> Noise {
+/// Stage 2's pass over the records: host delays above the stall threshold (a prober delay
+/// stalls the prober's host, a responder delay the target's, over the probe's whole exchange),
+/// and the windows in which each host was busy.
+#[derive(Default)]
+struct NoiseScan {
+    /// (host, start, end, RNIC, answering, the late delay), ns; few (stalled probes only).
+    events: Vec<(u32, u64, u64, u32, bool, u64)>,
+    /// (host, window) where the host was busy ([`BUSY_SHARE`]).
+    busy: BTreeSet<(u32, u32)>,
+}
+
+impl NoiseScan {
+    /// One range of whole windows: a window's busy hosts are decided within it.
+    fn add(&mut self, ds: &Dataset, p: &Probes, hosts: &Hosts, base: &Baselines, window_ns: u64) {
         let win = |t: u64| (t / window_ns) as u32;
-        let mut spans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); hosts.names.len()];
-        let mut windows: BTreeMap<(u32, u32), String> = BTreeMap::new();
-        for a in ds.agents.iter().filter(|a| (a.rnic as usize) < ds.rnics.len()) {
-            let host = hosts.of_rnic[a.rnic as usize];
-            for &(t, gap) in &a.long_gaps {
-                spans[host as usize].push((t, t.saturating_add(gap)));
-                for w in win(t)..=win(t.saturating_add(gap)) {
-                    windows.entry((host, w)).or_insert_with(|| {
-                        format!(
-                            "{}: no probe sent for {:.0} ms (usual spacing {:.1} ms): a frozen host",
-                            ds.rnics[a.rnic as usize].name,
-                            gap as f64 / 1e6,
-                            a.median_gap_ns as f64 / 1e6
-                        )
-                    });
-                }
-            }
-        }
-        // Host delays above the stall threshold: a prober delay stalls the prober's host, a
-        // responder delay the target's, over the probe's whole exchange.
-        let p = &ds.probes;
-        // (host, start, end, RNIC, answering, the late delay), ns.
-        let mut events: Vec<(u32, u64, u64, u32, bool, u64)> = Vec::new();
+        let events = &mut self.events;
         let mut own: HashMap<(u32, u32), (u32, u32)> = HashMap::new();
         for i in 0..p.len() {
             let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
@@ -864,6 +1014,38 @@ impl Noise {
                 events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, rd as u64));
             }
         }
+        self.busy.extend(
+            own.into_iter()
+                .filter(|&(_, (delayed, n))| {
+                    delayed >= BUSY_MIN_DELAYED && f64::from(delayed) >= BUSY_SHARE * f64::from(n)
+                })
+                .map(|(key, _)| key),
+        );
+    }
+}
+
+impl Noise {
+    fn new(ds: &Dataset, hosts: &Hosts, base: &Baselines, opts: &Options, window_ns: u64, scan: NoiseScan) -> Noise {
+        let win = |t: u64| (t / window_ns) as u32;
+        let mut spans: Vec<Vec<(u64, u64)>> = vec![Vec::new(); hosts.names.len()];
+        let mut windows: BTreeMap<(u32, u32), String> = BTreeMap::new();
+        for a in ds.agents.iter().filter(|a| (a.rnic as usize) < ds.rnics.len()) {
+            let host = hosts.of_rnic[a.rnic as usize];
+            for &(t, gap) in &a.long_gaps {
+                spans[host as usize].push((t, t.saturating_add(gap)));
+                for w in win(t)..=win(t.saturating_add(gap)) {
+                    windows.entry((host, w)).or_insert_with(|| {
+                        format!(
+                            "{}: no probe sent for {:.0} ms (usual spacing {:.1} ms): a frozen host",
+                            ds.rnics[a.rnic as usize].name,
+                            gap as f64 / 1e6,
+                            a.median_gap_ns as f64 / 1e6
+                        )
+                    });
+                }
+            }
+        }
+        let NoiseScan { mut events, busy } = scan;
         events.sort_unstable();
         let thresholds: BTreeSet<i64> = base.all().map(|b| b.host_noise_threshold_ns).collect();
         let noise_ms = match (thresholds.first(), thresholds.last()) {
@@ -906,11 +1088,6 @@ impl Noise {
         for s in &mut spans {
             s.sort_unstable();
         }
-        let busy = own
-            .into_iter()
-            .filter(|&(_, (delayed, n))| delayed >= BUSY_MIN_DELAYED && f64::from(delayed) >= BUSY_SHARE * f64::from(n))
-            .map(|(key, _)| key)
-            .collect();
         Noise {
             spans,
             windows,
@@ -965,20 +1142,53 @@ enum Mode {
 
 type Key = (u32, u32, u32, u32); // window, prober, target, label
 
-/// What the one pass over the records gathers.
+/// What a pass over the records gathers across its ranges.
 #[derive(Debug, Default)]
 struct Tally {
-    /// Counters by key, ascending (so later stages are deterministic).
-    acc: Vec<(Key, Acc)>,
-    /// Keys of inter-ToR probes (they vote on links and spines).
-    inter_keys: HashSet<Key>,
-    /// (prober, restarted target, restart's first record) -> first ok T1 from the new instance.
+    /// (prober, restarted target, restart's first record) -> first ok T1 from the new instance,
+    /// so far: a range's windows are judged on what was heard up to its end, which is exactly
+    /// what the whole input says of them (a window is excluded while nothing was heard before
+    /// it; what is heard later cannot change that).
     heard_again: HashMap<(u32, u32, u64), u64>,
+    /// Records looked at.
+    records: u64,
+    /// Local drops by prober id.
+    local_drops: Vec<u64>,
     /// Windows holding records.
     windows: BTreeSet<u32>,
     not_evidence: NotEvidence,
     /// By service id: the service's own probes.
     services: Vec<ServiceTally>,
+}
+
+impl Tally {
+    fn new(ds: &Dataset) -> Tally {
+        Tally {
+            services: vec![ServiceTally::default(); ds.services.len()],
+            local_drops: vec![0; ds.rnics.len()],
+            ..Tally::default()
+        }
+    }
+
+    /// What is counted once the last range is in.
+    fn finish(&mut self, ds: &Dataset, noise: &Noise, hosts: &Hosts) {
+        for (rnic, &n) in self.local_drops.iter().enumerate().filter(|(_, n)| **n > 0) {
+            self.not_evidence.local_drop_by_prober.insert(ds.rnics[rnic].name.clone(), n);
+        }
+        for &(host, _) in &noise.busy {
+            *self.not_evidence.busy_host_windows.entry(hosts.names[host as usize].clone()).or_default() += 1;
+        }
+    }
+}
+
+/// One range's counters.
+#[derive(Default)]
+struct RangeTally {
+    /// Counters by key, ascending (so later stages are deterministic, and ranges in time order
+    /// give the keys in the order one table would).
+    acc: Vec<(Key, Acc)>,
+    /// Keys of inter-ToR probes (they vote on links and spines).
+    inter_keys: HashSet<Key>,
 }
 
 /// One traced service's own probes.
@@ -989,7 +1199,8 @@ struct ServiceTally {
     /// First and last T1.
     first_ns: u64,
     last_ns: u64,
-    /// The prober of its first record.
+    /// The prober of its earliest record (the smallest id among those of one instant), whatever
+    /// order the records are read in.
     prober: u32,
     /// Counters per window (every record counted, evidence or not).
     windows: BTreeMap<u32, Acc>,
@@ -1016,21 +1227,21 @@ impl Default for ServiceTally {
 struct TallyContext<'a> {
     base: &'a Baselines,
     tor_of: &'a [u32],
-    restarts: &'a HashMap<u32, Vec<(u64, u64)>>,
     noise: &'a Noise,
     hosts: &'a Hosts,
+    agents: &'a Agents,
     window_ns: u64,
 }
 
-/// Stage 2: one pass over the records: counters per key, leaving out probes that met a host's
+/// Stage 3, one range of whole windows: counters per key, leaving out probes that met a host's
 /// stall, and when each prober first heard a restarted target.
-fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
-    let TallyContext { base, tor_of, restarts, noise, hosts, window_ns } = *cx;
-    let p = &ds.probes;
+fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut Tally) -> RangeTally {
+    let TallyContext { base, tor_of, noise, hosts, agents, window_ns } = *cx;
+    let restarts = &agents.restarts;
     let rnics = ds.rnics.len();
-    let mut t = Tally { services: vec![ServiceTally::default(); ds.services.len()], ..Tally::default() };
     let mut acc: HashMap<Key, Acc> = HashMap::new();
-    let mut local_drops: Vec<u64> = vec![0; rnics];
+    let mut inter_keys: HashSet<Key> = HashSet::new();
+    t.records += p.len() as u64;
     for i in 0..p.len() {
         let (pr, tg) = (p.prober[i], p.target[i]);
         let class = Class::of(p.outcome[i], p.arrived[i]);
@@ -1038,10 +1249,10 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
         if let Some(s) = t.services.get_mut(service as usize) {
             let t1 = p.t1_unix_ns[i];
             s.probes += 1;
-            (s.first_ns, s.last_ns) = (s.first_ns.min(t1), s.last_ns.max(t1));
-            if s.prober == u32::MAX {
+            if (t1, pr) < (s.first_ns, s.prober) {
                 s.prober = pr;
             }
+            (s.first_ns, s.last_ns) = (s.first_ns.min(t1), s.last_ns.max(t1));
             let w = (t1 / window_ns) as u32;
             let a = s.windows.entry(w).or_default();
             match class {
@@ -1121,7 +1332,7 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
             // Only ACK2 missing proves the forward path and the responder alive: not loss.
             Class::Partial => a.valid = 1,
             Class::LocalDrop => {
-                local_drops[pr as usize] += 1;
+                t.local_drops[pr as usize] += 1;
                 continue;
             }
             Class::Invalid => {
@@ -1141,123 +1352,136 @@ fn tally(ds: &Dataset, cx: &TallyContext) -> Tally {
         // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
         let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
         if p.kind[i] == 1 || (service != NO_SERVICE && !tp.is_empty() && !tt.is_empty() && tp != tt) {
-            t.inter_keys.insert(key);
+            inter_keys.insert(key);
         }
         acc.entry(key).or_default().add(&a);
     }
-    for (rnic, &n) in local_drops.iter().enumerate().filter(|(_, n)| **n > 0) {
-        t.not_evidence.local_drop_by_prober.insert(ds.rnics[rnic].name.clone(), n);
-    }
-    for &(host, _) in &noise.busy {
-        *t.not_evidence.busy_host_windows.entry(hosts.names[host as usize].clone()).or_default() += 1;
-    }
-    t.acc = acc.into_iter().collect();
-    t.acc.sort_unstable_by_key(|e| e.0);
-    t
+    let mut acc: Vec<(Key, Acc)> = acc.into_iter().collect();
+    acc.sort_unstable_by_key(|e| e.0);
+    RangeTally { acc, inter_keys }
 }
 
-/// Stage 3: what else is not network evidence (host stalls were left out by [`tally`]).
-struct Exclusions {
-    covered: Vec<BTreeSet<u32>>,
-    restarts: HashMap<u32, Vec<(u64, u64)>>,
-    heard_again: HashMap<(u32, u32, u64), u64>,
-    window_ns: u64,
-}
-
-impl Exclusions {
-    fn new(agents: Agents, tally: &mut Tally, window_ns: u64) -> Self {
-        let Agents { covered, restarts } = agents;
-        Exclusions { covered, restarts, heard_again: std::mem::take(&mut tally.heard_again), window_ns }
+/// Stage 4: whether the probes of (window, prober, target) are no network evidence, beyond the
+/// host stalls [`tally_range`] left out.
+fn excluded(cx: &TallyContext, heard_again: &HashMap<(u32, u32, u64), u64>, w: u32, pr: u32, tg: u32) -> bool {
+    // Pingmesh: probes to an RNIC whose agent was not running say nothing of the network.
+    if !cx.agents.covers(tg, w) {
+        return true;
     }
-
-    /// Whether the probes of (window, prober, target) are no network evidence.
-    fn excluded(&self, w: u32, pr: u32, tg: u32) -> bool {
-        // Pingmesh: probes to an RNIC whose agent was not running say nothing of the network.
-        if !self.covered[tg as usize].contains(&w) {
-            return true;
-        }
-        if let Some(list) = self.restarts.get(&tg) {
-            for &(down, back) in list {
-                let heard = self.heard_again.get(&(pr, tg, back)).copied().unwrap_or(u64::MAX);
-                let (lo, hi) = (u64::from(w) * self.window_ns, (u64::from(w) + 1) * self.window_ns);
-                if down < hi && heard >= lo {
-                    return true;
-                }
+    if let Some(list) = cx.agents.restarts.get(&tg) {
+        for &(down, back) in list {
+            let heard = heard_again.get(&(pr, tg, back)).copied().unwrap_or(u64::MAX);
+            let (lo, hi) = (u64::from(w) * cx.window_ns, (u64::from(w) + 1) * cx.window_ns);
+            if down < hi && heard >= lo {
+                return true;
             }
         }
-        false
     }
+    false
 }
 
-/// Stage 4's output: per window, the counters that are evidence and the elements they cross.
+/// The elements evidence is counted on, by id, kept across a pass's ranges: ids are given in
+/// the order keys come, so ranges in time order number them as one table would.
 #[derive(Debug, Default)]
-struct Evidence {
+struct Elements {
+    ids: HashMap<(&'static str, String), u32>,
     /// (kind, name) by element id.
     names: Vec<(&'static str, String)>,
     /// Element id of each RNIC and of each RNIC's ToR, by RNIC id.
     rnic_element: Vec<u32>,
     tor_element: Vec<u32>,
-    by_window: BTreeMap<u32, Vec<Group>>,
+    /// Fabric elements of an inter-ToR (window or `u32::MAX`, prober, target, label); `None`
+    /// without a path. Bounded by the fleet's probed pairs (and the windows of those whose
+    /// path changed).
+    paths: HashMap<(u32, u32, u32, u32), Option<Vec<u32>>>,
     /// Inter-ToR probes without a path to vote on.
     without_path: u64,
+}
+
+impl Elements {
+    /// The RNICs first, then their ToRs.
+    fn new(ds: &Dataset) -> Elements {
+        let mut e = Elements::default();
+        e.rnic_element = ds.rnics.iter().map(|r| e.intern("rnic", &r.name)).collect();
+        e.tor_element = ds.rnics.iter().map(|r| e.intern("tor", &r.tor)).collect();
+        e
+    }
+
+    fn intern(&mut self, kind: &'static str, name: &str) -> u32 {
+        let next = self.names.len() as u32;
+        *self.ids.entry((kind, name.to_owned())).or_insert_with(|| {
+            self.names.push((kind, name.to_owned()));
+            next
+        })
+    }
+
+    /// The links and spines of an inter-ToR key's traced (or inventory-determined) forward and
+    /// ACK paths; `None` without one.
+    fn fabric(&mut self, ds: &Dataset, key: Key, window_ns: u64) -> Option<&[u32]> {
+        let (w, pr, tg, label) = key;
+        // A key whose path changed (a prober restarted with new ports) is looked up per
+        // window, at the window's end; the rest once.
+        let varies = ds.path_changes.contains_key(&(pr, tg, label)) || ds.path_changes.contains_key(&(tg, pr, label));
+        let at_ns = if varies { (u64::from(w) + 1) * window_ns - 1 } else { u64::MAX };
+        let cache_key = (if varies { w } else { u32::MAX }, pr, tg, label);
+        if !self.paths.contains_key(&cache_key) {
+            let fabric = self.trace(ds, cache_key, at_ns);
+            self.paths.insert(cache_key, fabric);
+        }
+        self.paths[&cache_key].as_deref()
+    }
+
+    fn trace(&mut self, ds: &Dataset, (_, pr, tg, label): Key, at_ns: u64) -> Option<Vec<u32>> {
+        let traced = ds.path_at(&(pr, tg, label), at_ns).zip(ds.path_at(&(tg, pr, label), at_ns));
+        let (rp, rt) = (pr as usize, tg as usize);
+        let hops = match traced {
+            Some(t) => Some(t),
+            None => {
+                let (ta, tb) = (&ds.rnics[rp].tor, &ds.rnics[rt].tor);
+                ds.tor_paths.get(&(ta.clone(), tb.clone())).zip(ds.tor_paths.get(&(tb.clone(), ta.clone())))
+            }
+        };
+        hops.map(|(fwd, rev)| {
+            let mut v = Vec::new();
+            for hops in [fwd, rev] {
+                for (kind, name) in path_elements(&ds.switches, hops) {
+                    let id = self.intern(kind, &name);
+                    if !v.contains(&id) {
+                        v.push(id);
+                    }
+                }
+            }
+            v
+        })
+    }
+}
+
+/// Stage 4's output for one range: per window, the counters that are evidence and the elements
+/// they cross.
+#[derive(Debug, Default)]
+struct Evidence {
+    by_window: BTreeMap<u32, Vec<Group>>,
 }
 
 /// Stage 4: the elements a probe's packets cross: both RNICs and ToRs always; for inter-ToR
 /// probes, the links and spines of the traced forward and ACK paths (or the one path the
 /// inventory allows).
-fn evidence(ds: &Dataset, tally: &Tally, exclusions: &Exclusions) -> Evidence {
-    let mut ids: HashMap<(&'static str, String), u32> = HashMap::new();
+fn evidence(ds: &Dataset, range: &RangeTally, tally: &Tally, cx: &TallyContext, el: &mut Elements) -> Evidence {
     let mut e = Evidence::default();
-    let mut intern = |names: &mut Vec<(&'static str, String)>, kind: &'static str, name: &str| -> u32 {
-        let next = names.len() as u32;
-        *ids.entry((kind, name.to_owned())).or_insert_with(|| {
-            names.push((kind, name.to_owned()));
-            next
-        })
-    };
-    e.rnic_element = ds.rnics.iter().map(|r| intern(&mut e.names, "rnic", &r.name)).collect();
-    e.tor_element = ds.rnics.iter().map(|r| intern(&mut e.names, "tor", &r.tor)).collect();
-    let mut path_cache: HashMap<(u32, u32, u32, u32), Option<Vec<u32>>> = HashMap::new();
-    for &(key, a) in &tally.acc {
-        let (w, pr, tg, label) = key;
-        if exclusions.excluded(w, pr, tg) {
+    for &(key, a) in &range.acc {
+        let (w, pr, tg, _) = key;
+        if excluded(cx, &tally.heard_again, w, pr, tg) {
             continue;
         }
         let (rp, rt) = (pr as usize, tg as usize);
-        let mut elements = vec![e.rnic_element[rp], e.rnic_element[rt], e.tor_element[rp]];
-        if e.tor_element[rt] != e.tor_element[rp] {
-            elements.push(e.tor_element[rt]);
+        let mut elements = vec![el.rnic_element[rp], el.rnic_element[rt], el.tor_element[rp]];
+        if el.tor_element[rt] != el.tor_element[rp] {
+            elements.push(el.tor_element[rt]);
         }
-        if tally.inter_keys.contains(&key) {
-            // A key whose path changed (a prober restarted with new ports) is looked up per
-            // window, at the window's end; the rest once.
-            let varies =
-                ds.path_changes.contains_key(&(pr, tg, label)) || ds.path_changes.contains_key(&(tg, pr, label));
-            let at_ns = if varies { (u64::from(w) + 1) * exclusions.window_ns - 1 } else { u64::MAX };
-            let cache_key = (if varies { w } else { u32::MAX }, pr, tg, label);
-            let fabric = path_cache.entry(cache_key).or_insert_with(|| {
-                let traced = ds.path_at(&(pr, tg, label), at_ns).zip(ds.path_at(&(tg, pr, label), at_ns));
-                let (fwd, rev) = match traced {
-                    Some(t) => t,
-                    None => {
-                        let (ta, tb) = (&ds.rnics[rp].tor, &ds.rnics[rt].tor);
-                        (ds.tor_paths.get(&(ta.clone(), tb.clone()))?, ds.tor_paths.get(&(tb.clone(), ta.clone()))?)
-                    }
-                };
-                let mut v = Vec::new();
-                for hops in [fwd, rev] {
-                    for (kind, name) in path_elements(&ds.switches, hops) {
-                        let id = intern(&mut e.names, kind, &name);
-                        if !v.contains(&id) {
-                            v.push(id);
-                        }
-                    }
-                }
-                Some(v)
-            });
-            match fabric {
-                Some(v) => elements.extend(v.iter().copied()),
-                None => e.without_path += u64::from(a.valid),
+        if range.inter_keys.contains(&key) {
+            match el.fabric(ds, key, cx.window_ns) {
+                Some(v) => elements.extend_from_slice(v),
+                None => el.without_path += u64::from(a.valid),
             }
         }
         e.by_window.entry(w).or_default().push(Group { elements, acc: a });
@@ -1351,10 +1575,12 @@ fn split_llr(bad_a: u32, total_a: u32, bad_b: u32, total_b: u32) -> f64 {
     f64::from(total_a) * kl(ra, pooled) + f64::from(total_b) * kl(rb, pooled)
 }
 
-/// The smallest log-likelihood ratio Benjamini-Hochberg rejects at `fdr` among `llrs` (one per
-/// test, 0 for a test with no excess), taking exp(-llr) as each p-value; infinity when none.
-fn bh_llr_cut(mut llrs: Vec<f64>, fdr: f64) -> f64 {
-    let m = llrs.len() as f64;
+/// The smallest log-likelihood ratio Benjamini-Hochberg rejects at `fdr` among `tests` tests
+/// (0 for a test with no excess), taking exp(-llr) as each p-value; infinity when none. `llrs`
+/// need hold only the ratios of at least -ln(`fdr`) ([`Llrs`]): no smaller one can be rejected,
+/// and the larger ones keep their ranks.
+fn bh_llr_cut(mut llrs: Vec<f64>, tests: u64, fdr: f64) -> f64 {
+    let m = tests as f64;
     llrs.sort_by(|a, b| b.total_cmp(a));
     let mut cut = f64::INFINITY;
     for (i, &g) in llrs.iter().enumerate() {
@@ -1365,86 +1591,181 @@ fn bh_llr_cut(mut llrs: Vec<f64>, fdr: f64) -> f64 {
     cut
 }
 
-/// Stage 5: per window, one cover for loss and one for slowness over the evidence; every RNIC
-/// of a ToR picked is the ToR. Each element's bad share is tested against the fleet's in the
-/// same window (the lower quartile over RNICs: a dead RNIC of a large ToR and a lossy ToR
-/// together made half the RNICs lossy, and a median null of 1% hid the ToR; untouched by a
-/// spine's loss spread over every ToR), and the candidates of all windows are held to one
-/// false-discovery rate. Slowness evidence says which timestamp sources' baselines the probes
-/// were judged against.
-fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
-    let mut tor_rnic_elements: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for (i, &t) in e.tor_element.iter().enumerate() {
-        tor_rnic_elements.entry(t).or_default().push(e.rnic_element[i]);
+/// The modes a cover runs in, with the word its evidence uses.
+const MODES: [(Mode, &str); 2] = [(Mode::Lossy, "lost"), (Mode::Slow, "slow")];
+
+/// What blaming needs of the fleet's elements: fixed for a run (RNICs and ToRs are numbered
+/// first, [`Elements::new`]).
+struct Blamer {
+    tor_rnic_elements: BTreeMap<u32, Vec<u32>>,
+    rnic_elements: BTreeSet<u32>,
+}
+
+impl Blamer {
+    fn new(ds: &Dataset) -> Blamer {
+        Blamer::of(&Elements::new(ds))
     }
-    let rnic_elements: BTreeSet<u32> = e.rnic_element.iter().copied().collect();
-    let modes = [(Mode::Lossy, "lost", opts.loss_null_floor), (Mode::Slow, "slow", opts.slow_null_floor)];
-    let mut counts = vec![(0u32, 0u32); e.names.len()];
-    let mut shares: BTreeMap<u32, [f64; 2]> = BTreeMap::new();
-    let mut llrs: [Vec<f64>; 2] = Default::default();
-    for (&w, groups) in &e.by_window {
-        let slot = shares.entry(w).or_default();
-        for (m, &(mode, _, floor)) in modes.iter().enumerate() {
-            element_counts(groups, |_, _| true, counter(mode), &mut counts);
-            let mut rnic_shares: Vec<f64> = rnic_elements
-                .iter()
-                .map(|&r| counts[r as usize])
-                .filter(|c| c.1 >= NULL_MIN_PROBES)
-                .map(|(bad, total)| f64::from(bad) / f64::from(total))
-                .collect();
-            rnic_shares.sort_by(f64::total_cmp);
-            let lower_quartile = rnic_shares.get(rnic_shares.len().saturating_sub(1) / 4).copied().unwrap_or(0.0);
-            slot[m] = lower_quartile.max(floor);
-            llrs[m].extend(counts.iter().filter(|c| c.1 > 0).map(|&(bad, total)| excess_llr(bad, total, slot[m])));
+
+    fn of(e: &Elements) -> Blamer {
+        let mut tor_rnic_elements: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (i, &t) in e.tor_element.iter().enumerate() {
+            tor_rnic_elements.entry(t).or_default().push(e.rnic_element[i]);
         }
+        Blamer { tor_rnic_elements, rnic_elements: e.rnic_element.iter().copied().collect() }
     }
-    let [loss_llrs, slow_llrs] = llrs;
-    let cuts = [bh_llr_cut(loss_llrs, opts.fdr), bh_llr_cut(slow_llrs, opts.fdr)];
-    // Picks per window and mode, (element, ratio, bad, total), held once every window's are
-    // known: a pick at the edge of a neighbouring window's may be that one's tail.
-    let mut all_picks: BTreeMap<u32, [Vec<Pick>; 2]> = BTreeMap::new();
-    for (&w, groups) in &e.by_window {
-        let mut explained = vec![false; groups.len()];
-        for (m, &(mode, _, _)) in modes.iter().enumerate() {
-            let null = Null { share: shares[&w][m], llr_cut: cuts[m] };
-            let mut picks = cover(groups, &mut explained, mode, e.names.len(), opts, null);
-            // Every RNIC of a ToR picked (a lossy two-RNIC ToR can read so): that is the ToR.
-            for (tor, members) in &tor_rnic_elements {
-                if members.len() >= 2 && members.iter().all(|m| picks.iter().any(|p| p.0 == *m)) {
-                    let parts: Vec<(u32, f64, u32, u32)> =
-                        picks.iter().filter(|p| members.contains(&p.0)).copied().collect();
-                    picks.retain(|p| !members.contains(&p.0));
-                    let (bad, total) = parts.iter().fold((0, 0), |a, p| (a.0 + p.2, a.1 + p.3));
-                    let ratio = f64::from(bad) / f64::from(total.max(1));
-                    picks.push((*tor, ratio, bad, total));
+
+    /// The window's null share in `mode`: the fleet's own bad share (the lower quartile over
+    /// RNICs: a dead RNIC of a large ToR and a lossy ToR together made half the RNICs lossy, and
+    /// a median null of 1% hid the ToR; untouched by a spine's loss spread over every ToR),
+    /// floored. `counts` is left holding each element's (bad, total).
+    fn null_share(&self, groups: &[Group], mode: Mode, opts: &Options, counts: &mut [(u32, u32)]) -> f64 {
+        element_counts(groups, |_, _| true, counter(mode), counts);
+        let mut rnic_shares: Vec<f64> = self
+            .rnic_elements
+            .iter()
+            .map(|&r| counts[r as usize])
+            .filter(|c| c.1 >= NULL_MIN_PROBES)
+            .map(|(bad, total)| f64::from(bad) / f64::from(total))
+            .collect();
+        rnic_shares.sort_by(f64::total_cmp);
+        let lower_quartile = rnic_shares.get(rnic_shares.len().saturating_sub(1) / 4).copied().unwrap_or(0.0);
+        let floor = if mode == Mode::Slow { opts.slow_null_floor } else { opts.loss_null_floor };
+        lower_quartile.max(floor)
+    }
+}
+
+/// Stage 5's first half: the log-likelihood ratio of every (element, window) tested, per mode,
+/// for one false-discovery cut over all windows. Only ratios that could pass are kept
+/// ([`bh_llr_cut`]): what is kept grows with the candidates, not the input.
+struct Llrs {
+    fdr: f64,
+    /// Ratios below this cannot pass: -ln(fdr), less a margin for rounding.
+    keep_from: f64,
+    kept: [Vec<f64>; 2],
+    tests: [u64; 2],
+}
+
+impl Llrs {
+    fn new(fdr: f64) -> Llrs {
+        Llrs { fdr, keep_from: -fdr.ln() - 1e-6, kept: Default::default(), tests: [0; 2] }
+    }
+
+    fn add(&mut self, e: &Evidence, elements: usize, b: &Blamer, opts: &Options) {
+        let mut counts = vec![(0u32, 0u32); elements];
+        for groups in e.by_window.values() {
+            for (m, &(mode, _)) in MODES.iter().enumerate() {
+                let share = b.null_share(groups, mode, opts, &mut counts);
+                for &(bad, total) in counts.iter().filter(|c| c.1 > 0) {
+                    self.tests[m] += 1;
+                    let g = excess_llr(bad, total, share);
+                    if g >= self.keep_from {
+                        self.kept[m].push(g);
+                    }
                 }
             }
-            all_picks.entry(w).or_default()[m] = picks;
         }
     }
-    let tails = neighbours_tails(e, modes.map(|m| m.0), &mut all_picks);
-    for (&w, by_mode) in &all_picks {
-        let groups = &e.by_window[&w];
-        for (m, &(mode, how, _)) in modes.iter().enumerate() {
-            let null = Null { share: shares[&w][m], llr_cut: cuts[m] };
-            for &(el, ratio, bad, total) in &by_mode[m] {
-                let (kind, name) = &e.names[el as usize];
+
+    /// The cut per mode.
+    fn cuts(self) -> [f64; 2] {
+        let [loss, slow] = self.kept;
+        [bh_llr_cut(loss, self.tests[0], self.fdr), bh_llr_cut(slow, self.tests[1], self.fdr)]
+    }
+}
+
+/// One window between its cover and its findings: its groups, null shares and picks per mode.
+struct Window {
+    w: u32,
+    groups: Vec<Group>,
+    shares: [f64; 2],
+    picks: [Vec<Pick>; 2],
+}
+
+/// Stage 5's second half, window by window in time order: one cover for loss and one for
+/// slowness over the evidence, against the window's null and the cut over all windows; every
+/// RNIC of a ToR picked is the ToR. A window's picks are held once its next window's are known
+/// ([`BlameStream::settle`]): a pick at the edge of a neighbouring window's may be that one's
+/// tail. Slowness evidence says which timestamp sources' baselines the probes were judged
+/// against. At most two windows are held at a time.
+struct BlameStream {
+    cuts: [f64; 2],
+    /// Covered, not yet settled.
+    pending: Option<Window>,
+    /// The window settled last: its number and its picks as the cover made them.
+    before_prev: Option<(u32, [Vec<u32>; 2])>,
+}
+
+impl BlameStream {
+    fn new(cuts: [f64; 2]) -> BlameStream {
+        BlameStream { cuts, pending: None, before_prev: None }
+    }
+
+    /// One range's evidence (ranges in time order).
+    fn add(&mut self, e: Evidence, el: &Elements, b: &Blamer, base: &Baselines, opts: &Options, held: &mut Held) {
+        let mut counts = vec![(0u32, 0u32); el.names.len()];
+        for (w, groups) in e.by_window {
+            let mut explained = vec![false; groups.len()];
+            let mut shares = [0.0; 2];
+            let mut picks: [Vec<Pick>; 2] = Default::default();
+            for (m, &(mode, _)) in MODES.iter().enumerate() {
+                shares[m] = b.null_share(&groups, mode, opts, &mut counts);
+                let null = Null { share: shares[m], llr_cut: self.cuts[m] };
+                let mut p = cover(&groups, &mut explained, mode, el.names.len(), opts, null);
+                // Every RNIC of a ToR picked (a lossy two-RNIC ToR can read so): that is the ToR.
+                for (tor, members) in &b.tor_rnic_elements {
+                    if members.len() >= 2 && members.iter().all(|m| p.iter().any(|x| x.0 == *m)) {
+                        let parts: Vec<Pick> = p.iter().filter(|x| members.contains(&x.0)).copied().collect();
+                        p.retain(|x| !members.contains(&x.0));
+                        let (bad, total) = parts.iter().fold((0, 0), |a, x| (a.0 + x.2, a.1 + x.3));
+                        let ratio = f64::from(bad) / f64::from(total.max(1));
+                        p.push((*tor, ratio, bad, total));
+                    }
+                }
+                picks[m] = p;
+            }
+            let next = Window { w, groups, shares, picks };
+            if let Some(pending) = self.pending.take() {
+                self.settle(pending, Some(&next), el, base, held);
+            }
+            self.pending = Some(next);
+        }
+    }
+
+    /// After the last range.
+    fn finish(&mut self, el: &Elements, base: &Baselines, held: &mut Held) {
+        if let Some(pending) = self.pending.take() {
+            self.settle(pending, None, el, base, held);
+        }
+    }
+
+    /// Holds a window's picks, the neighbours' tails put back ([`neighbours_tails`]).
+    fn settle(&mut self, mut win: Window, next: Option<&Window>, el: &Elements, base: &Baselines, held: &mut Held) {
+        let before = pick_ids(&win.picks);
+        let prev = self.before_prev.as_ref().filter(|(w, _)| w.checked_add(1) == Some(win.w)).map(|(_, p)| p);
+        let next = next.filter(|n| win.w.checked_add(1) == Some(n.w)).map(|n| pick_ids(&n.picks));
+        let tails = neighbours_tails(&mut win, prev, next.as_ref());
+        let w = win.w;
+        for (m, &(mode, how)) in MODES.iter().enumerate() {
+            let share = win.shares[m];
+            for &(e, ratio, bad, total) in &win.picks[m] {
+                let (kind, name) = &el.names[e as usize];
                 let mut ev = format!(
                     "{name}: {bad}/{total} probes crossing it {how} ({}) against the fleet's {} in the window \
                      (log-likelihood ratio {:.0})",
                     percent(ratio),
-                    percent(null.share),
-                    excess_llr(bad, total, null.share)
+                    percent(share),
+                    excess_llr(bad, total, share)
                 );
                 if mode == Mode::Slow {
-                    let ts = groups
+                    let ts = win
+                        .groups
                         .iter()
-                        .filter(|g| g.elements.contains(&el))
+                        .filter(|g| g.elements.contains(&e))
                         .fold(TsSources::default(), |m, g| TsSources(m.0 | g.acc.slow_ts));
                     ev.push_str(&slow_sources(ts, base, w));
                 }
-                if let Some(&x) = tails.get(&(w, m, el)) {
-                    let x = &e.names[x as usize].1;
+                if let Some(&x) = tails.get(&(m, e)) {
+                    let x = &el.names[x as usize].1;
                     ev.push_str(&format!(
                         " (the edge of its finding in a neighbouring window: every probe {how} across {x} in this \
                          window crossed it too)"
@@ -1453,57 +1774,56 @@ fn blame(e: &Evidence, base: &Baselines, opts: &Options, held: &mut Held) {
                 held.hold(kind, name, w, ratio, ev);
             }
         }
+        self.before_prev = Some((w, before));
     }
-    absorb_edges(e, held);
 }
 
 /// One pick of a cover: (element, bad share, bad, total).
 type Pick = (u32, f64, u32, u32);
 
-/// Re-attributes a pick found in one window only to an element picked in a neighbouring window
-/// (same mode) that every one of its bad probes crossed: a fault that ends (or begins) within a
-/// window leaves a few bad probes there, and they cross every element of their paths, the far
-/// end's uplink as well as the faulty one. The far end's has fewer probes, hence the higher
-/// share, and the cover would name it for that window (the rxe lab: a lossy tor1 uplink healed
-/// 0.4 s into a window left 3 lost tor1<->tor2 probes, and tor2|spine0 was named on them). The
-/// neighbouring finding explains them as well and is the simpler account. Returns, per
-/// (window, mode, element put in), the element taken out.
+/// The elements picked, per mode.
+fn pick_ids(p: &[Vec<Pick>; 2]) -> [Vec<u32>; 2] {
+    std::array::from_fn(|m| p[m].iter().map(|x| x.0).collect())
+}
+
+/// Re-attributes a pick found in window `win` only to an element picked in a neighbouring
+/// window (same mode; `prev` and `next` as their covers picked) that every one of its bad
+/// probes crossed: a fault that ends (or begins) within a window leaves a few bad probes there,
+/// and they cross every element of their paths, the far end's uplink as well as the faulty one.
+/// The far end's has fewer probes, hence the higher share, and the cover would name it for that
+/// window (the rxe lab: a lossy tor1 uplink healed 0.4 s into a window left 3 lost tor1<->tor2
+/// probes, and tor2|spine0 was named on them). The neighbouring finding explains them as well
+/// and is the simpler account. Returns, per (mode, element put in), the element taken out.
 fn neighbours_tails(
-    e: &Evidence,
-    modes: [Mode; 2],
-    picks: &mut BTreeMap<u32, [Vec<Pick>; 2]>,
-) -> BTreeMap<(u32, usize, u32), u32> {
-    let before = picks.clone();
-    let picked = |w: Option<u32>, m: usize| -> Vec<u32> {
-        w.and_then(|w| before.get(&w)).map(|p| p[m].iter().map(|x| x.0).collect()).unwrap_or_default()
-    };
+    win: &mut Window,
+    prev: Option<&[Vec<u32>; 2]>,
+    next: Option<&[Vec<u32>; 2]>,
+) -> BTreeMap<(usize, u32), u32> {
     let mut tails = BTreeMap::new();
-    for (&w, by_mode) in picks.iter_mut() {
-        let groups = &e.by_window[&w];
-        for (m, mode) in modes.iter().enumerate() {
-            let count = counter(*mode);
-            let near: Vec<u32> = [picked(w.checked_sub(1), m), picked(w.checked_add(1), m)].concat();
-            let isolated: Vec<u32> = by_mode[m].iter().map(|p| p.0).filter(|x| !near.contains(x)).collect();
-            for x in isolated {
-                let crossed_by_all = |y: u32| {
-                    groups
-                        .iter()
-                        .filter(|g| g.elements.contains(&x) && count(&g.acc).0 > 0)
-                        .all(|g| g.elements.contains(&y))
-                };
-                let Some(y) = near.iter().copied().find(|&y| y != x && crossed_by_all(y)) else { continue };
-                by_mode[m].retain(|p| p.0 != x);
-                if by_mode[m].iter().any(|p| p.0 == y) {
-                    continue;
-                }
-                let (bad, total) = groups
+    for (m, &(mode, _)) in MODES.iter().enumerate() {
+        let count = counter(mode);
+        let near: Vec<u32> = prev.iter().chain(next.iter()).flat_map(|p| p[m].iter().copied()).collect();
+        let isolated: Vec<u32> = win.picks[m].iter().map(|p| p.0).filter(|x| !near.contains(x)).collect();
+        for x in isolated {
+            let crossed_by_all = |y: u32| {
+                win.groups
                     .iter()
-                    .filter(|g| g.elements.contains(&y))
-                    .map(|g| count(&g.acc))
-                    .fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
-                by_mode[m].push((y, f64::from(bad) / f64::from(total.max(1)), bad, total));
-                tails.insert((w, m, y), x);
+                    .filter(|g| g.elements.contains(&x) && count(&g.acc).0 > 0)
+                    .all(|g| g.elements.contains(&y))
+            };
+            let Some(y) = near.iter().copied().find(|&y| y != x && crossed_by_all(y)) else { continue };
+            win.picks[m].retain(|p| p.0 != x);
+            if win.picks[m].iter().any(|p| p.0 == y) {
+                continue;
             }
+            let (bad, total) = win
+                .groups
+                .iter()
+                .filter(|g| g.elements.contains(&y))
+                .map(|g| count(&g.acc))
+                .fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
+            win.picks[m].push((y, f64::from(bad) / f64::from(total.max(1)), bad, total));
+            tails.insert((m, y), x);
         }
     }
     tails
@@ -1515,7 +1835,7 @@ fn neighbours_tails(
 /// and its few lost probes may all cross one link or RNIC. The suite's generator never puts two
 /// faults in one ToR or on one spine, because no prober could tell them apart; this rule is
 /// where that shows.
-fn absorb_edges(e: &Evidence, held: &mut Held) {
+fn absorb_edges(e: &Elements, held: &mut Held) {
     let mut containers: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
     for (r, t) in e.rnic_element.iter().zip(&e.tor_element) {
         let (rk, rn) = &e.names[*r as usize];
@@ -2286,9 +2606,51 @@ mod tests {
         ds
     }
 
-    fn stages(ds: &Dataset) -> (Baselines, Tally, Exclusions, Noise) {
-        let Prepared { base, noise, tally, exclusions, .. } = prepare(ds, &Options::default(), W);
-        (base, tally, exclusions, noise)
+    /// The stages up to the evidence over `ds`, as one range.
+    struct Stages {
+        base: Baselines,
+        tally: Tally,
+        range: RangeTally,
+        noise: Noise,
+        hosts: Hosts,
+        agents: Agents,
+        tor_of: Vec<u32>,
+    }
+
+    impl Stages {
+        fn cx(&self) -> TallyContext<'_> {
+            TallyContext {
+                base: &self.base,
+                tor_of: &self.tor_of,
+                noise: &self.noise,
+                hosts: &self.hosts,
+                agents: &self.agents,
+                window_ns: W,
+            }
+        }
+    }
+
+    fn stages(ds: &Dataset) -> Stages {
+        let opts = Options::default();
+        let tor_of = tor_ids(ds);
+        let base = baselines(&ds.probes, &tor_of, &opts);
+        let (hosts, agents) = (Hosts::of(ds), Agents::of(ds, W));
+        let mut scan = NoiseScan::default();
+        scan.add(ds, &ds.probes, &hosts, &base, W);
+        let noise = Noise::new(ds, &hosts, &base, &opts, W, scan);
+        let mut st = Stages { base, tally: Tally::new(ds), range: RangeTally::default(), noise, hosts, agents, tor_of };
+        let mut tally = Tally::new(ds);
+        st.range = tally_range(ds, &ds.probes, &st.cx(), &mut tally);
+        tally.finish(ds, &st.noise, &st.hosts);
+        st.tally = tally;
+        st
+    }
+
+    /// Stage 1 over one table.
+    fn baselines(p: &Probes, tor_of: &[u32], opts: &Options) -> Baselines {
+        let mut s = Sampler::new(p.len());
+        s.add(p, tor_of, W);
+        s.finish(opts)
     }
 
     #[test]
@@ -2358,9 +2720,10 @@ mod tests {
         let mut ds = dataset(3, 1, &recs);
         // A newer agent's outcome byte, with every packet arrived: still no ok.
         ds.probes.outcome[7] = 77;
-        let (_, t, _, _) = stages(&ds);
-        assert_eq!(t.acc.len(), 1, "only h0 -> h1 has evidence");
-        let a = t.acc[0].1;
+        let st = stages(&ds);
+        let t = &st.tally;
+        assert_eq!(st.range.acc.len(), 1, "only h0 -> h1 has evidence");
+        let a = st.range.acc[0].1;
         assert_eq!((a.valid, a.lost, a.ok), (2, 1, 1));
         let ne = &t.not_evidence;
         let drops: Vec<(&str, u64)> = ne.local_drop_by_prober.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -2393,7 +2756,8 @@ mod tests {
         // h2's agent covers window 0 only, and froze for 2 s in window 4.
         ds.agents[2].last_ns = T0 + W - 1;
         ds.agents[1].long_gaps.push((T0 + 4 * W + 1_000_000_000, 2_000_000_000));
-        let (_, t, ex, noise) = stages(&ds);
+        let st = stages(&ds);
+        let (t, noise) = (&st.tally, &st.noise);
         let noisy: Vec<(u32, u32, &str)> =
             noise.windows.iter().map(|((h, w), why)| (*h, *w - W0, why.as_str())).collect();
         assert_eq!(noisy.len(), 2, "{noisy:?}");
@@ -2403,8 +2767,9 @@ mod tests {
         );
         assert!(noisy[1].0 == 1 && noisy[1].1 == 4 && noisy[1].2.contains("frozen host"), "{noisy:?}");
         assert_eq!(t.not_evidence.host_noise, 3, "the stalled probes are no evidence, and counted");
-        assert!(!t.acc.iter().any(|(k, _)| k.0 == W0 + 1), "{:?}", t.acc);
-        let excluded = |w: u32, pr: u32, tg: u32| ex.excluded(W0 + w, pr, tg);
+        assert!(!st.range.acc.iter().any(|(k, _)| k.0 == W0 + 1), "{:?}", st.range.acc);
+        let cx = st.cx();
+        let excluded = |w: u32, pr: u32, tg: u32| excluded(&cx, &t.heard_again, W0 + w, pr, tg);
         assert!(!excluded(0, 0, 1));
         assert!(excluded(1, 0, 2) && !excluded(0, 0, 2), "to an RNIC whose agent is not running");
         assert!(excluded(2, 0, 3) && excluded(3, 0, 3), "to a restarted agent until heard again");
@@ -2427,10 +2792,11 @@ mod tests {
         ds.probes.t1_unix_ns[600] = T0 + 5_000_000_000;
         // h1 froze for 2 s from 1 ms before the end of window 0.
         ds.agents[1].long_gaps.push((T0 + W - 1_000_000, 2_000_000_000));
-        let (_, t, _, noise) = stages(&ds);
+        let st = stages(&ds);
+        let (t, noise) = (&st.tally, &st.noise);
         assert_eq!(noise.windows.keys().map(|k| k.1 - W0).collect::<Vec<_>>(), [0, 1]);
-        let ok_in = |w: u32| t.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.ok).sum::<u32>();
-        let lost_in = |w: u32| t.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.lost).sum::<u32>();
+        let ok_in = |w: u32| st.range.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.ok).sum::<u32>();
+        let lost_in = |w: u32| st.range.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.lost).sum::<u32>();
         // Window 0: probes from 29.0 s on are within the 1 s pad (10 of 300); window 1: up to
         // 32.999 s (30 of 300). The lost probe, 25 s before the stall, is evidence; one 5.5 s
         // before it is not (a lost probe's pad allows for 5 s of clock offset).
@@ -2438,8 +2804,7 @@ mod tests {
         assert_eq!(lost_in(0), 1);
         assert_eq!(t.not_evidence.host_noise, 10 + 30);
         ds.probes.t1_unix_ns[600] = T0 + W - 5_500_000_000;
-        let (_, t, _, _) = stages(&ds);
-        assert_eq!(t.not_evidence.host_noise, 10 + 30 + 1);
+        assert_eq!(stages(&ds).tally.not_evidence.host_noise, 10 + 30 + 1);
     }
 
     #[test]
@@ -2460,10 +2825,11 @@ mod tests {
         ds.paths.insert((0, 1, 0), vec![0, 1, 2]);
         ds.paths.insert((1, 0, 0), vec![2, 1, 0]);
         ds.tor_paths.insert(("t1".into(), "t0".into()), vec![2, 1, 0]);
-        let (_, t, ex, _) = stages(&ds);
-        let e = evidence(&ds, &t, &ex);
+        let st = stages(&ds);
+        let mut el = Elements::new(&ds);
+        let e = evidence(&ds, &st.range, &st.tally, &st.cx(), &mut el);
         let named = |g: &Group| -> Vec<String> {
-            g.elements.iter().map(|&el| format!("{}:{}", e.names[el as usize].0, e.names[el as usize].1)).collect()
+            g.elements.iter().map(|&x| format!("{}:{}", el.names[x as usize].0, el.names[x as usize].1)).collect()
         };
         let groups = &e.by_window[&W0];
         assert_eq!(groups.len(), 3, "window 1's probe to a stopped agent is left out: {:?}", e.by_window.keys());
@@ -2473,7 +2839,7 @@ mod tests {
         );
         assert_eq!(named(&groups[1]), ["rnic:h0/d0", "rnic:h2/d0", "tor:t0"]);
         assert_eq!(named(&groups[2]), ["rnic:h1/d0", "rnic:h2/d0", "tor:t1", "tor:t0"]);
-        assert_eq!(e.without_path, 1);
+        assert_eq!(el.without_path, 1);
     }
 
     /// Probes among 6 RNICs under two ToRs (r0-r2 under t0 = element 6, r3-r5 under t1 = 7),
@@ -2552,17 +2918,24 @@ mod tests {
     fn blame_mesh(groups: Vec<Group>, ts: u8) -> Held {
         let mut names: Vec<(&'static str, String)> = (0..6).map(|i| ("rnic", format!("h{i}/d0"))).collect();
         names.extend([("tor", "t0".to_owned()), ("tor", "t1".to_owned())]);
-        let e = Evidence {
+        let el = Elements {
             names,
             rnic_element: (0..6).collect(),
             tor_element: (0..6).map(|i| 6 + i / 3).collect(),
-            by_window: BTreeMap::from([(0, groups)]),
-            without_path: 0,
+            ..Elements::default()
         };
+        let e = Evidence { by_window: BTreeMap::from([(0, groups)]) };
         let ds = dataset(1, 1, &[Rec(0, 0, 0, Outcome::Ok, 100_000, 1_000, ts)]);
-        let base = baselines(&ds.probes, &tor_ids(&ds), &Options::default());
+        let opts = Options::default();
+        let base = baselines(&ds.probes, &tor_ids(&ds), &opts);
+        let b = Blamer::of(&el);
+        let mut llrs = Llrs::new(opts.fdr);
+        llrs.add(&e, el.names.len(), &b, &opts);
+        let mut stream = BlameStream::new(llrs.cuts());
         let mut held = Held::default();
-        blame(&e, &base, &Options::default(), &mut held);
+        stream.add(e, &el, &b, &base, &opts, &mut held);
+        stream.finish(&el, &base, &mut held);
+        absorb_edges(&el, &mut held);
         held
     }
 
@@ -2576,39 +2949,25 @@ mod tests {
             elements,
             acc: Acc { valid: 100, lost, ok: 100 - lost, ..Acc::default() },
         };
-        let evidence = |w1: Vec<Group>| Evidence {
-            names: vec![("link", "t1|s0".into()), ("link", "t2|s0".into()), ("link", "t0|s0".into())],
-            rnic_element: vec![],
-            tor_element: vec![],
-            by_window: BTreeMap::from([
-                (0, vec![group(vec![0, 2], 30)]),
-                (1, w1),
-                (2, vec![group(vec![0, 1], 0), group(vec![2, 1], 0)]),
-            ]),
-            without_path: 0,
-        };
-        let picks = |w1: Vec<Pick>, w2: Vec<Pick>| {
-            BTreeMap::from([(0, [vec![(0, 0.3, 30, 100)], vec![]]), (1, [w1, vec![]]), (2, [w2, vec![]])])
-        };
-        let modes = [Mode::Lossy, Mode::Slow];
+        // Windows 0 and 2 as their covers picked them; window 1 as given.
+        let prev: [Vec<u32>; 2] = [vec![0], vec![]];
+        let window =
+            |groups: Vec<Group>, picks: Vec<Pick>| Window { w: 1, groups, shares: [0.0; 2], picks: [picks, vec![]] };
         let tail = || vec![group(vec![0, 1], 3), group(vec![0, 2], 0), group(vec![0, 2], 0)];
-        let e = evidence(tail());
-        let mut p = picks(vec![(1, 0.03, 3, 100)], vec![]);
-        let tails = neighbours_tails(&e, modes, &mut p);
-        assert_eq!(p[&1][0], vec![(0, 0.01, 3, 300)]);
-        assert_eq!(tails, BTreeMap::from([((1, 0, 0), 1)]));
+        let mut win = window(tail(), vec![(1, 0.03, 3, 100)]);
+        let tails = neighbours_tails(&mut win, Some(&prev), Some(&[vec![], vec![]]));
+        assert_eq!(win.picks[0], vec![(0, 0.01, 3, 300)]);
+        assert_eq!(tails, BTreeMap::from([((0, 0), 1)]));
 
         let mut own = tail();
         own.push(group(vec![2, 1], 1));
-        let e = evidence(own);
-        let mut p = picks(vec![(1, 0.02, 4, 200)], vec![]);
-        assert!(neighbours_tails(&e, modes, &mut p).is_empty());
-        assert_eq!(p[&1][0], vec![(1, 0.02, 4, 200)]);
+        let mut win = window(own, vec![(1, 0.02, 4, 200)]);
+        assert!(neighbours_tails(&mut win, Some(&prev), None).is_empty());
+        assert_eq!(win.picks[0], vec![(1, 0.02, 4, 200)]);
 
-        let e = evidence(tail());
-        let mut p = picks(vec![(1, 0.03, 3, 100)], vec![(1, 0.03, 3, 100)]);
-        assert!(neighbours_tails(&e, modes, &mut p).is_empty());
-        assert_eq!(p[&1][0], vec![(1, 0.03, 3, 100)]);
+        let mut win = window(tail(), vec![(1, 0.03, 3, 100)]);
+        assert!(neighbours_tails(&mut win, Some(&prev), Some(&[vec![1], vec![]])).is_empty());
+        assert_eq!(win.picks[0], vec![(1, 0.03, 3, 100)]);
     }
 
     /// Every element slow alike (a fabric-wide slowdown): the window's null is the slowdown
@@ -2734,10 +3093,17 @@ mod tests {
         // tests: 1e-6 <= 1 x 1e-4 and 1e-3 <= 2 x 1e-4 fails, 0.02 > 3 x 1e-4: one rejected.
         let mut llrs = vec![-(1e-6f64).ln(), -(1e-3f64).ln(), -(0.02f64).ln(), -(0.5f64).ln()];
         llrs.extend([0.0; 96]);
-        assert_eq!(bh_llr_cut(llrs.clone(), 0.01), -(1e-6f64).ln());
+        assert_eq!(bh_llr_cut(llrs.clone(), 100, 0.01), -(1e-6f64).ln());
         // At 10%: 1e-3 <= 2 x 1e-3 passes too.
-        assert_eq!(bh_llr_cut(llrs, 0.1), -(1e-3f64).ln());
-        assert_eq!(bh_llr_cut(vec![0.0; 10], 0.01), f64::INFINITY, "nothing in excess, nothing passes");
+        assert_eq!(bh_llr_cut(llrs.clone(), 100, 0.1), -(1e-3f64).ln());
+        assert_eq!(bh_llr_cut(vec![0.0; 10], 10, 0.01), f64::INFINITY, "nothing in excess, nothing passes");
+        // What Llrs keeps (the ratios that could pass, and the count of tests) cuts the same.
+        for fdr in [0.01, 0.1] {
+            let keep_from = Llrs::new(fdr).keep_from;
+            let kept: Vec<f64> = llrs.iter().copied().filter(|&g| g >= keep_from).collect();
+            assert!(kept.len() < llrs.len());
+            assert_eq!(bh_llr_cut(kept, 100, fdr), bh_llr_cut(llrs.clone(), 100, fdr));
+        }
         // The Chernoff bound is conservative: 3 of 1000 at a null of 1e-4 has an exact tail of
         // about 1.5e-4; the bound is larger, never smaller.
         let bound = (-excess_llr(3, 1000, 1e-4)).exp();

@@ -529,9 +529,10 @@ pub fn prepare_with(
         arrived,
         ts_source,
         service,
+        index,
     } = probes;
     // Reports do not use these (ingest leaves them empty for `analyze report`).
-    drop((flow_label, responder_epoch, kind));
+    drop((flow_label, responder_epoch, kind, index));
     const BLOCK: usize = 1 << 16;
     // Pass 1: window (in place of t1), class and timestamp source (packed in place of the
     // outcome), ids clamped to the known ones (ToRs are looked up from them where a key needs

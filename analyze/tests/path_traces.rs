@@ -285,3 +285,37 @@ fn named_hops_keep_their_names_with_an_inventory() {
     assert_eq!(named(&ds, A, B, 7).expect("A -> B traced"), ["tor0", "spine0", "tor1"]);
     assert_eq!(ds.switches.len(), 3, "{:?}", ds.switches);
 }
+
+/// A plan's ranges gather the same path traces as one ingest (placed, changed, unmapped, and
+/// the problems of traces that cannot be placed), and localise the same.
+#[test]
+fn ranges_place_the_same_paths_and_localise_the_same() {
+    use rocemesh_analyze::ingest::plan;
+    use rocemesh_analyze::localize::{Options, localize, localize_ranges};
+    for stray_peer in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let seg = write_fleet(dir.path(), Style::Agent, stray_peer);
+        let inv = inventory();
+        let whole = load(&seg, Some(&inv));
+        assert!(!whole.paths.is_empty() && !whole.unmapped_hops.is_empty());
+        let files = find_segments(&[seg]).expect("list");
+        let mut p = plan(&files, Fields::All, Some(&inv), 30_000_000_000);
+        let ranges = p.ranges(1);
+        let opts = Options::default();
+        let ranged = localize_ranges(&mut p, ranges, &opts);
+        let ds = p.finish();
+        assert_eq!(ds.paths, whole.paths);
+        assert_eq!(ds.path_changes, whole.path_changes);
+        assert_eq!(ds.unmapped_hops, whole.unmapped_hops);
+        let said = |ds: &Dataset| {
+            let mut v: Vec<String> =
+                ds.problems.iter().map(|p| format!("{}: {}", p.path.display(), p.problem)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(said(&ds), said(&whole));
+        assert_eq!(stray_peer, !said(&ds).is_empty());
+        let json = |l| serde_json::to_value(l).expect("json");
+        assert_eq!(json(&ranged), json(&localize(&whole, &opts)));
+    }
+}

@@ -491,3 +491,25 @@ fn segments_without_services_give_an_empty_services_section() {
     let table = analyze(&["localize", "--inventory", inv.to_str().expect("utf-8"), seg_s]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("no traced service connections"));
 }
+
+/// `analyze localize` reads a window at a time (`localize_ranges`): the same output, services
+/// and all, as localisation over one table of the same files.
+#[test]
+fn localize_is_the_same_a_window_at_a_time() {
+    use rocemesh_analyze::ingest::{Fields, ingest_with, plan};
+    use rocemesh_analyze::localize::{Options, localize, localize_ranges};
+    let (_dir, seg, inv) = fleet(true);
+    let inv = rocemesh_formats::inventory::Inventory::load(&inv).expect("inventory");
+    let files = find_segments(&[seg]).expect("list");
+    let mut whole = ingest_with(&files, false, Fields::All, Some(&inv));
+    whole.add_single_paths(&inv);
+    let opts = Options::default();
+    let one = localize(&whole, &opts);
+    assert!(!one.services.is_empty() && !one.findings.is_empty(), "{one:?}");
+    let mut p = plan(&files, Fields::All, Some(&inv), WINDOW_NS);
+    p.ds.add_single_paths(&inv);
+    let ranges = p.ranges(1);
+    assert_eq!(ranges.len() as u64, WINDOWS);
+    let ranged = localize_ranges(&mut p, ranges, &opts);
+    assert_eq!(serde_json::to_value(&ranged).expect("json"), serde_json::to_value(&one).expect("json"));
+}

@@ -7,7 +7,8 @@
 //! `dir` and reused by later runs (a manifest records what is there).
 //!
 //! Measured: the wall time of the `analyze report --scope cluster,tor,rnic --format parquet`
-//! process (ingest included), of `analyze export`, and of DuckDB's query (read Parquet, the same
+//! process (ingest included), of `analyze localize` (its ranges, and one range holding the
+//! whole input, whose output must be the same), of `analyze export`, and of DuckDB's query (read Parquet, the same
 //! scopes, windows, counts and nearest-rank quantiles, write Parquet). Then both outputs are
 //! compared row by row, every count and quantile, so the ratio compares equal work. DuckDB
 //! comes from PyPI into a venv under `~/.cache/rocemesh/venv`; the bench does not link polars,
@@ -115,19 +116,58 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
         })
     };
     let report = report_of(&segments, &report_pq)?;
+    // `--range-records` None: the default ranges; Some(n): ranges of n records.
+    let localize_of = |segments: &Path, json: &Path, range_records: Option<u64>| {
+        median_of(opt.runs, || {
+            let mut cmd = Command::new(&opt.analyze_bin);
+            cmd.args(["localize", "--window-s", &window, "--format", "table", "--json"]).arg(json);
+            if let Some(n) = range_records {
+                cmd.arg("--range-records").arg(n.to_string());
+            }
+            run_timed(cmd.arg(segments), "analyze localize")
+        })
+    };
+    let localize_json = opt.dir.join("analyze-localize.json");
+    let localize = localize_of(&segments, &localize_json, None)?;
+    let rss_gb = |t: &Timed| t.max_rss_kib as f64 / 1048576.0;
+    out.push(timed_figure(
+        "analyze localize (4 passes over ranges of whole windows), process wall time".into(),
+        n,
+        opt.runs,
+        &localize,
+        "",
+    ));
+    // The same localisation with one range holding the whole input: what it cost before it
+    // read ranges. Its output must be the same, byte for byte.
+    let whole_json = opt.dir.join("analyze-localize-one-range.json");
+    let whole = localize_of(&segments, &whole_json, Some(1 << 40))?;
+    ensure!(
+        std::fs::read(&whole_json)? == std::fs::read(&localize_json)?,
+        "analyze localize: one range and the default ranges disagree ({} and {})",
+        whole_json.display(),
+        localize_json.display()
+    );
     out.push(Figure {
-        what: "analyze report (cluster,tor,rnic), process wall time".into(),
-        value: n / report.wall_s,
-        unit: "records/s",
+        what: "analyze localize, one range holding the whole input (the baseline)".into(),
+        value: rss_gb(&localize) / rss_gb(&whole),
+        unit: "x",
         note: format!(
-            "median of {} runs ({}): {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {note_data}",
+            "peak RSS of the ranges against one range: {:.2} GB against {:.2} GB; one range: median of {} runs ({}): {:.2} s wall, {:.2} s CPU; the same JSON",
+            rss_gb(&localize),
+            rss_gb(&whole),
             opt.runs,
-            report.spread,
-            report.wall_s,
-            report.cpu_s,
-            report.max_rss_kib as f64 / 1048576.0
+            whole.spread,
+            whole.wall_s,
+            whole.cpu_s
         ),
     });
+    out.push(timed_figure(
+        "analyze report (cluster,tor,rnic), process wall time".into(),
+        n,
+        opt.runs,
+        &report,
+        &format!("; {note_data}"),
+    ));
 
     if let Some((records, dir)) = &opt.scale {
         let big = Options { records: *records, dir: dir.clone(), scale: None, ..opt.clone() };
@@ -136,21 +176,13 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
         ensure_data(&big, &big_segments)?;
         let (big_files, big_bytes) = dir_size(&big_segments)?;
         let big_report = report_of(&big_segments, &dir.join("analyze-report.parquet"))?;
-        let rss_gb = |t: &Timed| t.max_rss_kib as f64 / 1048576.0;
-        out.push(Figure {
-            what: format!("analyze report on {records} records (same fleet, longer)"),
-            value: *records as f64 / big_report.wall_s,
-            unit: "records/s",
-            note: format!(
-                "median of {} runs ({}): {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB; {big_files} files, {:.2} GB",
-                opt.runs,
-                big_report.spread,
-                big_report.wall_s,
-                big_report.cpu_s,
-                rss_gb(&big_report),
-                big_bytes as f64 / 1e9
-            ),
-        });
+        out.push(timed_figure(
+            format!("analyze report on {records} records (same fleet, longer)"),
+            *records as f64,
+            opt.runs,
+            &big_report,
+            &format!("; {big_files} files, {:.2} GB", big_bytes as f64 / 1e9),
+        ));
         out.push(Figure {
             what: format!("peak RSS ratio at {:.1}x the records", *records as f64 / n),
             value: rss_gb(&big_report) / rss_gb(&report),
@@ -160,6 +192,20 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
                 rss_gb(&big_report),
                 rss_gb(&report)
             ),
+        });
+        let big_localize = localize_of(&big_segments, &dir.join("analyze-localize.json"), None)?;
+        out.push(timed_figure(
+            format!("analyze localize on {records} records (same fleet, longer)"),
+            *records as f64,
+            opt.runs,
+            &big_localize,
+            "",
+        ));
+        out.push(Figure {
+            what: format!("localize peak RSS ratio at {:.1}x the records", *records as f64 / n),
+            value: rss_gb(&big_localize) / rss_gb(&localize),
+            unit: "x",
+            note: format!("{:.2} GB against {:.2} GB", rss_gb(&big_localize), rss_gb(&localize)),
         });
     }
 
@@ -380,6 +426,23 @@ fn ensure_duckdb(venv: &Path) -> Result<PathBuf> {
     let status = Command::new(venv.join("bin").join("pip")).args(["install", "--quiet", "duckdb"]).status()?;
     ensure!(status.success() && has(&python), "pip install duckdb into {} failed", venv.display());
     Ok(python)
+}
+
+/// A process's throughput over `records`, with its median, spread, CPU and peak RSS; `extra`
+/// ends the note.
+fn timed_figure(what: String, records: f64, runs: usize, t: &Timed, extra: &str) -> Figure {
+    Figure {
+        what,
+        value: records / t.wall_s,
+        unit: "records/s",
+        note: format!(
+            "median of {runs} runs ({}): {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB{extra}",
+            t.spread,
+            t.wall_s,
+            t.cpu_s,
+            t.max_rss_kib as f64 / 1048576.0
+        ),
+    }
 }
 
 struct Timed {

@@ -37,7 +37,7 @@ enum What {
     },
     /// `analyze report` end to end on a fleet's segments (default 10^8 records, ~4.8 GB) against
     /// DuckDB running the same aggregation on a Parquet export, with a row-by-row check that both
-    /// agree. Needs the analyze binary: `cargo build --release -p rocemesh-analyze`; installs
+    /// agree; and `analyze localize`, in ranges and in one range, with the same output. Needs the analyze binary: `cargo build --release -p rocemesh-analyze`; installs
     /// DuckDB from PyPI into ~/.cache/rocemesh/venv on first use.
     Analyze {
         /// Probe records in all.
@@ -62,9 +62,9 @@ enum What {
         /// The analyze binary (default: `analyze` next to this binary).
         #[arg(long)]
         analyze_bin: Option<std::path::PathBuf>,
-        /// Also run `analyze report` alone on this many records of the same fleet (a longer
-        /// stretch of time), for its peak RSS against the first size's: memory should follow
-        /// the fleet and window, not the hours read.
+        /// Also run `analyze report` and `analyze localize` alone on this many records of the
+        /// same fleet (a longer stretch of time), for their peak RSS against the first size's:
+        /// memory should follow the fleet and window, not the hours read.
         #[arg(long)]
         scale_records: Option<u64>,
         /// Where the data of --scale-records goes (default: `DIR-scale`).
