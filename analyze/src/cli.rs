@@ -180,6 +180,14 @@ pub struct WatchArgs {
     pub inventory: Option<PathBuf>,
     #[command(flatten)]
     pub ranges: RangeArgs,
+    /// Windows localised together for the `finding` lines: each block is read with one window
+    /// of context either side and goes out once the window after it is emitted, so a larger
+    /// block reads less twice and waits longer.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub findings_block_windows: u64,
+    /// Rows only: no `finding` lines (localisation reads each block four times).
+    #[arg(long)]
+    pub no_findings: bool,
     /// The collection directory (`ctl collect`'s), searched recursively for *.rseg.zst.
     pub dir: PathBuf,
 }
@@ -427,6 +435,10 @@ pub fn watch(args: &WatchArgs) -> i32 {
         sla,
         range_records: args.ranges.range_records as usize,
         flush: args.flush,
+        findings: (!args.no_findings).then(|| crate::watch::Findings {
+            options: crate::localize::Options { sla, ..crate::localize::Options::default() },
+            block_windows: args.findings_block_windows,
+        }),
     };
     let mut watch = match crate::watch::Watch::open(&cfg, inv.as_ref()) {
         Ok(w) => w,
@@ -442,10 +454,11 @@ pub fn watch(args: &WatchArgs) -> i32 {
                 said += p.said;
                 if p.new_files + p.windows > 0 {
                     eprintln!(
-                        "analyze watch: {} new files, {} windows ({} rows) emitted, complete to {}",
+                        "analyze watch: {} new files, {} windows ({} rows, {} findings) emitted, complete to {}",
                         p.new_files,
                         p.windows,
                         p.rows,
+                        p.findings,
                         inspect::utc(watch.emitted_to_ns())
                     );
                 }

@@ -22,6 +22,16 @@
 //! - Crash safety: the output file is flushed and synced before the state that counts its bytes
 //!   is renamed into place. At start, output beyond the state's count (lines of windows whose
 //!   state was never saved) is cut off, so those windows are emitted again, once.
+//! - Findings ([`Findings`]): what `analyze localize` blames in each window (before its
+//!   hysteresis joins windows into findings), a `finding` line per (window, entity), each
+//!   window's once. Localisation judges a window against the fleet's baselines and a
+//!   false-discovery cut over the windows it reads, and looks at both neighbours of a window
+//!   (a fault's edge), so windows are localised in fixed blocks of `block_windows` (aligned to
+//!   multiples of the block's length, whatever the passes), each read with one window of
+//!   context either side: a block's findings go out once the window after it is emitted (at
+//!   `--flush`, at once), and are those of `localize_ranges` over the files overlapping the
+//!   block and its context, so a restart or another grouping of passes gives the same lines.
+//!   A block's windows are read `(block + 2) / block` times over, and four passes each.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, Write};
@@ -31,8 +41,9 @@ use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader};
 use serde::{Deserialize, Serialize};
 
-use crate::ingest::{self, Fields};
+use crate::ingest::{self, Fields, FileProblem};
 use crate::inspect::find_segments;
+use crate::localize::{self, Blamed};
 use crate::report::{self, ReportError, Row, Scope, Sla, Span};
 
 /// What a watch is asked to do.
@@ -58,6 +69,18 @@ pub struct Config {
     pub range_records: usize,
     /// Emit every window of the files present, complete or not (the collection has ended).
     pub flush: bool,
+    /// Localise the windows too; `None`: rows only.
+    pub findings: Option<Findings>,
+}
+
+/// How a watch localises (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Findings {
+    /// Localisation's tunables (its window is the watch's).
+    pub options: localize::Options,
+    /// Windows localised together (at least 1): a larger block costs less (each is read with a
+    /// window of context either side) and waits longer for its last window.
+    pub block_windows: u64,
 }
 
 /// Why a watch stopped.
@@ -101,6 +124,10 @@ struct State {
     emitted_to_ns: u64,
     /// Bytes of the output file that hold exactly the lines said so far.
     output_bytes: u64,
+    /// Every window starting before this has had its findings emitted. A state written before
+    /// watches localised has none: its findings begin where its rows stood.
+    #[serde(default)]
+    findings_to_ns: Option<u64>,
     /// Every sealed file seen, by path.
     files: BTreeMap<PathBuf, Seen>,
 }
@@ -134,6 +161,11 @@ enum Line<'a> {
     Late { file: &'a Path, records: u64, windows_start_ns: &'a [u64] },
     /// Windows up to `emitted_to_ns` are complete and emitted.
     Emitted { emitted_to_ns: u64, windows: u64, rows: u64, records: u64, files_read: u64 },
+    /// An entity localisation blamed in one window, with its evidence.
+    Finding(&'a Blamed),
+    /// Every window before `findings_to_ns` has had its findings emitted; `records` were read
+    /// (each of the blocks' passes counts once).
+    FindingsEmitted { findings_to_ns: u64, blocks: u64, findings: u64, records: u64 },
 }
 
 /// What one pass over the directory did.
@@ -145,6 +177,8 @@ pub struct Pass {
     pub windows: u64,
     /// Rows emitted.
     pub rows: u64,
+    /// Findings (entity, window) emitted.
+    pub findings: u64,
     /// Problems and late files said.
     pub said: u64,
 }
@@ -210,6 +244,7 @@ impl<'a> Watch<'a> {
         let mut lines: Vec<String> = Vec::new();
         self.take_new_files(&mut pass, &mut lines)?;
         self.emit_complete(&mut pass, &mut lines)?;
+        self.emit_findings(&mut pass, &mut lines)?;
         if !lines.is_empty() {
             self.write(&lines)?;
         }
@@ -297,15 +332,7 @@ impl<'a> Watch<'a> {
         if to <= from {
             return Ok(());
         }
-        let files: Vec<PathBuf> = self
-            .state
-            .files
-            .iter()
-            .filter(|(_, s)| {
-                s.records > 0 && s.unreadable.is_none() && s.gone.is_none() && s.last_ns >= from && s.first_ns < to
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
+        let files = self.files_within(from, to);
         let window_ns = self.cfg.window_ns;
         let mut plan = ingest::plan(&files, Fields::Report, self.inventory, window_ns);
         let mut rows = Vec::new();
@@ -320,24 +347,7 @@ impl<'a> Watch<'a> {
             let prepared = report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
             rows.extend(prepared.rows(&self.cfg.scopes, Span::PerWindow, &self.cfg.sla)?);
         }
-        // A file gone or changed since it was first seen (a retention sweep): its records in
-        // these windows are not in the rows, and the output says so. Damage (not skipped) was
-        // said at first sight.
-        let gone: Vec<_> = plan
-            .finish()
-            .problems
-            .into_iter()
-            .filter(|p| p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED))
-            .collect();
-        for p in gone {
-            lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
-            pass.said += 1;
-            // Windows of a file are often emitted over several passes, each with its own plan:
-            // without this, each would say the file again.
-            if let Some(seen) = self.state.files.get_mut(&p.path) {
-                seen.gone = Some(p.problem);
-            }
-        }
+        self.say_gone(plan.finish().problems, pass, lines);
         // Within a window, `report`'s order (violations first); windows in time order.
         report::sort_rows(&mut rows);
         rows.sort_by_key(|r| r.window_start_ns);
@@ -353,6 +363,91 @@ impl<'a> Watch<'a> {
         pass.windows += windows;
         pass.rows += rows.len() as u64;
         self.state.emitted_to_ns = to;
+        Ok(())
+    }
+
+    /// The readable files whose records may lie in `[from, to)`.
+    fn files_within(&self, from: u64, to: u64) -> Vec<PathBuf> {
+        self.state
+            .files
+            .iter()
+            .filter(|(_, s)| {
+                s.records > 0 && s.unreadable.is_none() && s.gone.is_none() && s.last_ns >= from && s.first_ns < to
+            })
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    /// A file gone or changed since it was first seen (a retention sweep): its records in the
+    /// windows read are not in the output, and the output says so, once. Damage (not skipped)
+    /// was said at first sight.
+    fn say_gone(&mut self, problems: Vec<FileProblem>, pass: &mut Pass, lines: &mut Vec<String>) {
+        let gone = problems.into_iter().filter(|p| p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED));
+        for p in gone {
+            lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
+            pass.said += 1;
+            // Windows of a file are often emitted over several passes, each with its own plan:
+            // without this, each would say the file again.
+            if let Some(seen) = self.state.files.get_mut(&p.path) {
+                seen.gone = Some(p.problem);
+            }
+        }
+    }
+
+    /// Localises the blocks whose findings are due (see the module documentation).
+    fn emit_findings(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
+        // The config outlives this borrow of self, which say_gone needs mutably.
+        let cfg: &'a Config = self.cfg;
+        let Some(f) = &cfg.findings else { return Ok(()) };
+        let window_ns = self.cfg.window_ns;
+        let block_ns = f.block_windows.max(1).saturating_mul(window_ns);
+        let emitted = self.state.emitted_to_ns;
+        // A block is due once the window after it is emitted: its context on the right.
+        let to = if self.cfg.flush { emitted } else { emitted.saturating_sub(window_ns) / block_ns * block_ns };
+        let from = self.state.findings_to_ns.unwrap_or(emitted);
+        if to <= from {
+            return Ok(());
+        }
+        // Only blocks that hold records: a new state starts at zero, and collections have gaps.
+        let mut blocks: BTreeSet<u64> = BTreeSet::new();
+        for s in self.state.files.values().filter(|s| s.records > 0 && s.unreadable.is_none()) {
+            let (a, b) = (s.first_ns.max(from), s.last_ns.min(to - 1));
+            if a <= b {
+                blocks.extend((a / block_ns)..=(b / block_ns));
+            }
+        }
+        let (mut findings, mut records) = (0u64, 0u64);
+        let opts = localize::Options { window_s: window_ns / 1_000_000_000, ..f.options.clone() };
+        for &b in &blocks {
+            let (start, end) = ((b * block_ns).max(from), (b + 1).saturating_mul(block_ns).min(to));
+            let (lo, hi) = (start.saturating_sub(window_ns), end.saturating_add(window_ns).min(emitted));
+            let files = self.files_within(lo, hi);
+            if files.is_empty() {
+                continue;
+            }
+            let mut plan = ingest::plan(&files, Fields::All, self.inventory, window_ns);
+            if let Some(inv) = self.inventory {
+                plan.ds.add_single_paths(inv);
+            }
+            let ranges: Vec<(u64, u64)> = plan
+                .ranges(self.cfg.range_records)
+                .into_iter()
+                .map(|(a, b)| (a.max(lo), b.min(hi)))
+                .filter(|(a, b)| a < b)
+                .collect();
+            let l = localize::localize_ranges(&mut plan, ranges, &opts);
+            records += plan.records_read() as u64;
+            self.say_gone(plan.finish().problems, pass, lines);
+            let mut blamed: Vec<&Blamed> =
+                l.blamed.iter().filter(|x| (start..end).contains(&x.window_start_ns)).collect();
+            blamed
+                .sort_by(|a, b| (a.window_start_ns, &a.kind, &a.entity).cmp(&(b.window_start_ns, &b.kind, &b.entity)));
+            findings += blamed.len() as u64;
+            lines.extend(blamed.into_iter().map(|x| json(&Line::Finding(x))));
+        }
+        lines.push(json(&Line::FindingsEmitted { findings_to_ns: to, blocks: blocks.len() as u64, findings, records }));
+        pass.findings += findings;
+        self.state.findings_to_ns = Some(to);
         Ok(())
     }
 
@@ -388,13 +483,19 @@ fn load_state(cfg: &Config) -> Result<State, WatchError> {
     let mut text = String::new();
     match std::fs::File::open(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(State { version: STATE_VERSION, window_ns: cfg.window_ns, ..State::default() });
+            return Ok(State {
+                version: STATE_VERSION,
+                window_ns: cfg.window_ns,
+                findings_to_ns: Some(0),
+                ..State::default()
+            });
         }
         Err(e) => return Err(io(path, "open the state")(e)),
         Ok(mut f) => f.read_to_string(&mut text).map_err(io(path, "read the state"))?,
     };
-    let state: State =
+    let mut state: State =
         serde_json::from_str(&text).map_err(|e| bad(format!("not a watch state ({e}); move it away to start over")))?;
+    state.findings_to_ns.get_or_insert(state.emitted_to_ns);
     if state.version != STATE_VERSION {
         return Err(bad(format!(
             "version {} where this analyze writes {STATE_VERSION}; move it away to start over",

@@ -312,3 +312,160 @@ fn a_file_gone_across_several_emitting_passes_is_said_once() {
     assert_eq!(said.len(), 1, "said once over both passes: {said:?}");
     assert!(said[0]["problem"].as_str().is_some_and(|p| !p.is_empty()), "{said:?}");
 }
+
+/// The public scenario `name`.
+fn public_scenario(name: &str) -> rocemesh_formats::scenario::Scenario {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../testbeds/scenarios/{name}.toml"));
+    rocemesh_formats::scenario::Scenario::load(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}; restore the public scenarios", p.display()))
+}
+
+/// `s` simulated under `dir`, its segments sealed into `dir/collection`; returns that.
+fn sealed_collection(s: &rocemesh_formats::scenario::Scenario, dir: &Path) -> PathBuf {
+    let (sim, col) = (dir.join("sim"), dir.join("collection"));
+    rocemesh_testbeds::simulate(s, &sim, 0).expect("simulate");
+    let files = rocemesh_analyze::inspect::find_segments(&[sim.join("segments")]).expect("list");
+    assert!(!files.is_empty(), "the simulator wrote no segment");
+    std::fs::create_dir_all(&col).expect("mkdir");
+    for f in files {
+        let sealed = rocemesh_formats::segment::seal(&f, 1).expect("seal").sealed_path;
+        let to = col.join(sealed.file_name().expect("name"));
+        std::fs::rename(&sealed, &to).expect("move into the collection");
+    }
+    col
+}
+
+/// The `finding` lines and the last `findings_emitted` line of an output.
+fn findings_of(output: &Path) -> (Vec<Value>, Option<Value>) {
+    let all = lines(output);
+    let findings = all.iter().filter(|l| l["type"] == "finding").cloned().collect();
+    let last = all.iter().rev().find(|l| l["type"] == "findings_emitted").cloned();
+    (findings, last)
+}
+
+/// Watches `s`'s sealed segments twice, in blocks of two windows: two passes (one before the
+/// collection ends, one at its end) and one pass at the end. Asserts that both give the same
+/// `finding` lines, each (window, entity) once, and every emitted window localised; returns
+/// them.
+fn findings_whatever_the_passes(s: &rocemesh_formats::scenario::Scenario) -> Vec<Value> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = sealed_collection(s, tmp.path());
+    let col_s = col.to_str().expect("utf-8");
+    let run = |name: &str, passes: &[&str]| -> (PathBuf, PathBuf) {
+        let (state, output) = (tmp.path().join(format!("{name}.state")), tmp.path().join(format!("{name}.jsonl")));
+        for pass in passes {
+            let args = [
+                "watch",
+                "--state",
+                state.to_str().expect("utf-8"),
+                "--output",
+                output.to_str().expect("utf-8"),
+                "--window-s",
+                "30",
+                "--grace-s",
+                "60",
+                "--findings-block-windows",
+                "2",
+                pass,
+                col_s,
+            ];
+            let out = analyze(&args);
+            assert_eq!(out.status.code(), Some(0), "{name} {pass}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        (state, output)
+    };
+    let (two_state, two) = run("two", &["--once", "--flush"]);
+    let (one_state, one) = run("one", &["--flush"]);
+    let marks: Vec<u64> = lines(&two)
+        .iter()
+        .filter(|l| l["type"] == "findings_emitted")
+        .map(|l| l["findings_to_ns"].as_u64().expect("findings_to_ns"))
+        .collect();
+    assert!(marks.len() == 2 && marks[0] < marks[1], "the first pass must localise some blocks: {marks:?}");
+    let (found, last) = findings_of(&two);
+    let (found_once, last_once) = findings_of(&one);
+    assert!(!found.is_empty(), "{}: no finding", s.name);
+    assert_eq!(found, found_once, "{}: two passes and one give other findings", s.name);
+    let to = |l: Option<Value>| l.expect("a findings_emitted line")["findings_to_ns"].as_u64();
+    assert_eq!(to(last), Some(emitted_to(&two_state)), "every emitted window localised");
+    assert_eq!(to(last_once), Some(emitted_to(&one_state)), "every emitted window localised");
+    let mut seen = BTreeSet::new();
+    for f in &found {
+        let key = (f["window_start_ns"].as_u64().expect("window"), f["kind"].to_string(), f["entity"].to_string());
+        assert!(seen.insert(key.clone()), "{key:?} said twice");
+    }
+    found
+}
+
+/// The network's findings among `found`.
+fn network(found: &[Value]) -> Vec<&Value> {
+    found.iter().filter(|f| ["rnic", "tor", "link", "spine"].contains(&f["kind"].as_str().unwrap_or(""))).collect()
+}
+
+/// Findings: each window's localisation goes out once, in blocks aligned whatever the passes;
+/// the simulated lossy ToR is named in the windows of its loss, and nothing else of the network.
+#[test]
+fn findings_name_the_fault_once_per_window_whatever_the_passes() {
+    let s = public_scenario("tor-loss");
+    let found = findings_whatever_the_passes(&s);
+    let fault = &s.faults[0];
+    let t0_ns = s.start_unix_s * 1_000_000_000;
+    let (on_ns, off_ns) = (t0_ns + (fault.start_s * 1e9) as u64, t0_ns + (fault.end_s.expect("end") * 1e9) as u64);
+    let window_ns = WINDOW_S * 1_000_000_000;
+    let network = network(&found);
+    for f in &network {
+        let w = f["window_start_ns"].as_u64().expect("window");
+        assert_eq!(f["entity"], "tor6", "only the lossy ToR is of the network: {f}");
+        assert!(w + window_ns > on_ns && w < off_ns, "tor6 named outside its loss: {f}");
+    }
+    let named: BTreeSet<u64> = network.iter().map(|f| f["window_start_ns"].as_u64().expect("window")).collect();
+    let inside: BTreeSet<u64> = (on_ns.div_ceil(window_ns)..off_ns / window_ns).map(|w| w * window_ns).collect();
+    assert!(inside.len() >= 3, "{inside:?}");
+    assert!(inside.is_subset(&named), "every window wholly inside the loss names tor6: {named:?} {inside:?}");
+}
+
+/// A slow RNIC's evidence quotes the slow thresholds of the baselines it was judged against,
+/// which come from the records read with its block: the same whatever the passes.
+#[test]
+fn slowness_findings_quote_the_same_baselines_whatever_the_passes() {
+    let text = r#"
+version = 1
+name = "a slow RNIC"
+seed = 4
+duration_s = 240
+window_s = 30
+
+[topology]
+spines = 2
+tors = 4
+hosts_per_tor = 4
+
+[probing]
+tor_mesh_pps = 10
+inter_tor_tors = 3
+inter_tor_pps = 2
+flow_labels = 4
+timeout_ms = 500
+
+[normal]
+network_rtt_us = { p50 = 4.0, p99 = 12.0 }
+prober_delay_us = { p50 = 2.0, p99 = 15.0 }
+responder_delay_us = { p50 = 1.0, p99 = 6.0 }
+loss = 1e-6
+
+[[fault]]
+kind = "rnic_slow"
+target = "tor2-h1/rnic0"
+start_s = 60
+end_s = 180
+extra_rtt_us = 200
+"#;
+    let s = rocemesh_formats::scenario::Scenario::parse(text, Path::new("inline.toml")).expect("scenario");
+    let found = findings_whatever_the_passes(&s);
+    let network = network(&found);
+    assert!(network.len() >= 3, "{found:?}");
+    for f in network {
+        assert_eq!(f["entity"], "tor2-h1/rnic0", "{f}");
+        assert!(f["evidence"].as_str().unwrap_or("").contains("baseline (RTT above"), "{f}");
+    }
+}
