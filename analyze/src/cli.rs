@@ -81,7 +81,7 @@ pub struct ReportArgs {
     pub inputs: Vec<PathBuf>,
 }
 
-/// How much of the input `report`, `export`, `localize` and `watch` hold at once.
+/// How much of the input `report`, `export`, `localize`, `html` and `watch` hold at once.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RangeArgs {
     /// Records held in memory at once, at most: the input is read in ranges of whole windows
@@ -132,6 +132,10 @@ pub struct HtmlArgs {
     /// connections whose agent did not know it.
     #[arg(long)]
     pub inventory: Option<PathBuf>,
+    /// The page's figures and localisation read these ranges, four times each (see
+    /// `html::HtmlReport::build_ranges` and `localize::localize_ranges`).
+    #[command(flatten)]
+    pub ranges: RangeArgs,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
@@ -238,32 +242,12 @@ fn parse_fdr(v: &str) -> Result<f64, String> {
     }
 }
 
-/// Finds and reads the inputs; `Err(code)` when there is nothing to read (already said why).
-pub fn load(command: &str, inputs: &[PathBuf]) -> Result<Dataset, i32> {
-    load_fields(command, inputs, Fields::All, None)
-}
-
 /// Reads `--inventory` if given; `Err(code)` when it cannot be used (already said why).
 fn load_inventory(command: &str, path: Option<&Path>) -> Result<Option<Inventory>, i32> {
     path.map(Inventory::load).transpose().map_err(|e| {
         eprintln!("analyze {command}: {e}");
         exit::USAGE
     })
-}
-
-/// [`load`] of some of the probe columns, resolving traced services through `inventory`.
-/// Services whose remote RNIC nothing resolved are said on stderr (they are kept, under an RNIC
-/// named after the remote GID).
-fn load_fields(
-    command: &str,
-    inputs: &[PathBuf],
-    fields: Fields,
-    inventory: Option<&Inventory>,
-) -> Result<Dataset, i32> {
-    let files = find(command, inputs)?;
-    let ds = ingest::ingest_with(&files, true, fields, inventory);
-    say_problems(command, &ds, inventory);
-    Ok(ds)
 }
 
 /// The segment files under `inputs`; none is a usage error.
@@ -526,7 +510,7 @@ pub fn export(args: &ExportArgs) -> i32 {
 }
 
 /// Runs `analyze html`; returns the exit code. It runs localisation itself, for the findings
-/// and the traced services they touch.
+/// and the traced services they touch. Both read the input a range of whole windows at a time.
 pub fn html(args: &HtmlArgs) -> i32 {
     let sla = match args.sla.resolve_for("html") {
         Ok(s) => s,
@@ -536,25 +520,17 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(inv) => inv,
         Err(code) => return code,
     };
-    let mut ds = match load_fields("html", &args.inputs, Fields::All, inv.as_ref()) {
-        Ok(ds) => ds,
+    let files = match find("html", &args.inputs) {
+        Ok(f) => f,
         Err(code) => return code,
     };
+    let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
-        ds.add_single_paths(inv);
+        plan.ds.add_single_paths(inv);
     }
-    let meta = Meta {
-        window_s: args.window_s,
-        sla,
-        files: ds.files,
-        records: ds.probes.len(),
-        problems: problems(&ds),
-        scopes: vec![Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair],
-    };
-    let has_problems = !meta.problems.is_empty();
-    // Localisation reads the probe columns in place, so it runs before they move into polars.
+    let ranges = plan.ranges(args.ranges.range_records as usize);
     let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
-    let localization = crate::localize::localize(&ds, &opts);
+    let localization = crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts);
     let services = localization.services;
     let findings: Vec<html::FindingRow> = localization
         .findings
@@ -567,14 +543,27 @@ pub fn html(args: &HtmlArgs) -> i32 {
             evidence: f.evidence,
         })
         .collect();
-    let run = || -> Result<(), report::ReportError> {
-        let prepared = report::prepare(std::mem::take(&mut ds.probes), &ds.rnics, args.window_s * 1_000_000_000)?;
-        say_unknown_outcomes("html", prepared.unknown_outcomes);
-        let page = html::render(&HtmlReport::build(&prepared, meta)?, Some(&findings), Some(&services))?;
-        write_file(&args.output, page.as_bytes())
+    let meta = Meta {
+        window_s: args.window_s,
+        sla,
+        files: plan.ds.files,
+        records: 0,
+        problems: Vec::new(),
+        scopes: vec![Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair],
+    };
+    let run = || -> Result<bool, report::ReportError> {
+        let (mut page, unknown_outcomes) = HtmlReport::build_ranges(&mut plan, &ranges, meta)?;
+        page.meta.records = plan.records_read();
+        let ds = plan.finish();
+        say_problems("html", &ds, inv.as_ref());
+        say_unknown_outcomes("html", unknown_outcomes);
+        page.meta.problems = problems(&ds);
+        let text = html::render(&page, Some(&findings), Some(&services))?;
+        write_file(&args.output, text.as_bytes())?;
+        Ok(!page.meta.problems.is_empty())
     };
     match run() {
-        Ok(()) => outcome(has_problems),
+        Ok(has_problems) => outcome(has_problems),
         Err(e) => {
             eprintln!("analyze html: {e}");
             exit::USAGE

@@ -11,9 +11,13 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use std::collections::{BTreeMap, HashMap};
+
+use crate::ingest::{NO_TOR, Plan, Probes, Rnic, UNKNOWN_RNIC};
 use crate::inspect::utc;
 use crate::localize::ServiceImpact;
-use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
+use crate::probe::Class;
+use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span, nearest_rank_index};
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
 pub const MAX_HEATMAP_AXIS: usize = 256;
@@ -37,28 +41,69 @@ pub struct FindingRow {
     pub evidence: String,
 }
 
-/// What the page shows, computed from a [`Prepared`] table.
+/// What the page shows of a pair over the whole range: one heatmap cell.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairCell {
+    /// `from->to`.
+    pub entity: String,
+    /// The two ends (prober, target).
+    pub ends: (String, String),
+    /// As [`Row`]'s fields of the same names, over the whole range.
+    pub probes: u64,
+    /// See `probes`.
+    pub unreachable: u64,
+    /// See `probes`.
+    pub local_drop: u64,
+    /// See `probes`.
+    pub loss_ratio: Option<f64>,
+    /// See `probes` (the nearest-rank p99 of every ok probe of the pair in the range).
+    pub rtt_ns_p99: Option<i64>,
+}
+
+impl PairCell {
+    fn of(r: &Row) -> Option<PairCell> {
+        Some(PairCell {
+            entity: r.entity.clone(),
+            ends: r.ends.clone()?,
+            probes: r.probes,
+            unreachable: r.unreachable,
+            local_drop: r.local_drop,
+            loss_ratio: r.loss_ratio,
+            rtt_ns_p99: r.rtt_ns_p99,
+        })
+    }
+}
+
+/// What the page shows, computed from a [`Prepared`] table ([`HtmlReport::build`]) or a plan's
+/// ranges ([`HtmlReport::build_ranges`]): the same figures.
 #[derive(Clone, Debug)]
 pub struct HtmlReport {
     /// Inputs, window and thresholds.
     pub meta: Meta,
     /// Start of the first window and end of the last, Unix ns.
     pub range_ns: Option<(u64, u64)>,
-    /// Whole-range rows of the `tor_pair` scope.
-    pub tor_pairs: Vec<Row>,
-    /// Whole-range rows of the `pair` scope.
-    pub rnic_pairs: Vec<Row>,
+    /// Whole-range figures of the `tor_pair` scope, by entity.
+    pub tor_pairs: Vec<PairCell>,
+    /// Whole-range figures of the `pair` scope, by entity.
+    pub rnic_pairs: Vec<PairCell>,
     /// Per-window rows (cluster, ToR pair, ToR, RNIC) that break the SLA.
     pub violations: Vec<Row>,
 }
+
+/// The scopes of the violations listed.
+const VIOLATION_SCOPES: [Scope; 4] = [Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic];
 
 impl HtmlReport {
     /// Computes the page's figures.
     pub fn build(prepared: &Prepared, meta: Meta) -> Result<HtmlReport, ReportError> {
         let sla = meta.sla;
-        let whole = |scope| prepared.rows(&[scope], Span::WholeRange, &sla);
-        let mut violations =
-            prepared.rows(&[Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic], Span::PerWindow, &sla)?;
+        let whole = |scope| -> Result<Vec<PairCell>, ReportError> {
+            let mut cells: Vec<PairCell> =
+                prepared.rows(&[scope], Span::WholeRange, &sla)?.iter().filter_map(PairCell::of).collect();
+            cells.sort_by(|a, b| a.entity.cmp(&b.entity));
+            Ok(cells)
+        };
+        let mut violations = prepared.rows(&VIOLATION_SCOPES, Span::PerWindow, &sla)?;
         violations.retain(|r| !r.sla_violations.is_empty());
         let range_ns = prepared.windows.map(|(a, b)| {
             (a.saturating_mul(prepared.window_ns), b.saturating_add(1).saturating_mul(prepared.window_ns))
@@ -70,6 +115,194 @@ impl HtmlReport {
             violations,
             meta,
         })
+    }
+
+    /// [`HtmlReport::build`] over a plan's ranges of whole windows, so that memory follows a
+    /// range and the fleet, not the hours read; the same figures, exactly. The violations are
+    /// per window, so each range gives its own; a pair's whole-range counts add up over the
+    /// ranges; its whole-range RTT p99 is an exact nearest rank, found by radix selection over
+    /// four reads of the ranges ([`PairP99`]). Returns the page's figures (with `meta` as given:
+    /// the caller fills in what only the end of the reads knows) and the records whose outcome
+    /// byte this build does not know.
+    pub fn build_ranges(plan: &mut Plan, ranges: &[(u64, u64)], meta: Meta) -> Result<(HtmlReport, u64), ReportError> {
+        let (sla, window_ns) = (meta.sla, meta.window_s.max(1) * 1_000_000_000);
+        let mut p99 = PairP99::new(&plan.ds.rnics);
+        let mut sums: BTreeMap<(Scope, String), (Row, u64)> = BTreeMap::new();
+        let mut violations = Vec::new();
+        let (mut windows, mut unknown_outcomes): (Option<(u64, u64)>, u64) = (None, 0);
+        plan.rewind();
+        for &(from, to) in ranges {
+            let probes = plan.read(from, to);
+            p99.count(&probes, 0);
+            let prepared = crate::report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
+            unknown_outcomes += prepared.unknown_outcomes;
+            if let Some((a, b)) = prepared.windows {
+                windows = Some(windows.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
+            let mut v = prepared.rows(&VIOLATION_SCOPES, Span::PerWindow, &sla)?;
+            v.retain(|r| !r.sla_violations.is_empty());
+            violations.extend(v);
+            for r in prepared.rows(&[Scope::TorPair, Scope::Pair], Span::WholeRange, &sla)? {
+                match sums.entry((r.scope, r.entity.clone())) {
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        let ok = r.ok;
+                        e.insert((r, ok));
+                    }
+                    std::collections::btree_map::Entry::Occupied(mut e) => {
+                        let (s, ok) = e.get_mut();
+                        s.probes += r.probes;
+                        s.lost += r.lost;
+                        s.partial += r.partial;
+                        s.unreachable += r.unreachable;
+                        s.local_drop += r.local_drop;
+                        *ok += r.ok;
+                    }
+                }
+            }
+        }
+        for level in 1..PairP99::LEVELS {
+            p99.select(level - 1);
+            plan.rewind();
+            for &(from, to) in ranges {
+                p99.count(&plan.read(from, to), level);
+            }
+        }
+        p99.select(PairP99::LEVELS - 1);
+        crate::report::sort_rows(&mut violations);
+        let (mut tor_pairs, mut rnic_pairs) = (Vec::new(), Vec::new());
+        for ((scope, entity), (s, ok)) in sums {
+            let ends = s.ends.clone().unwrap_or_default();
+            let rtt_ns_p99 = p99.value(scope, &ends);
+            let counted = rtt_ns_p99.map_or(0, |(_, n)| n);
+            if counted != ok {
+                return Err(ReportError::Columns(format!(
+                    "{entity}: {counted} ok probes counted for its RTT p99 where its rows count {ok}"
+                )));
+            }
+            let cell = PairCell {
+                loss_ratio: crate::probe::loss_ratio(ok, s.partial, s.lost),
+                rtt_ns_p99: rtt_ns_p99.map(|(v, _)| i64::from(v)),
+                entity,
+                ends,
+                probes: s.probes,
+                unreachable: s.unreachable,
+                local_drop: s.local_drop,
+            };
+            if scope == Scope::TorPair { tor_pairs.push(cell) } else { rnic_pairs.push(cell) }
+        }
+        let range_ns =
+            windows.map(|(a, b)| (a.saturating_mul(window_ns), b.saturating_add(1).saturating_mul(window_ns)));
+        Ok((HtmlReport { meta, range_ns, tor_pairs, rnic_pairs, violations }, unknown_outcomes))
+    }
+}
+
+/// Exact whole-range RTT p99 per ToR pair and RNIC pair, over reads of the same ranges: the
+/// nearest rank of each pair's ok probes' RTTs, one byte of the (order-preserving, unsigned)
+/// value per read, each pair counting 256 buckets of the values that share the bytes chosen so
+/// far. Memory: 1 KiB per pair, whatever the hours read.
+struct PairP99 {
+    /// ToR id by RNIC id (the last: an unknown RNIC), as `report` names ToRs.
+    tor_of: Vec<u32>,
+    /// Ids by the names rows give the ends (the first RNIC of a name, as `report` keys them).
+    tor_ids: HashMap<String, u32>,
+    rnic_ids: HashMap<String, u32>,
+    /// The unknown RNIC's id.
+    unknown: u32,
+    /// (pair scope's index, from, to) -> pair index.
+    ids: HashMap<(u8, u32, u32), usize>,
+    pairs: Vec<Selection>,
+}
+
+/// One pair's selection so far.
+struct Selection {
+    /// Ok probes (counted in the first read).
+    n: u64,
+    /// The value's bytes chosen so far, and the rank still wanted among the values sharing them.
+    prefix: u32,
+    rank: u64,
+    buckets: [u32; 256],
+}
+
+impl PairP99 {
+    /// Bytes of a 32-bit value: reads of the ranges.
+    const LEVELS: u32 = 4;
+
+    fn new(rnics: &[Rnic]) -> PairP99 {
+        let mut tor_ids: HashMap<String, u32> = HashMap::new();
+        let tor_of: Vec<u32> = rnics
+            .iter()
+            .map(|r| r.tor.as_str())
+            .chain([NO_TOR])
+            .map(|t| {
+                let t = if t.is_empty() { NO_TOR } else { t };
+                let next = tor_ids.len() as u32;
+                *tor_ids.entry(t.to_owned()).or_insert(next)
+            })
+            .collect();
+        let mut rnic_ids: HashMap<String, u32> = HashMap::new();
+        for (i, name) in rnics.iter().map(|r| r.name.as_str()).chain([UNKNOWN_RNIC]).enumerate() {
+            rnic_ids.entry(name.to_owned()).or_insert(i as u32);
+        }
+        PairP99 { tor_of, tor_ids, rnic_ids, unknown: rnics.len() as u32, ids: HashMap::new(), pairs: Vec::new() }
+    }
+
+    /// Counts one read's ok probes into the buckets of `level` (the first read finds the pairs).
+    fn count(&mut self, p: &Probes, level: u32) {
+        let unknown = self.unknown;
+        for i in 0..p.len() {
+            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
+                continue;
+            }
+            let v = (p.network_rtt_ns[i] as u32) ^ 0x8000_0000;
+            let (a, b) = (p.prober[i].min(unknown), p.target[i].min(unknown));
+            let (ta, tb) = (self.tor_of[a as usize], self.tor_of[b as usize]);
+            for key in [(0u8, ta, tb), (1u8, a, b)] {
+                let at = match self.ids.get(&key) {
+                    Some(&at) => at,
+                    None if level == 0 => {
+                        self.pairs.push(Selection { n: 0, prefix: 0, rank: 0, buckets: [0; 256] });
+                        self.ids.insert(key, self.pairs.len() - 1);
+                        self.pairs.len() - 1
+                    }
+                    None => continue,
+                };
+                let s = &mut self.pairs[at];
+                let shift = 8 * (Self::LEVELS - 1 - level);
+                if level > 0 && v >> (shift + 8) != s.prefix {
+                    continue;
+                }
+                if level == 0 {
+                    s.n += 1;
+                }
+                s.buckets[((v >> shift) & 0xff) as usize] += 1;
+            }
+        }
+    }
+
+    /// After the read of `level`: each pair's next byte, the bucket holding its rank.
+    fn select(&mut self, level: u32) {
+        for s in &mut self.pairs {
+            if level == 0 {
+                s.rank = nearest_rank_index(s.n as usize, 0.99) as u64;
+            }
+            let mut below = 0u64;
+            for (d, &c) in s.buckets.iter().enumerate() {
+                if below + u64::from(c) > s.rank {
+                    s.prefix = (s.prefix << 8) | d as u32;
+                    s.rank -= below;
+                    break;
+                }
+                below += u64::from(c);
+            }
+            s.buckets = [0; 256];
+        }
+    }
+
+    /// The p99 of the pair with `ends` in `scope`, and its ok probes; `None` without any.
+    fn value(&self, scope: Scope, (a, b): &(String, String)) -> Option<(i32, u64)> {
+        let (ids, index) = if scope == Scope::TorPair { (&self.tor_ids, 0u8) } else { (&self.rnic_ids, 1u8) };
+        let s = &self.pairs[*self.ids.get(&(index, *ids.get(a)?, *ids.get(b)?))?];
+        (s.n > 0).then_some(((s.prefix ^ 0x8000_0000) as i32, s.n))
     }
 }
 
@@ -89,17 +322,16 @@ struct Heatmap {
 
 /// The heatmap of pair rows (rows with `ends`); returns it and how many entities there were
 /// before capping.
-fn heatmap(id: &'static str, rows: &[Row], sla: &Sla) -> (Heatmap, usize) {
-    use std::collections::{BTreeMap, BTreeSet};
+fn heatmap(id: &'static str, rows: &[PairCell], sla: &Sla) -> (Heatmap, usize) {
+    use std::collections::BTreeSet;
     // Each entity's worst pair, to keep the most interesting ones when capping.
     let mut worst: BTreeMap<&str, (f64, i64)> = BTreeMap::new();
     for r in rows {
-        if let Some((a, b)) = &r.ends {
-            for e in [a.as_str(), b.as_str()] {
-                let w = worst.entry(e).or_insert((0.0, 0));
-                w.0 = w.0.max(r.loss_ratio.unwrap_or(0.0));
-                w.1 = w.1.max(r.rtt_ns_p99.unwrap_or(0));
-            }
+        let (a, b) = &r.ends;
+        for e in [a.as_str(), b.as_str()] {
+            let w = worst.entry(e).or_insert((0.0, 0));
+            w.0 = w.0.max(r.loss_ratio.unwrap_or(0.0));
+            w.1 = w.1.max(r.rtt_ns_p99.unwrap_or(0));
         }
     }
     let total = worst.len();
@@ -112,7 +344,7 @@ fn heatmap(id: &'static str, rows: &[Row], sla: &Sla) -> (Heatmap, usize) {
     let cells = rows
         .iter()
         .filter_map(|r| {
-            let (a, b) = r.ends.as_ref()?;
+            let (a, b) = &r.ends;
             Some((index(a)?, index(b)?, r.loss_ratio, r.rtt_ns_p99, r.probes, r.unreachable, r.local_drop))
         })
         .collect();
@@ -470,11 +702,76 @@ mod tests {
         }
     }
 
+    /// The radix selection over reads gives the nearest-rank p99 of every ok RTT of a pair,
+    /// negative and extreme values included, split over several reads (ranges) in any order;
+    /// lost probes are no sample.
+    #[test]
+    fn pair_p99_is_the_nearest_rank_of_every_ok_rtt() {
+        let rnics: Vec<Rnic> = ["a", "b"]
+            .iter()
+            .map(|n| Rnic {
+                name: format!("{n}/d"),
+                tor: if *n == "a" { "t0".into() } else { String::new() },
+                host: (*n).into(),
+            })
+            .collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut values: Vec<i32> = (0..5_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as i32 - (1 << 22)
+            })
+            .collect();
+        values.extend([i32::MIN, i32::MAX, -1, 0, i32::MAX, i32::MAX]);
+        let read = |part: &[i32], target: u32| Probes {
+            t1_unix_ns: vec![0; part.len() + 1],
+            network_rtt_ns: part.iter().copied().chain([i32::MAX]).collect(),
+            prober_delay_ns: vec![0; part.len() + 1],
+            responder_delay_ns: vec![0; part.len() + 1],
+            prober: vec![0; part.len() + 1],
+            target: vec![target; part.len() + 1],
+            // The last record is lost: its RTT must not count.
+            outcome: part.iter().map(|_| 0).chain([1]).collect(),
+            arrived: vec![0; part.len() + 1],
+            ts_source: vec![0; part.len() + 1],
+            ..Probes::default()
+        };
+        let (first, second) = values.split_at(1_234);
+        let mut p99 = PairP99::new(&rnics);
+        for level in 0..PairP99::LEVELS {
+            if level > 0 {
+                p99.select(level - 1);
+            }
+            // The reads of a level come in another order each time; the pair to an id no
+            // dictionary defined is the unknown RNIC's.
+            let parts = if level % 2 == 0 { [second, first] } else { [first, second] };
+            for part in parts {
+                p99.count(&read(part, 1), level);
+                p99.count(&read(&part[..3], 7), level);
+            }
+        }
+        p99.select(PairP99::LEVELS - 1);
+        let mut sorted = values.clone();
+        sorted.sort_unstable();
+        let want = sorted[nearest_rank_index(sorted.len(), 0.99)];
+        let ends = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(p99.value(Scope::Pair, &ends("a/d", "b/d")), Some((want, values.len() as u64)));
+        assert_eq!(p99.value(Scope::TorPair, &ends("t0", NO_TOR)).map(|v| v.1), Some(values.len() as u64 + 6));
+        let mut unknown: Vec<i32> = first[..3].iter().chain(&second[..3]).copied().collect();
+        unknown.sort_unstable();
+        let want = unknown[nearest_rank_index(6, 0.99)];
+        assert_eq!(p99.value(Scope::Pair, &ends("a/d", UNKNOWN_RNIC)), Some((want, 6)));
+        assert_eq!(p99.value(Scope::Pair, &ends("b/d", "a/d")), None);
+    }
+
     #[test]
     fn heatmap_caps_keeping_the_worst() {
-        let mut rows: Vec<Row> =
-            (0..300).map(|i| row(&format!("r{i:03}"), &format!("r{:03}", (i + 1) % 300), Some(0.0))).collect();
-        rows.push(row("r299", "zz-bad", Some(0.5)));
+        let mut rows: Vec<PairCell> = (0..300)
+            .filter_map(|i| PairCell::of(&row(&format!("r{i:03}"), &format!("r{:03}", (i + 1) % 300), Some(0.0))))
+            .collect();
+        rows.extend(PairCell::of(&row("r299", "zz-bad", Some(0.5))));
         let (m, total) = heatmap("x", &rows, &Sla::default());
         assert_eq!(total, 301);
         assert_eq!(m.labels.len(), MAX_HEATMAP_AXIS);
@@ -499,7 +796,7 @@ mod tests {
             },
             range_ns: Some((0, 30_000_000_000)),
             tor_pairs: Vec::new(),
-            rnic_pairs: vec![r.clone()],
+            rnic_pairs: PairCell::of(&r).into_iter().collect(),
             violations: vec![r],
         };
         let page = render(&rep, None, None).expect("render");
@@ -520,7 +817,7 @@ mod tests {
                 scopes: Vec::new(),
             },
             range_ns: Some((0, 30_000_000_000)),
-            tor_pairs: vec![row("</script><script>alert(1)</script>", "t", Some(0.0))],
+            tor_pairs: PairCell::of(&row("</script><script>alert(1)</script>", "t", Some(0.0))).into_iter().collect(),
             rnic_pairs: Vec::new(),
             violations: Vec::new(),
         };
