@@ -1,10 +1,12 @@
 """Compare two SLA report Parquet files (analyze report's and sla_report.py's) row by row.
 
 Rows are keyed on (window_start_ns, scope, entity), whatever the scope (cluster, tor_pair, tor,
-rnic, pair: the pair scopes' `from->to` entities are plain strings too). The two files must
-hold the same keys (each once), every count and quantile must be equal (nulls where the other
-has nulls), loss_ratio within 1e-12, and the text columns both have (window_start,
-sla_violations, ts_source) equal. Prints the number of rows compared, and how many of each scope
+rnic, pair, service: the pair scopes' `from->to` entities and a connection's label are plain
+strings too). The two files must hold the same keys (each once), every count and quantile must
+be equal (nulls where the other has nulls), loss_ratio within 1e-12, and the columns both have
+of local_drop, the text columns (window_start, sla_violations, ts_source) and the service
+scope's connection columns (service, prober, remote, remote_resolution, comm; pid, local_qpn,
+remote_qpn, flow_label) equal. Prints the number of rows compared, and how many of each scope
 (`by scope: cluster=N, ...`, by name); exits 1 with the first 20 differences otherwise, and also
 when either file is missing, unreadable, lacks a compared column or has no rows: a check that
 finds nothing to compare has failed.
@@ -23,8 +25,8 @@ EXACT = (
     "rtt_ns_p50", "rtt_ns_p99", "rtt_ns_p999", "prober_delay_ns_p50", "prober_delay_ns_p99",
     "responder_delay_ns_p50", "responder_delay_ns_p99",
 )
-OPTIONAL_EXACT = ("local_drop",)
-TEXT = ("window_start", "sla_violations", "ts_source")
+OPTIONAL_EXACT = ("local_drop", "pid", "local_qpn", "remote_qpn", "flow_label")
+TEXT = ("window_start", "sla_violations", "ts_source", "service", "prober", "remote", "remote_resolution", "comm")
 LOSS_TOLERANCE = 1e-12
 
 

@@ -2,8 +2,8 @@
 
 Reads the raw probe table that `analyze export` writes (one Parquet file, or a Hive-partitioned
 directory `date=YYYY-MM-DD/hour=HH/tor=NAME/*.parquet`, whose partition columns are ignored) and
-writes the rows of `analyze report --scope cluster,tor_pair,tor,rnic,pair --window-s N --format
-parquet` (or of any subset of those scopes): one row per (window, scope, entity) with the same
+writes the rows of `analyze report --scope cluster,tor_pair,tor,rnic,pair,service --window-s N
+--format parquet` (or of any subset of those scopes): one row per (window, scope, entity) with the same
 columns and the same numbers, so that a fleet too large for one machine can be reported on an
 existing Spark cluster. `compare.py` beside this file checks the two outputs row by row.
 
@@ -42,20 +42,24 @@ the same query for DuckDB, for cluster, tor and rnic):
 - sla_violations: `loss` when loss_ratio > --sla-loss, `rtt_p99` when rtt_ns_p99 > --sla-rtt-p99-us
   * 1000, joined by `;` (empty within the SLA). Rows are sorted as the report sorts them:
   violations first, then window, scope in the order of probe.rs's `Scope` enum (cluster,
-  tor_pair, tor, rnic, pair; service would be last), entity (byte order, as Rust compares
+  tor_pair, tor, rnic, pair, service), entity (byte order, as Rust compares
   strings).
 
-Not mirrored: the `service` scope, and the integer types (Spark writes signed 64-bit integers
-where analyze writes unsigned ones; the values are the same). A service row's entity is the
-connection's label, `comm[pid] qp local_qpn->remote_qpn prober->remote`, and its Parquet row
-carries the connection's fields (service, prober, remote, remote_resolution, pid, comm,
-local_qpn, remote_qpn, flow_label; asking for the scope adds those nine columns to every row);
-the export has only the service's dictionary name in `service` (null for ids beyond the
-dictionary, which the report names "(unknown service N)"), so neither the entity nor the
-columns can be rebuilt from it.
+- service (asked for like any other scope): one row per (window, traced connection), from the
+  connection's probes alone, with the unreachable rule applied per (window, connection); the
+  entity is the connection's label (`comm[pid] qp local_qpn->remote_qpn prober->remote`), which
+  the export writes in `service_entity` with the connection's other fields in `service_*`; the
+  rows then carry nine more columns, as analyze's do when the scope is asked for (service,
+  prober, remote, remote_resolution, pid, comm, local_qpn, remote_qpn, flow_label; null in the
+  other scopes' rows). analyze keys these rows by its connection ids and this job by those
+  fields, so two connections with the same label and fields would be one row here and two
+  there (the same pid, both QP numbers and both ends: one connection seen twice).
+
+Not mirrored: the integer types (Spark writes signed 64-bit integers where analyze writes
+unsigned ones; the values are the same).
 
 Usage: python sla_report.py --window-s N --input DIR_OR_FILE --output OUT.parquet
-       [--scopes cluster,tor_pair,tor,rnic,pair] [--master local[*]] [--driver-memory 4g]
+       [--scopes cluster,tor_pair,tor,rnic,pair,service] [--master local[*]] [--driver-memory 4g]
 Prints `query_s=<seconds> spark=<version> rows=<n>` last.
 """
 
@@ -69,8 +73,39 @@ import time
 from pyspark.sql import SparkSession
 
 # The scopes this job computes, in the report's row order (probe.rs's `Scope` enum, derived
-# Ord: cluster, tor_pair, tor, rnic, pair, service; service is not mirrored, see above).
-SCOPES = ("cluster", "tor_pair", "tor", "rnic", "pair")
+# Ord: cluster, tor_pair, tor, rnic, pair, service).
+SCOPES = ("cluster", "tor_pair", "tor", "rnic", "pair", "service")
+# The export's columns of a service probe's connection (analyze/src/export.rs SERVICE_COLUMNS)
+# and the report's names for them, with their SQL type; `service` itself is the export's column
+# of that name (the connection's dictionary name).
+SERVICE_COLUMNS = (
+    ("service", "service", "STRING"),
+    ("service_prober", "prober", "STRING"),
+    ("service_remote", "remote", "STRING"),
+    ("service_remote_resolution", "remote_resolution", "STRING"),
+    ("service_pid", "pid", "BIGINT"),
+    ("service_comm", "comm", "STRING"),
+    ("service_local_qpn", "local_qpn", "BIGINT"),
+    ("service_remote_qpn", "remote_qpn", "BIGINT"),
+    ("service_flow_label", "flow_label", "BIGINT"),
+)
+# Counts per class of a group of records, and the timestamp sources of its ok ones as a bitmask
+# (bit = the source byte; bytes above 3 all on bit 4, "unknown").
+CLASS_COUNTS = """count(*) AS probes,
+               count(*) FILTER (WHERE outcome = 0) AS ok,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
+               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
+               count(*) FILTER (WHERE outcome = 2) AS invalid,
+               count(*) FILTER (WHERE outcome = 3) AS refused,
+               count(*) FILTER (WHERE outcome = 4) AS local_drop,
+               coalesce(bit_or(shiftleft(1, LEAST(ts_source, 4))) FILTER (WHERE outcome = 0), 0) AS ts_mask"""
+# The sums of a roll-up, and the unreachable rule applied to a group's counts.
+SUMS = """sum(probes) AS probes, sum(ok) AS ok, sum(lost) AS lost, sum(partial) AS partial,
+               sum(invalid) AS invalid, sum(refused) AS refused, sum(unreachable) AS unreachable,
+               sum(local_drop) AS local_drop, bit_or(ts_mask) AS ts_mask"""
+UNREACHABLE = """IF(ok + partial = 0, lost_raw, 0) AS unreachable,
+               IF(ok + partial = 0, 0, lost_raw) AS lost"""
+
 # Partition columns of `analyze export --partitioned`: directory names, not probe data.
 PARTITION_COLUMNS = ("date", "hour", "tor")
 # (delay column, output column, q): the report's QUANTILES, in its order.
@@ -121,55 +156,74 @@ def scope_rank_sql():
 
 def report_sql(window_ns, scopes, sla_loss, sla_rtt_p99_us):
     picks = ",\n           ".join(f"q.{m}[{nearest_rank_index(q)}] AS {name}" for m, name, q in QUANTILES)
+    keyed = [s for s in scopes if s != "service"]
+    service = "service" in scopes
+    conn = ", ".join(c for c, _, _ in SERVICE_COLUMNS)
+    # The rows' counts and sorted samples: one branch for the scopes keyed by ends (through the
+    # per-pair counts), one for the service scope (keyed by connection), unioned.
+    counts, samples = [], []
+    nulls = ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, _, t in SERVICE_COLUMNS)
+    if keyed:
+        counts.append(f"""
+        SELECT w, scope, entity, {SUMS}, {nulls}
+        FROM pc
+        {ends_sql(keyed)}
+        WHERE entity IS NOT NULL
+        GROUP BY w, scope, entity""")
+        samples.append(f"""
+        SELECT w, scope, entity, count(*) AS n,
+               sort_array(collect_list(rtt)) AS rtt,
+               sort_array(collect_list(pd)) AS pd,
+               sort_array(collect_list(rd)) AS rd
+        FROM raw
+        {ends_sql(keyed)}
+        WHERE outcome = 0 AND entity IS NOT NULL
+        GROUP BY w, scope, entity""")
+    if service:
+        # Per (window, connection): the unreachable rule applies to the connection's own
+        # probes, as analyze's service_rows does, not to the pair they share with the mesh.
+        counts.append(f"""
+        SELECT w, 'service' AS scope, service_entity AS entity,
+               probes, ok, lost, partial, invalid, refused, unreachable, local_drop, ts_mask, {conn}
+        FROM (SELECT *, {UNREACHABLE}
+              FROM (SELECT w, service_entity, {conn}, {CLASS_COUNTS}
+                    FROM raw WHERE service_entity IS NOT NULL
+                    GROUP BY w, service_entity, {conn}))""")
+        samples.append(f"""
+        SELECT w, 'service' AS scope, service_entity AS entity, count(*) AS n,
+               sort_array(collect_list(rtt)) AS rtt,
+               sort_array(collect_list(pd)) AS pd,
+               sort_array(collect_list(rd)) AS rd
+        FROM raw
+        WHERE outcome = 0 AND service_entity IS NOT NULL
+        GROUP BY w, service_entity""")
+    service_out = "".join(f",\n           {c} AS {name}" for c, name, _ in SERVICE_COLUMNS) if service else ""
+    raw_service = f", service_entity, {conn}" if service else ""
+    union = "\n        UNION ALL".join
     return f"""
     WITH raw AS (
         SELECT (CAST(t1_unix_ns AS BIGINT) div {window_ns}) * {window_ns} AS w,
                prober, target, prober_tor, target_tor, outcome, arrived, ts_source,
-               network_rtt_ns AS rtt, prober_delay_ns AS pd, responder_delay_ns AS rd
+               network_rtt_ns AS rtt, prober_delay_ns AS pd, responder_delay_ns AS rd{raw_service}
         FROM probes
     ),
-    -- Per (window, prober, target): records by class, and the timestamp sources of the ok ones
-    -- as a bitmask (bit = the source byte; bytes above 3 all on bit 4, "unknown").
+    -- Per (window, prober, target): records by class, and the timestamp sources of the ok ones.
     pair AS (
         SELECT w, prober, target, prober_tor, target_tor,
-               count(*) AS probes,
-               count(*) FILTER (WHERE outcome = 0) AS ok,
-               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
-               count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
-               count(*) FILTER (WHERE outcome = 2) AS invalid,
-               count(*) FILTER (WHERE outcome = 3) AS refused,
-               count(*) FILTER (WHERE outcome = 4) AS local_drop,
-               coalesce(bit_or(shiftleft(1, LEAST(ts_source, 4))) FILTER (WHERE outcome = 0), 0) AS ts_mask
+               {CLASS_COUNTS}
         FROM raw
         GROUP BY w, prober, target, prober_tor, target_tor
     ),
     -- The unreachable rule, per pair and window, before any roll-up.
     pc AS (
         SELECT *,
-               IF(ok + partial = 0, lost_raw, 0) AS unreachable,
-               IF(ok + partial = 0, 0, lost_raw) AS lost
+               {UNREACHABLE}
         FROM pair
     ),
-    counts AS (
-        SELECT w, scope, entity,
-               sum(probes) AS probes, sum(ok) AS ok, sum(lost) AS lost, sum(partial) AS partial,
-               sum(invalid) AS invalid, sum(refused) AS refused, sum(unreachable) AS unreachable,
-               sum(local_drop) AS local_drop, bit_or(ts_mask) AS ts_mask
-        FROM pc
-        {ends_sql(scopes)}
-        WHERE entity IS NOT NULL
-        GROUP BY w, scope, entity
+    counts AS ({union(counts)}
     ),
     -- Every ok record's delays under each of its (scope, entity), sorted per row.
-    samples AS (
-        SELECT w, scope, entity, count(*) AS n,
-               sort_array(collect_list(rtt)) AS rtt,
-               sort_array(collect_list(pd)) AS pd,
-               sort_array(collect_list(rd)) AS rd
-        FROM raw
-        {ends_sql(scopes)}
-        WHERE outcome = 0 AND entity IS NOT NULL
-        GROUP BY w, scope, entity
+    samples AS ({union(samples)}
     ),
     joined AS (
         SELECT c.*,
@@ -195,7 +249,7 @@ def report_sql(window_ns, scopes, sla_loss, sla_rtt_p99_us):
            responder_delay_ns_p50, responder_delay_ns_p99,
            sla_violations, local_drop,
            CASE size(ts_names) WHEN 0 THEN NULL WHEN 1 THEN ts_names[0]
-                ELSE concat('mixed(', array_join(ts_names, '+'), ')') END AS ts_source
+                ELSE concat('mixed(', array_join(ts_names, '+'), ')') END AS ts_source{service_out}
     FROM rows
     ORDER BY sla_violations = '', window_start_ns,
              {scope_rank_sql()}, entity
@@ -241,6 +295,13 @@ def main():
     t = time.perf_counter()
     probes = spark.read.parquet(args.input)
     probes = probes.drop(*[c for c in PARTITION_COLUMNS if c in probes.columns])
+    if "service" in scopes:
+        missing = [c for c in ("service_entity",) + tuple(c for c, _, _ in SERVICE_COLUMNS) if c not in probes.columns]
+        if missing:
+            sys.exit(
+                f"{args.input}: no column(s) {', '.join(missing)}, which the service scope groups by: "
+                "export the segments again with this release's `analyze export`, or leave out the service scope"
+            )
     probes.createOrReplaceTempView("probes")
     report = spark.sql(report_sql(args.window_s * 1_000_000_000, scopes, args.sla_loss, args.sla_rtt_p99_us))
     # One file, as analyze writes: the sorted rows in one partition, then the part file moved.

@@ -551,11 +551,14 @@ pub fn html(args: &HtmlArgs) -> i32 {
         problems: Vec::new(),
         scopes: vec![Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair],
     };
+    let built = HtmlReport::build_ranges(&mut plan, &ranges, meta);
+    let records = plan.records_read();
+    let ds = plan.finish();
+    // Said whether or not the page could be built: a file left out may be why it could not.
+    say_problems("html", &ds, inv.as_ref());
     let run = || -> Result<bool, report::ReportError> {
-        let (mut page, unknown_outcomes) = HtmlReport::build_ranges(&mut plan, &ranges, meta)?;
-        page.meta.records = plan.records_read();
-        let ds = plan.finish();
-        say_problems("html", &ds, inv.as_ref());
+        let (mut page, unknown_outcomes) = built?;
+        page.meta.records = records;
         say_unknown_outcomes("html", unknown_outcomes);
         page.meta.problems = problems(&ds);
         let text = html::render(&page, Some(&findings), Some(&services))?;

@@ -11,8 +11,10 @@
 //! of the ranges (time), and within one range of the files.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
 //! dictionary-encodes them, so they cost a few bits per row on disk. A traced service's probe
-//! has its remote RNIC as target and the connection's dictionary name in the last column,
-//! `service` (null for every other probe).
+//! has its remote RNIC as target, the connection's dictionary name in `service`, and in the
+//! `service_*` columns after it what `analyze report --scope service` keys and labels its rows
+//! by ([`SERVICE_COLUMNS`]): so a reader of the export (the Spark SQL report) can group a
+//! connection's probes as the report does. All of them are null for every other probe.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,22 @@ use polars::prelude::*;
 
 use crate::ingest::{Dataset, Fields, NO_SERVICE, NO_TOR, Probes, Rnic, Service, UNKNOWN_RNIC};
 use crate::probe::Class;
+use crate::report::ServiceColumns;
+
+/// The columns after `service`, in order: the `service` scope's entity (the connection's label)
+/// and [`ServiceColumns`] but its dictionary name (already `service`), each prefixed `service_`
+/// because the row's own `prober` (and the others) are the probe's.
+pub const SERVICE_COLUMNS: [&str; 9] = [
+    "service_entity",
+    "service_prober",
+    "service_remote",
+    "service_remote_resolution",
+    "service_pid",
+    "service_comm",
+    "service_local_qpn",
+    "service_remote_qpn",
+    "service_flow_label",
+];
 
 /// Rows per Parquet row group: large enough for good compression and few footers, small
 /// enough that readers (DuckDB scans one row group per thread) get parallelism.
@@ -285,6 +303,8 @@ struct Names {
     unknown: IdxSize,
     class_names: StringChunked,
     service_names: StringChunked,
+    /// Per service id, the values of [`SERVICE_COLUMNS`] (one small array each: rows gather).
+    service_columns: Vec<Column>,
 }
 
 impl Names {
@@ -314,6 +334,25 @@ impl Names {
         let rnic_names = StringChunked::from_iter_values("name".into(), rnic_names.into_iter());
         let tor_names = StringChunked::from_iter_values("tor".into(), tor_names.into_iter());
         let unknown = (rnic_names.len() - 1) as IdxSize;
+        let cols: Vec<(String, ServiceColumns)> =
+            services.iter().map(|s| (s.label(rnics), ServiceColumns::of(s, rnics))).collect();
+        let text = |i: usize, f: fn(&(String, ServiceColumns)) -> &str| {
+            StringChunked::from_iter_values(SERVICE_COLUMNS[i].into(), cols.iter().map(f)).into_column()
+        };
+        let number = |i: usize, f: fn(&ServiceColumns) -> u32| {
+            UInt32Chunked::from_iter_values(SERVICE_COLUMNS[i].into(), cols.iter().map(|c| f(&c.1))).into_column()
+        };
+        let service_columns = vec![
+            text(0, |c| &c.0),
+            text(1, |c| &c.1.prober),
+            text(2, |c| &c.1.remote),
+            text(3, |c| c.1.remote_resolution),
+            number(4, |c| c.pid),
+            text(5, |c| &c.1.comm),
+            number(6, |c| c.local_qpn),
+            number(7, |c| c.remote_qpn),
+            number(8, |c| c.flow_label),
+        ];
         Ok(Names {
             rnics: rnics.len(),
             services: services.len(),
@@ -324,6 +363,7 @@ impl Names {
             unknown,
             class_names: StringChunked::from_iter_values("class".into(), Class::ALL.iter().map(|c| c.name())),
             service_names: StringChunked::from_iter_values("service".into(), services.iter().map(|s| s.name.as_str())),
+            service_columns,
         })
     }
 
@@ -362,29 +402,30 @@ impl Names {
         let t1 = rows.pick(&p.t1_unix_ns);
         let window_ns = self.window_ns;
         let window: Vec<u64> = t1.iter().map(|t| t / window_ns * window_ns).collect();
-        DataFrame::new(
-            rows.len(),
-            vec![
-                UInt64Chunked::from_vec("t1_unix_ns".into(), t1).into_column(),
-                UInt64Chunked::from_vec("window_start_ns".into(), window).into_column(),
-                names(&self.rnic_names, &prober, "prober")?,
-                names(&self.tor_names, &prober_tor, "prober_tor")?,
-                names(&self.rnic_names, &target, "target")?,
-                names(&self.tor_names, &target_tor, "target_tor")?,
-                UInt32Chunked::from_vec("prober_id".into(), rows.pick(&p.prober)).into_column(),
-                UInt32Chunked::from_vec("target_id".into(), rows.pick(&p.target)).into_column(),
-                UInt8Chunked::from_vec("kind".into(), rows.pick(&p.kind)).into_column(),
-                UInt8Chunked::from_vec("outcome".into(), rows.pick(&p.outcome)).into_column(),
-                UInt8Chunked::from_vec("arrived".into(), rows.pick(&p.arrived)).into_column(),
-                UInt32Chunked::from_vec("flow_label".into(), rows.pick(&p.flow_label)).into_column(),
-                UInt32Chunked::from_vec("responder_epoch".into(), rows.pick(&p.responder_epoch)).into_column(),
-                Int32Chunked::from_vec("network_rtt_ns".into(), rows.pick(&p.network_rtt_ns)).into_column(),
-                Int32Chunked::from_vec("prober_delay_ns".into(), rows.pick(&p.prober_delay_ns)).into_column(),
-                Int32Chunked::from_vec("responder_delay_ns".into(), rows.pick(&p.responder_delay_ns)).into_column(),
-                UInt8Chunked::from_vec("ts_source".into(), rows.pick(&p.ts_source)).into_column(),
-                names(&self.class_names, &class, "class")?,
-                names(&self.service_names, &service, "service")?,
-            ],
-        )
+        let mut columns = vec![
+            UInt64Chunked::from_vec("t1_unix_ns".into(), t1).into_column(),
+            UInt64Chunked::from_vec("window_start_ns".into(), window).into_column(),
+            names(&self.rnic_names, &prober, "prober")?,
+            names(&self.tor_names, &prober_tor, "prober_tor")?,
+            names(&self.rnic_names, &target, "target")?,
+            names(&self.tor_names, &target_tor, "target_tor")?,
+            UInt32Chunked::from_vec("prober_id".into(), rows.pick(&p.prober)).into_column(),
+            UInt32Chunked::from_vec("target_id".into(), rows.pick(&p.target)).into_column(),
+            UInt8Chunked::from_vec("kind".into(), rows.pick(&p.kind)).into_column(),
+            UInt8Chunked::from_vec("outcome".into(), rows.pick(&p.outcome)).into_column(),
+            UInt8Chunked::from_vec("arrived".into(), rows.pick(&p.arrived)).into_column(),
+            UInt32Chunked::from_vec("flow_label".into(), rows.pick(&p.flow_label)).into_column(),
+            UInt32Chunked::from_vec("responder_epoch".into(), rows.pick(&p.responder_epoch)).into_column(),
+            Int32Chunked::from_vec("network_rtt_ns".into(), rows.pick(&p.network_rtt_ns)).into_column(),
+            Int32Chunked::from_vec("prober_delay_ns".into(), rows.pick(&p.prober_delay_ns)).into_column(),
+            Int32Chunked::from_vec("responder_delay_ns".into(), rows.pick(&p.responder_delay_ns)).into_column(),
+            UInt8Chunked::from_vec("ts_source".into(), rows.pick(&p.ts_source)).into_column(),
+            names(&self.class_names, &class, "class")?,
+            names(&self.service_names, &service, "service")?,
+        ];
+        for c in &self.service_columns {
+            columns.push(c.take(&service)?);
+        }
+        DataFrame::new(rows.len(), columns)
     }
 }

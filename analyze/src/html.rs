@@ -161,13 +161,13 @@ impl HtmlReport {
             }
         }
         for level in 1..PairP99::LEVELS {
-            p99.select(level - 1);
+            p99.select(level - 1)?;
             plan.rewind();
             for &(from, to) in ranges {
                 p99.count(&plan.read(from, to), level);
             }
         }
-        p99.select(PairP99::LEVELS - 1);
+        p99.select(PairP99::LEVELS - 1)?;
         crate::report::sort_rows(&mut violations);
         let (mut tor_pairs, mut rnic_pairs) = (Vec::new(), Vec::new());
         for ((scope, entity), (s, ok)) in sums {
@@ -199,7 +199,10 @@ impl HtmlReport {
 /// Exact whole-range RTT p99 per ToR pair and RNIC pair, over reads of the same ranges: the
 /// nearest rank of each pair's ok probes' RTTs, one byte of the (order-preserving, unsigned)
 /// value per read, each pair counting 256 buckets of the values that share the bytes chosen so
-/// far. Memory: 1 KiB per pair, whatever the hours read.
+/// far. Memory: 2 KiB per pair, whatever the hours read. Every read must see the records the
+/// first one saw (a file that grew or changed between reads would make the selection pick a
+/// value no record has): each level's buckets must add up to the bucket chosen before, or the
+/// page is not written.
 struct PairP99 {
     /// ToR id by RNIC id (the last: an unknown RNIC), as `report` names ToRs.
     tor_of: Vec<u32>,
@@ -220,7 +223,10 @@ struct Selection {
     /// The value's bytes chosen so far, and the rank still wanted among the values sharing them.
     prefix: u32,
     rank: u64,
-    buckets: [u32; 256],
+    /// How many values share `prefix`: what the next read's buckets must add up to.
+    sharing: u64,
+    /// u64: one bucket can hold every ok probe of a pair over weeks (past 2^32).
+    buckets: [u64; 256],
 }
 
 impl PairP99 {
@@ -260,7 +266,7 @@ impl PairP99 {
                 let at = match self.ids.get(&key) {
                     Some(&at) => at,
                     None if level == 0 => {
-                        self.pairs.push(Selection { n: 0, prefix: 0, rank: 0, buckets: [0; 256] });
+                        self.pairs.push(Selection { n: 0, prefix: 0, rank: 0, sharing: 0, buckets: [0; 256] });
                         self.ids.insert(key, self.pairs.len() - 1);
                         self.pairs.len() - 1
                     }
@@ -280,22 +286,33 @@ impl PairP99 {
     }
 
     /// After the read of `level`: each pair's next byte, the bucket holding its rank.
-    fn select(&mut self, level: u32) {
+    fn select(&mut self, level: u32) -> Result<(), ReportError> {
         for s in &mut self.pairs {
             if level == 0 {
                 s.rank = nearest_rank_index(s.n as usize, 0.99) as u64;
+                s.sharing = s.n;
+            }
+            let counted: u64 = s.buckets.iter().sum();
+            if counted != s.sharing {
+                return Err(ReportError::Columns(format!(
+                    "read {} of the input counted {counted} ok probes of a pair where read {level} counted {}: a segment changed between the reads (an agent still writing it?); run again on sealed segments",
+                    level + 1,
+                    s.sharing
+                )));
             }
             let mut below = 0u64;
             for (d, &c) in s.buckets.iter().enumerate() {
-                if below + u64::from(c) > s.rank {
+                if below + c > s.rank {
                     s.prefix = (s.prefix << 8) | d as u32;
                     s.rank -= below;
+                    s.sharing = c;
                     break;
                 }
-                below += u64::from(c);
+                below += c;
             }
             s.buckets = [0; 256];
         }
+        Ok(())
     }
 
     /// The p99 of the pair with `ends` in `scope`, and its ok probes; `None` without any.
@@ -742,7 +759,7 @@ mod tests {
         let mut p99 = PairP99::new(&rnics);
         for level in 0..PairP99::LEVELS {
             if level > 0 {
-                p99.select(level - 1);
+                p99.select(level - 1).expect("every read saw the same records");
             }
             // The reads of a level come in another order each time; the pair to an id no
             // dictionary defined is the unknown RNIC's.
@@ -752,7 +769,7 @@ mod tests {
                 p99.count(&read(&part[..3], 7), level);
             }
         }
-        p99.select(PairP99::LEVELS - 1);
+        p99.select(PairP99::LEVELS - 1).expect("every read saw the same records");
         let mut sorted = values.clone();
         sorted.sort_unstable();
         let want = sorted[nearest_rank_index(sorted.len(), 0.99)];
@@ -764,6 +781,20 @@ mod tests {
         let want = unknown[nearest_rank_index(6, 0.99)];
         assert_eq!(p99.value(Scope::Pair, &ends("a/d", UNKNOWN_RNIC)), Some((want, 6)));
         assert_eq!(p99.value(Scope::Pair, &ends("b/d", "a/d")), None);
+
+        // A read that misses records the first one counted (a file changed between them) is
+        // an error, not a value no record has.
+        let mut p99 = PairP99::new(&rnics);
+        p99.count(&read(&values, 1), 0);
+        p99.select(0).expect("one read");
+        let top = |v: i32| (v as u32 ^ 0x8000_0000) >> 24;
+        let prefix = p99.pairs[0].prefix;
+        let in_bucket = values.iter().filter(|&&v| top(v) == prefix).count();
+        assert!(in_bucket > 1, "the chosen bucket holds {in_bucket}");
+        let one: Vec<i32> = values.iter().copied().filter(|&v| top(v) == prefix).take(1).collect();
+        p99.count(&read(&one, 1), 1);
+        let e = p99.select(1).expect_err("records missing from the second read");
+        assert!(e.to_string().contains("a segment changed between the reads"), "{e}");
     }
 
     #[test]

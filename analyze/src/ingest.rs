@@ -490,7 +490,7 @@ pub fn ingest_with(files: &[PathBuf], progress: bool, fields: Fields, inventory:
             .zip(remaps.par_iter())
             .zip(slices.par_iter_mut())
             .map(|(((_, reader), m), out)| {
-                let unknown_ids = fill(reader, m, out, fields, None, 0);
+                let unknown_ids = fill(reader, m, out, fields, None, 0, usize::MAX);
                 let agent = agent_file(reader, out.t1, out.prober.first().copied(), &rnic_ids);
                 bar.inc(1);
                 (agent, unknown_ids)
@@ -629,7 +629,10 @@ impl<'i> Merger<'i> {
 }
 
 /// What a file's reader says it had to skip, as problems of that file.
-fn damage_problems<'a>(path: &'a std::path::Path, reader: &'a SegmentReader) -> impl Iterator<Item = FileProblem> + 'a {
+pub fn damage_problems<'a>(
+    path: &'a std::path::Path,
+    reader: &'a SegmentReader,
+) -> impl Iterator<Item = FileProblem> + 'a {
     reader.damage().iter().map(move |d| damage_problem(path, d))
 }
 
@@ -833,10 +836,10 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
 }
 
 impl Plan {
-    /// Ranges read from now on carry each record's position in the whole input
-    /// ([`Probes::index`]).
-    pub fn with_index(&mut self) {
-        self.indexed = true;
+    /// Whether ranges read from now on carry each record's position in the whole input
+    /// ([`Probes::index`]: 8 B per record, so only while a reader needs it).
+    pub fn with_index(&mut self, on: bool) {
+        self.indexed = on;
     }
 
     /// The files that ranges open from now on give their path traces, placed into
@@ -859,6 +862,12 @@ impl Plan {
         self.read_records = 0;
         self.unknown_ids.iter_mut().for_each(|u| *u = 0);
         self.carried.clear();
+    }
+
+    /// The start of every window that holds a record of the readable files, ascending.
+    pub fn windows_held(&self) -> impl Iterator<Item = u64> + '_ {
+        let window_ns = self.window_ns;
+        self.per_window.keys().map(move |&w| w.saturating_mul(window_ns))
     }
 
     /// Records in the readable files, as the first pass counted them.
@@ -943,7 +952,8 @@ impl Plan {
                 }
             }
         }
-        let counts: Vec<usize> = readers.par_iter().map(|(_, r)| records_in(r, from, to)).collect();
+        let files = &self.files;
+        let counts: Vec<usize> = readers.par_iter().map(|(i, r)| records_in(r, from, to, files[*i].records)).collect();
         self.read_records += counts.iter().sum::<usize>();
         let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
         if self.indexed {
@@ -954,7 +964,10 @@ impl Plan {
         let unknown: Vec<u64> = readers
             .par_iter()
             .zip(slices.par_iter_mut())
-            .map(|((i, r), out)| fill(r, &files[*i].remap, out, fields, Some((from, to)), files[*i].offset))
+            .map(|((i, r), out)| {
+                let f = &files[*i];
+                fill(r, &f.remap, out, fields, Some((from, to)), f.offset, f.records)
+            })
             .collect();
         for ((i, _), u) in readers.iter().zip(unknown) {
             self.unknown_ids[*i] += u;
@@ -1295,6 +1308,7 @@ fn fill(
     fields: Fields,
     range: Option<(u64, u64)>,
     offset: u64,
+    planned: usize,
 ) -> u64 {
     let mut at = 0;
     // Position of the current chunk's first record in the file, skipped chunks included.
@@ -1302,27 +1316,29 @@ fn fill(
     let mut unknown_ids = 0u64;
     let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
     // Which of a chunk's rows to take: all of them (a plain copy, the usual case), or the
-    // ones inside the range, which only a chunk straddling a boundary needs.
+    // ones inside the range (and planned), which only a chunk straddling a boundary needs.
     let mut picked: Vec<u32> = Vec::new();
-    for c in reader.probe_chunks() {
+    for (c, keep) in planned_chunks(reader, planned) {
         let first = chunk_at;
         chunk_at += c.len() as u64;
-        let whole = match range.map(|r| (r, chunk_span(c))) {
-            None => true,
-            Some(((from, to), (lo, hi))) if within(lo, from, to) && within(hi, from, to) => true,
-            Some(((from, to), (lo, hi))) if hi < from || !within(lo, 0, to) => continue,
-            Some(((from, to), _)) => {
-                picked.clear();
-                picked.extend(
-                    c.t1_unix_ns
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, t)| within(t.to_native(), from, to))
-                        .map(|(i, _)| i as u32),
-                );
-                false
-            }
-        };
+        let span = chunk_span(c);
+        let whole =
+            keep == c.len() && range.is_none_or(|(from, to)| within(span.0, from, to) && within(span.1, from, to));
+        if let Some((from, to)) = range
+            && (span.1 < from || !within(span.0, 0, to))
+        {
+            continue;
+        }
+        if !whole {
+            picked.clear();
+            picked.extend(
+                c.t1_unix_ns[..keep]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| range.is_none_or(|(from, to)| within(t.to_native(), from, to)))
+                    .map(|(i, _)| i as u32),
+            );
+        }
         let n = if whole { c.len() } else { picked.len() };
         let r = at..at + n;
         macro_rules! copy {
@@ -1384,9 +1400,29 @@ fn chunk_span(c: &rocemesh_formats::record::ArchivedProbeColumns) -> (u64, u64) 
     c.t1_unix_ns.iter().fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t.to_native()), hi.max(t.to_native())))
 }
 
-/// Records of a file with T1 in `[from, to)`.
-fn records_in(reader: &SegmentReader, from: u64, to: u64) -> usize {
-    reader.probe_chunks().map(|c| c.t1_unix_ns.iter().filter(|t| within(t.to_native(), from, to)).count()).sum()
+/// A file's chunks, each with how many of its records were planned: the first `planned` of
+/// the file. A file that grew since its plan (an open segment an agent still appends to) is
+/// read as planned, so that every pass over a plan's ranges sees the same records.
+fn planned_chunks(
+    reader: &SegmentReader,
+    planned: usize,
+) -> impl Iterator<Item = (&rocemesh_formats::record::ArchivedProbeColumns, usize)> {
+    let mut left = planned;
+    reader.probe_chunks().map_while(move |c| {
+        if left == 0 {
+            return None;
+        }
+        let keep = c.len().min(left);
+        left -= keep;
+        Some((c, keep))
+    })
+}
+
+/// Planned records of a file (see [`planned_chunks`]) with T1 in `[from, to)`.
+fn records_in(reader: &SegmentReader, from: u64, to: u64, planned: usize) -> usize {
+    planned_chunks(reader, planned)
+        .map(|(c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
+        .sum()
 }
 
 /// Whether `t` is in the range `[from, to)`, `to = u64::MAX` included (see [`Plan::ranges`]).

@@ -439,12 +439,15 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
 /// holds the two to it). What grows with the input is small and said where it is kept: each
 /// traced service's ok RTTs (for its exact p99), the log-likelihood ratios that could pass the
 /// false-discovery cut, the windows held as findings, host-noise spans. The plan's path traces
-/// are placed by the first pass; after the last, [`Plan::records_read`] and the problems are
-/// that pass's.
+/// are placed by the first pass; after the last, [`Plan::records_read`] and the unknown-id
+/// counts are that pass's (a file left out is said once, whichever pass found it).
 pub fn localize_ranges(plan: &mut Plan, ranges: Vec<(u64, u64)>, opts: &Options) -> Localization {
-    plan.with_index();
+    plan.with_index(true);
     plan.with_paths();
-    run(&mut Input::Ranges { plan, ranges }, opts)
+    let l = run(&mut Input::Ranges { plan: &mut *plan, ranges }, opts);
+    // The plan may be read again (html's page after its findings), without positions.
+    plan.with_index(false);
+    l
 }
 
 /// Where localisation's records come from.

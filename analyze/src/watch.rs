@@ -147,6 +147,17 @@ struct Seen {
     /// It still counts for its writer's completion: its records were seen.
     #[serde(default)]
     gone: Option<String>,
+    /// What else reading it was said to have found (an unusable summary, records or path
+    /// traces naming ids its dictionary does not define, damage), each once, by
+    /// [`problem_shape`]: each pass and findings block plans the file again and finds them again.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    said: BTreeSet<String>,
+}
+
+/// A problem's text without its digits: what the same problem of a file says again whatever
+/// part of it was read (a count of records naming undefined ids grows with the ranges read).
+fn problem_shape(problem: &str) -> String {
+    problem.chars().filter(|c| !c.is_ascii_digit()).collect()
 }
 
 /// A line of the output (JSON lines, tagged by `type`).
@@ -268,10 +279,12 @@ impl<'a> Watch<'a> {
                     Seen { unreadable: Some(problem), ..Seen::default() }
                 }
                 Ok(r) => {
-                    for d in r.damage() {
-                        let problem = format!("{:?} at byte {}: {}", d.kind, d.offset, d.detail);
-                        lines.push(json(&Line::Problem { file: &path, problem: &problem }));
+                    let mut said = BTreeSet::new();
+                    for d in ingest::damage_problems(&path, &r) {
+                        lines.push(json(&Line::Problem { file: &path, problem: &d.problem }));
                         pass.said += 1;
+                        // The plans that read it for its windows find the same damage.
+                        said.insert(problem_shape(&d.problem));
                     }
                     let id = r.identity();
                     let (first_ns, last_ns) = r.time_range().unwrap_or((0, 0));
@@ -298,6 +311,7 @@ impl<'a> Watch<'a> {
                         records,
                         unreadable: None,
                         gone: None,
+                        said,
                     }
                 }
             };
@@ -347,7 +361,7 @@ impl<'a> Watch<'a> {
             let prepared = report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
             rows.extend(prepared.rows(&self.cfg.scopes, Span::PerWindow, &self.cfg.sla)?);
         }
-        self.say_gone(plan.finish().problems, pass, lines);
+        self.say_problems(plan.finish().problems, pass, lines);
         // Within a window, `report`'s order (violations first); windows in time order.
         report::sort_rows(&mut rows);
         rows.sort_by_key(|r| r.window_start_ns);
@@ -378,27 +392,35 @@ impl<'a> Watch<'a> {
             .collect()
     }
 
-    /// A file gone or changed since it was first seen (a retention sweep): its records in the
-    /// windows read are not in the output, and the output says so, once. Damage (not skipped)
-    /// was said at first sight.
-    fn say_gone(&mut self, problems: Vec<FileProblem>, pass: &mut Pass, lines: &mut Vec<String>) {
-        let gone = problems.into_iter().filter(|p| p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED));
-        for p in gone {
-            lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
-            pass.said += 1;
-            // Windows of a file are often emitted over several passes, each with its own plan:
-            // without this, each would say the file again.
-            if let Some(seen) = self.state.files.get_mut(&p.path) {
-                seen.gone = Some(p.problem);
+    /// What a plan found in the files it read, each said once: a file gone or changed since it
+    /// was first seen (a retention sweep: its records in the windows read are not in the
+    /// output), and anything else of a file (see [`Seen::said`]).
+    fn say_problems(&mut self, problems: Vec<FileProblem>, pass: &mut Pass, lines: &mut Vec<String>) {
+        for p in problems {
+            let gone = p.skipped || p.problem.starts_with(ingest::READ_AGAIN_FAILED);
+            let new = match self.state.files.get_mut(&p.path) {
+                // Windows of a file are often emitted over several passes, each with its own
+                // plan: without these marks, each would say the file again.
+                Some(seen) if gone => seen.gone.replace(p.problem.clone()).is_none(),
+                Some(seen) => seen.said.insert(problem_shape(&p.problem)),
+                None => true,
+            };
+            if new {
+                lines.push(json(&Line::Problem { file: &p.path, problem: &p.problem }));
+                pass.said += 1;
             }
         }
     }
 
     /// Localises the blocks whose findings are due (see the module documentation).
     fn emit_findings(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
-        // The config outlives this borrow of self, which say_gone needs mutably.
+        // The config outlives this borrow of self, which say_problems needs mutably.
         let cfg: &'a Config = self.cfg;
-        let Some(f) = &cfg.findings else { return Ok(()) };
+        let Some(f) = &cfg.findings else {
+            // Findings asked for later begin where the rows stand, not at the collection's start.
+            self.state.findings_to_ns = Some(self.state.emitted_to_ns);
+            return Ok(());
+        };
         let window_ns = self.cfg.window_ns;
         let block_ns = f.block_windows.max(1).saturating_mul(window_ns);
         let emitted = self.state.emitted_to_ns;
@@ -408,15 +430,14 @@ impl<'a> Watch<'a> {
         if to <= from {
             return Ok(());
         }
-        // Only blocks that hold records: a new state starts at zero, and collections have gaps.
-        let mut blocks: BTreeSet<u64> = BTreeSet::new();
-        for s in self.state.files.values().filter(|s| s.records > 0 && s.unreadable.is_none()) {
-            let (a, b) = (s.first_ns.max(from), s.last_ns.min(to - 1));
-            if a <= b {
-                blocks.extend((a / block_ns)..=(b / block_ns));
-            }
-        }
-        let (mut findings, mut records) = (0u64, 0u64);
+        // Only blocks whose windows hold records: a new state starts at zero, collections have
+        // gaps, and a file's span is no guide (one forged T1 stretches it over decades, which
+        // would be millions of blocks). The plan counts records per window from the summaries.
+        let mut held = ingest::plan(&self.files_within(from, to), Fields::Report, self.inventory, window_ns);
+        let blocks: BTreeSet<u64> =
+            held.windows_held().filter(|w| (from..to).contains(w)).map(|w| w / block_ns).collect();
+        self.say_problems(held.finish().problems, pass, lines);
+        let (mut findings, mut records, mut localised) = (0u64, 0u64, 0u64);
         let opts = localize::Options { window_s: window_ns / 1_000_000_000, ..f.options.clone() };
         for &b in &blocks {
             let (start, end) = ((b * block_ns).max(from), (b + 1).saturating_mul(block_ns).min(to));
@@ -436,8 +457,9 @@ impl<'a> Watch<'a> {
                 .filter(|(a, b)| a < b)
                 .collect();
             let l = localize::localize_ranges(&mut plan, ranges, &opts);
+            localised += 1;
             records += plan.records_read() as u64;
-            self.say_gone(plan.finish().problems, pass, lines);
+            self.say_problems(plan.finish().problems, pass, lines);
             let mut blamed: Vec<&Blamed> =
                 l.blamed.iter().filter(|x| (start..end).contains(&x.window_start_ns)).collect();
             blamed
@@ -445,7 +467,7 @@ impl<'a> Watch<'a> {
             findings += blamed.len() as u64;
             lines.extend(blamed.into_iter().map(|x| json(&Line::Finding(x))));
         }
-        lines.push(json(&Line::FindingsEmitted { findings_to_ns: to, blocks: blocks.len() as u64, findings, records }));
+        lines.push(json(&Line::FindingsEmitted { findings_to_ns: to, blocks: localised, findings, records }));
         pass.findings += findings;
         self.state.findings_to_ns = Some(to);
         Ok(())

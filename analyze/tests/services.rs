@@ -427,7 +427,9 @@ fn localize_ranks_services_by_the_findings_on_their_path() {
     assert_eq!(printed, doc);
 }
 
-/// The export names each service probe's connection, and its target is the remote RNIC.
+/// The export names each service probe's connection, and its target is the remote RNIC; the
+/// `service_*` columns carry what the report's service rows are keyed and labelled by, null on
+/// every mesh probe.
 #[test]
 fn export_names_the_service_of_each_service_probe() {
     let (dir, seg, _inv) = fleet(true);
@@ -445,6 +447,27 @@ fn export_names_the_service_of_each_service_probe() {
     assert!(rows.iter().all(|&i| target.get(i) == Some("tor1-h0/rxe0")));
     let mesh = (0..df.height()).filter(|&i| service.get(i).is_none()).count();
     assert_eq!(mesh as u64, RNICS as u64 * (RNICS as u64 - 1) * PER_PAIR * WINDOWS);
+    let text = |c: &str| df.column(c).unwrap_or_else(|e| panic!("{c}: {e}")).str().expect("str").clone();
+    let number = |c: &str| df.column(c).unwrap_or_else(|e| panic!("{c}: {e}")).u32().expect("u32").clone();
+    let (entity, resolution, comm) = (text("service_entity"), text("service_remote_resolution"), text("service_comm"));
+    let (prober, remote) = (text("service_prober"), text("service_remote"));
+    let (pid, lq, rq, label) = (
+        number("service_pid"),
+        number("service_local_qpn"),
+        number("service_remote_qpn"),
+        number("service_flow_label"),
+    );
+    for &i in &rows {
+        assert_eq!(entity.get(i), Some("ib_write_bw[4242] qp 17->18 tor0-h0/rxe0->tor1-h0/rxe0"));
+        assert_eq!((prober.get(i), remote.get(i)), (Some("tor0-h0/rxe0"), Some("tor1-h0/rxe0")));
+        assert_eq!((resolution.get(i), comm.get(i)), (Some("agent"), Some("ib_write_bw")));
+        assert_eq!((pid.get(i), lq.get(i), rq.get(i), label.get(i)), (Some(4242), Some(17), Some(18), Some(0xABCDE)));
+    }
+    let with_entity = (0..df.height()).filter(|&i| entity.get(i).is_some()).count();
+    assert_eq!(with_entity, df.height() - mesh, "a service_entity on every service probe and on no other");
+    for c in ["service_entity", "service_prober", "service_pid", "service_flow_label"] {
+        assert_eq!(df.column(c).expect("column").null_count(), mesh, "{c}: null on every mesh probe");
+    }
 }
 
 /// The HTML page lists the services, worst first, escaped.

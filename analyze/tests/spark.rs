@@ -1,7 +1,7 @@
 //! The SLA report as a Spark SQL job (analyze/spark/sla_report.py), run by pyspark in local mode
 //! over `analyze export --partitioned`, checked row by row against `analyze report` on the same
-//! segments (analyze/spark/compare.py: every count and quantile equal), in every scope the job
-//! mirrors.
+//! segments (analyze/spark/compare.py: every count and quantile equal), in every scope, the
+//! traced connections' `service` scope included.
 //!
 //! Needs a JRE and pyspark, so it is #[ignore]d in a plain `cargo test`; scripts/test installs
 //! both (analyze/spark/setup) and runs it with ROCEMESH_SPARK_PYTHON set.
@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 mod common;
-use common::write_agents;
+use common::{NAMED_SERVICE, UNKNOWN_REMOTE, write_agents_with_services};
 
-/// The scopes both sides are asked for: every scope the Spark job mirrors (all but `service`).
-const SCOPES: [&str; 5] = ["cluster", "tor_pair", "tor", "rnic", "pair"];
+/// The scopes both sides are asked for: every scope of the report.
+const SCOPES: [&str; 6] = ["cluster", "tor_pair", "tor", "rnic", "pair", "service"];
 
 #[test]
 #[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
@@ -26,7 +26,7 @@ fn spark_sql_report_equals_analyze_report() {
     let spark_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("spark");
     let tmp = tempfile::tempdir().expect("tempdir");
     let segs = tmp.path().join("segments");
-    let agents = write_agents(&segs);
+    let agents = write_agents_with_services(&segs);
     assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
     let (dataset, ours, theirs) =
         (tmp.path().join("dataset"), tmp.path().join("analyze.parquet"), tmp.path().join("spark.parquet"));
@@ -66,15 +66,17 @@ fn spark_sql_report_equals_analyze_report() {
         Command::new(&python).arg(spark_dir.join("compare.py")).arg(&ours).arg(&theirs).output().expect("compare");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "rows differ: {said}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The connection columns were compared, not only the counts.
+    assert!(said.contains("remote_resolution") && said.contains("remote_qpn"), "service columns not compared: {said}");
     let rows: u64 = said
         .split_whitespace()
         .skip_while(|w| *w != "compared:")
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no row count in {said}"));
-    // 16 minutes of 30 s windows: in each, cluster, four ToR pairs, two ToRs, four RNICs and
-    // sixteen RNIC pairs (self-probes included).
-    assert!(rows >= 32 * 27, "too few rows compared: {said}");
+    // 16 minutes of 30 s windows: in each, cluster, four ToR pairs, two ToRs, four RNICs,
+    // sixteen RNIC pairs (self-probes included) and two connections.
+    assert!(rows >= 32 * 29, "too few rows compared: {said}");
     // compare.py finds the two row sets equal; a scope missing from both would pass it, so each
     // file must have rows of every requested scope, and of no other.
     for path in [&ours, &theirs] {
@@ -87,7 +89,19 @@ fn spark_sql_report_equals_analyze_report() {
         let found: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
         assert_eq!(found, SCOPES.into_iter().collect::<BTreeSet<_>>(), "{}: scopes of the rows", path.display());
         // A self-probe is its own pair; same-ToR records have their own ToR pair.
+        let unresolved =
+            keys.iter().filter(|(s, e)| *s == "service" && e.contains("->gid:") && e.ends_with(UNKNOWN_REMOTE));
+        assert_eq!(unresolved.count(), 1, "{}: the unresolved connection's row", path.display());
+        // The dead minutes of that connection are unreachable in its rows, so the rule ran.
+        let unreachable = df.column("unreachable").expect("unreachable").cast(&DataType::UInt64).expect("cast");
+        let unreachable = unreachable.u64().expect("u64");
+        assert!(
+            (0..df.height()).any(|i| scope.get(i) == Some("service") && unreachable.get(i).unwrap_or(0) > 0),
+            "{}: no unreachable service row",
+            path.display()
+        );
         for key in [
+            ("service", NAMED_SERVICE),
             ("pair", "wa-h0/mlx5_0->wa-h0/mlx5_0"),
             ("pair", "wb-h1/mlx5_0->wa-h0/mlx5_0"),
             ("tor_pair", "tor-a->tor-a"),

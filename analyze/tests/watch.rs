@@ -469,3 +469,68 @@ extra_rtt_us = 200
         assert!(f["evidence"].as_str().unwrap_or("").contains("baseline (RTT above"), "{f}");
     }
 }
+
+/// One stray T1 (a forged or corrupt record, decades before the rest) stretches its file's span
+/// over millions of findings blocks; the watch localises the blocks whose windows hold records,
+/// so it costs one more block, and its lone window is reported like any other.
+#[test]
+fn a_stray_t1_costs_one_findings_block_not_one_per_block_of_its_span() {
+    use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+    use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, seal};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = tmp.path().join("collection");
+    let agents = write_agents(&col);
+    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
+    let mut cfg = WriterConfig::new(col.join("stray"));
+    cfg.chunk_records = 64;
+    let id = WriterIdentity {
+        host: "wa-h0".into(),
+        device: "mlx5_1".into(),
+        tor: "tor-a".into(),
+        agent_epoch: 1,
+        tool: "watch-test".into(),
+    };
+    let mut w = SegmentWriter::new(cfg, id).expect("writer");
+    let (me, peer) = (
+        w.endpoint(EndpointRole::Rnic, "wa-h0/mlx5_1", "tor-a", [0; 16]),
+        w.endpoint(EndpointRole::Rnic, "wb-h0/mlx5_0", "tor-b", [0; 16]),
+    );
+    const STRAY_NS: u64 = 1_000_000_000;
+    for (seq, t1) in [STRAY_NS, T0 + 60_000_000_000, T0 + 61_000_000_000].into_iter().enumerate() {
+        w.append(&ProbeRecord {
+            t1_unix_ns: t1,
+            seq: seq as u64,
+            network_rtt_ns: 5_000,
+            prober_delay_ns: 1_000,
+            responder_delay_ns: 1_000,
+            prober: me,
+            target: peer,
+            flow_label: 7,
+            responder_epoch: 1,
+            kind: 0,
+            outcome: Outcome::Ok as u8,
+            arrived: Arrived::ALL.0,
+            ts_source: TsSource::KernelSoftware as u8,
+        })
+        .expect("append");
+    }
+    for f in w.finish().expect("finish") {
+        seal(&f, 3).expect("seal");
+    }
+    let (state, output) = (tmp.path().join("w.state"), tmp.path().join("w.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--findings-block-windows", "4", "--flush"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, last) = findings_of(&output);
+    let last = last.expect("a findings_emitted line");
+    // 16 minutes of 30 s windows in blocks of 4 (2 minutes), not aligned: at most 9 blocks hold
+    // them, 10 with the stray record's; its file's span is about 1.4e7 blocks.
+    let blocks = last["blocks"].as_u64().expect("blocks");
+    assert!((9..=10).contains(&blocks), "{blocks} blocks localised: {last}");
+    let all = lines(&output);
+    assert!(
+        all.iter().any(|l| l["type"] == "row" && l["window_start_ns"] == 0 && l["scope"] == "cluster"),
+        "the stray record's window is reported"
+    );
+}

@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+use rocemesh_formats::gid::gid_bytes;
+use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, ServiceConn, TsSource};
 use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, seal};
 
 /// Not window-aligned: the first window is partly empty.
@@ -30,6 +31,25 @@ impl Rng {
 /// Every agent probes the other three twice a second; a few losses, partials, invalid, refused
 /// and local drops everywhere, and wb-h1 -> wa-h0 dead for minutes 5 and 6. Returns each agent's sealed files, in order.
 pub fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
+    write_fleet(dir, false)
+}
+
+/// The label `analyze report --scope service` gives [`write_agents_with_services`]' connection
+/// from wa-h0 (its remote named by the agent).
+pub const NAMED_SERVICE: &str = "ib_write_bw[4242] qp 17->18 wa-h0/mlx5_0->wb-h1/mlx5_0";
+/// The address of the other connection's remote end, which nothing names (unresolved).
+pub const UNKNOWN_REMOTE: &str = "10.9.9.9";
+
+/// [`write_agents`]' fleet and records, where every 4th probe of wa-h0 and of wb-h0 (but the
+/// self-probes) goes to a traced connection instead (kind 2, the connection's flow label):
+/// wa-h0's to wb-h1, named by the agent ([`NAMED_SERVICE`]); wb-h0's to [`UNKNOWN_REMOTE`],
+/// which no dictionary or inventory names, and dead for minutes 8 and 9 (its unreachable
+/// windows). Outcomes and timestamp sources are drawn as for the mesh probes.
+pub fn write_agents_with_services(dir: &Path) -> Vec<Vec<PathBuf>> {
+    write_fleet(dir, true)
+}
+
+fn write_fleet(dir: &Path, services: bool) -> Vec<Vec<PathBuf>> {
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut out = Vec::new();
     for (me, (name, tor)) in RNICS.iter().enumerate() {
@@ -46,6 +66,28 @@ pub fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
         };
         let mut w = SegmentWriter::new(cfg, id).expect("writer");
         let ids: Vec<u32> = RNICS.iter().map(|(n, t)| w.endpoint(EndpointRole::Rnic, n, t, [0; 16])).collect();
+        let conn = |pid: u32, local_qpn: u32, remote_qpn: u32, comm: &str, remote: &str| ServiceConn {
+            pid,
+            local_qpn,
+            remote_qpn,
+            flow_label: 0x1_0000 + pid,
+            traffic_class: 106,
+            comm: comm.into(),
+            remote: remote.into(),
+        };
+        let service = match me {
+            _ if !services => None,
+            0 => {
+                let c = conn(4242, 17, 18, "ib_write_bw", RNICS[3].0);
+                Some((w.service_endpoint("svc wa-h0 qp 17", RNICS[3].1, gid_bytes([10, 0, 1, 2].into()), &c), c))
+            }
+            2 => {
+                let c = conn(77, 40, 41, "all_reduce_perf", "");
+                let addr = gid_bytes(UNKNOWN_REMOTE.parse().expect("ip"));
+                Some((w.service_endpoint("svc wb-h0 qp 40", "", addr, &c), c))
+            }
+            _ => None,
+        };
         let step_ns = 500_000_000 / 3;
         let mut seq = 0u64;
         let mut t1 = T0 + me as u64 * 7_000_000;
@@ -53,7 +95,11 @@ pub fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
             // Every 17th probe is a self-probe (counted once in its RNIC's and ToR's rows).
             let target = if seq.is_multiple_of(17) { me } else { (me + 1 + (seq % 3) as usize) % RNICS.len() };
             let minute = (t1 - T0) / 60_000_000_000;
-            let dead = me == 3 && target == 0 && (5..7).contains(&minute);
+            let traced = service.as_ref().filter(|_| seq % 4 == 2 && target != me);
+            let dead = match traced {
+                Some(_) => me == 2 && (8..10).contains(&minute),
+                None => me == 3 && target == 0 && (5..7).contains(&minute),
+            };
             let roll = rng.next() % 100;
             let (outcome, arrived) = match roll {
                 _ if dead => (Outcome::Lost as u8, Arrived::PROBE_SENT),
@@ -72,10 +118,10 @@ pub fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
                 prober_delay_ns: 500 + (rng.next() % 9_000) as i32,
                 responder_delay_ns: 300 + (rng.next() % 4_000) as i32,
                 prober: ids[me],
-                target: ids[target],
-                flow_label: 7,
+                target: traced.map_or(ids[target], |s| s.0),
+                flow_label: traced.map_or(7, |s| s.1.flow_label),
                 responder_epoch: 1,
-                kind: 0,
+                kind: if traced.is_some() { 2 } else { 0 },
                 outcome,
                 arrived,
                 // wb-h0 polls for some of its timestamps: its rows pool two sources.
