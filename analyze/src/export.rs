@@ -423,8 +423,15 @@ impl Names {
             names(&self.class_names, &class, "class")?,
             names(&self.service_names, &service, "service")?,
         ];
+        // Most row groups hold no service probe (a fleet traces few connections): their columns
+        // are one null each, not a gathered array of nulls per row.
+        let no_service = service.null_count() == service.len();
         for c in &self.service_columns {
-            columns.push(c.take(&service)?);
+            columns.push(if no_service {
+                Column::full_null(c.name().clone(), rows.len(), c.dtype())
+            } else {
+                c.take(&service)?
+            });
         }
         DataFrame::new(rows.len(), columns)
     }
