@@ -297,11 +297,18 @@ def main():
     probes = probes.drop(*[c for c in PARTITION_COLUMNS if c in probes.columns])
     if "service" in scopes:
         missing = [c for c in ("service_entity",) + tuple(c for c, _, _ in SERVICE_COLUMNS) if c not in probes.columns]
-        if missing:
+        # analyze export writes the connection columns only when the input defines a service:
+        # without them and without a service probe, the service scope has no rows, as in analyze.
+        traced = "service" not in probes.columns or probes.where("service IS NOT NULL").limit(1).count() > 0
+        if missing and traced:
             sys.exit(
                 f"{args.input}: no column(s) {', '.join(missing)}, which the service scope groups by: "
                 "export the segments again with this release's `analyze export`, or leave out the service scope"
             )
+        if missing:
+            scopes = [s for s in scopes if s != "service"]
+            if not scopes:
+                sys.exit(f"{args.input}: no traced connection in the input, so the service scope has no rows; nothing written")
     probes.createOrReplaceTempView("probes")
     report = spark.sql(report_sql(args.window_s * 1_000_000_000, scopes, args.sla_loss, args.sla_rtt_p99_us))
     # One file, as analyze writes: the sorted rows in one partition, then the part file moved.

@@ -599,6 +599,9 @@ fn export_reads_back_with_every_probe_in_ranges_of(range_records: &str) {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let df = ParquetReader::new(std::fs::File::open(&pq).expect("open")).finish().expect("read parquet");
     assert_eq!(df.height(), recs.len());
+    // No file defines a service: the connection columns are not written at all.
+    assert!(df.column("service").is_ok(), "the service column is always there");
+    assert!(df.get_column_names().iter().all(|c| !c.starts_with("service_")), "{:?}", df.get_column_names());
     // Names and windows as the reference has them.
     let prober = df.column("prober").expect("prober").str().expect("str");
     let tor = df.column("target_tor").expect("target_tor").str().expect("str");

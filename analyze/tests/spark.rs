@@ -7,29 +7,25 @@
 //! both (analyze/spark/setup) and runs it with ROCEMESH_SPARK_PYTHON set.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{NAMED_SERVICE, UNKNOWN_REMOTE, write_agents_with_services};
+use common::{NAMED_SERVICE, UNKNOWN_REMOTE, write_agents, write_agents_with_services};
 
 /// The scopes both sides are asked for: every scope of the report.
 const SCOPES: [&str; 6] = ["cluster", "tor_pair", "tor", "rnic", "pair", "service"];
 
-#[test]
-#[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
-fn spark_sql_report_equals_analyze_report() {
+/// Exports `segs` as a Hive dataset, reports it with `analyze report` and with the Spark job in
+/// every scope of [`SCOPES`], and compares the two; returns both reports and what compare.py
+/// said (it failed the test if any row differs).
+fn both_reports(tmp: &Path, segs: &Path) -> (PathBuf, PathBuf, String) {
     let python = std::env::var_os("ROCEMESH_SPARK_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/rocemesh/spark-venv/bin/python")
     });
     assert!(python.exists(), "{} not found: run analyze/spark/setup (it prints the python to use)", python.display());
     let spark_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("spark");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let segs = tmp.path().join("segments");
-    let agents = write_agents_with_services(&segs);
-    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
-    let (dataset, ours, theirs) =
-        (tmp.path().join("dataset"), tmp.path().join("analyze.parquet"), tmp.path().join("spark.parquet"));
+    let (dataset, ours, theirs) = (tmp.join("dataset"), tmp.join("analyze.parquet"), tmp.join("spark.parquet"));
     let analyze = |args: &[&std::ffi::OsStr]| {
         let out = Command::new(env!("CARGO_BIN_EXE_analyze")).args(args).output().expect("run analyze");
         assert_eq!(out.status.code(), Some(0), "analyze {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -64,8 +60,19 @@ fn spark_sql_report_equals_analyze_report() {
     assert!(stdout.contains("query_s="), "{stdout}");
     let out =
         Command::new(&python).arg(spark_dir.join("compare.py")).arg(&ours).arg(&theirs).output().expect("compare");
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "rows differ: {said}\n{}", String::from_utf8_lossy(&out.stderr));
+    (ours, theirs, said)
+}
+
+#[test]
+#[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
+fn spark_sql_report_equals_analyze_report() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let segs = tmp.path().join("segments");
+    let agents = write_agents_with_services(&segs);
+    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
+    let (ours, theirs, said) = both_reports(tmp.path(), &segs);
     // The connection columns were compared, not only the counts.
     assert!(said.contains("remote_resolution") && said.contains("remote_qpn"), "service columns not compared: {said}");
     let rows: u64 = said
@@ -111,4 +118,25 @@ fn spark_sql_report_equals_analyze_report() {
         }
     }
     eprintln!("{said}");
+}
+
+/// A mesh-only input: the export has no connection columns (they are written only when some
+/// file defines a service), and the job, asked for every scope, gives what analyze gives: the
+/// same rows, none of them in the service scope.
+#[test]
+#[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
+fn without_services_both_give_the_same_rows_and_no_service_row() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let segs = tmp.path().join("segments");
+    let agents = write_agents(&segs);
+    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
+    let (ours, theirs, said) = both_reports(tmp.path(), &segs);
+    assert!(said.contains("pair=") && !said.contains("service="), "{said}");
+    for path in [&ours, &theirs] {
+        use polars::prelude::*;
+        let df = ParquetReader::new(std::fs::File::open(path).expect("open")).finish().expect("read parquet");
+        let scope = df.column("scope").expect("scope column").str().expect("str");
+        assert!(df.height() > 0, "{}: no rows", path.display());
+        assert!((0..df.height()).all(|i| scope.get(i) != Some("service")), "{}: a service row", path.display());
+    }
 }
