@@ -346,7 +346,7 @@ impl Names {
             UInt32Chunked::from_iter_values(SERVICE_COLUMNS[i].into(), cols.iter().map(|c| f(&c.1))).into_column()
         };
         // Written only when the input defines a service: a mesh-only export (the usual one)
-        // would spend ~10% of its time writing nine columns of nulls (bench, session 17).
+        // would spend ~10% of its time writing nine columns of nulls (ARCHITECTURE.md, Spark).
         let service_columns = if cols.is_empty() {
             Vec::new()
         } else {
@@ -432,15 +432,8 @@ impl Names {
             names(&self.class_names, &class, "class")?,
             names(&self.service_names, &service, "service")?,
         ];
-        // Most row groups hold no service probe (a fleet traces few connections): their columns
-        // are one null each, not a gathered array of nulls per row.
-        let no_service = service.null_count() == service.len();
         for c in &self.service_columns {
-            columns.push(if no_service {
-                Column::full_null(c.name().clone(), rows.len(), c.dtype())
-            } else {
-                c.take(&service)?
-            });
+            columns.push(c.take(&service)?);
         }
         DataFrame::new(rows.len(), columns)
     }

@@ -1321,13 +1321,13 @@ fn fill(
     for (c, keep) in planned_chunks(reader, planned) {
         let first = chunk_at;
         chunk_at += c.len() as u64;
-        let span = chunk_span(c);
-        let whole =
-            keep == c.len() && range.is_none_or(|(from, to)| within(span.0, from, to) && within(span.1, from, to));
-        if let Some((from, to)) = range
-            && (span.1 < from || !within(span.0, 0, to))
-        {
-            continue;
+        let mut whole = keep == c.len();
+        if let Some((from, to)) = range {
+            let (lo, hi) = chunk_span(c);
+            if hi < from || !within(lo, 0, to) {
+                continue;
+            }
+            whole &= within(lo, from, to) && within(hi, from, to);
         }
         if !whole {
             picked.clear();

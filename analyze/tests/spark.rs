@@ -16,10 +16,14 @@ use common::{NAMED_SERVICE, UNKNOWN_REMOTE, write_agents, write_agents_with_serv
 /// The scopes both sides are asked for: every scope of the report.
 const SCOPES: [&str; 6] = ["cluster", "tor_pair", "tor", "rnic", "pair", "service"];
 
-/// Exports `segs` as a Hive dataset, reports it with `analyze report` and with the Spark job in
-/// every scope of [`SCOPES`], and compares the two; returns both reports and what compare.py
-/// said (it failed the test if any row differs).
-fn both_reports(tmp: &Path, segs: &Path) -> (PathBuf, PathBuf, String) {
+/// Writes the agents' segments with `write`, exports them as a Hive dataset, reports them with
+/// `analyze report` and with the Spark job in every scope of [`SCOPES`], and compares the two;
+/// returns the directory holding it all, both reports and what compare.py said (it failed the
+/// test if any row differs).
+fn both_reports(write: fn(&Path) -> Vec<Vec<PathBuf>>) -> (tempfile::TempDir, PathBuf, PathBuf, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tmp, segs) = (dir.path(), dir.path().join("segments"));
+    assert!(write(&segs).iter().all(|f| !f.is_empty()), "no input written");
     let python = std::env::var_os("ROCEMESH_SPARK_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/rocemesh/spark-venv/bin/python")
     });
@@ -62,17 +66,13 @@ fn both_reports(tmp: &Path, segs: &Path) -> (PathBuf, PathBuf, String) {
         Command::new(&python).arg(spark_dir.join("compare.py")).arg(&ours).arg(&theirs).output().expect("compare");
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "rows differ: {said}\n{}", String::from_utf8_lossy(&out.stderr));
-    (ours, theirs, said)
+    (dir, ours, theirs, said)
 }
 
 #[test]
 #[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
 fn spark_sql_report_equals_analyze_report() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let segs = tmp.path().join("segments");
-    let agents = write_agents_with_services(&segs);
-    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
-    let (ours, theirs, said) = both_reports(tmp.path(), &segs);
+    let (_dir, ours, theirs, said) = both_reports(write_agents_with_services);
     // The connection columns were compared, not only the counts.
     assert!(said.contains("remote_resolution") && said.contains("remote_qpn"), "service columns not compared: {said}");
     let rows: u64 = said
@@ -95,7 +95,6 @@ fn spark_sql_report_equals_analyze_report() {
             (0..df.height()).filter_map(|i| Some((scope.get(i)?, entity.get(i)?))).collect();
         let found: BTreeSet<&str> = keys.iter().map(|k| k.0).collect();
         assert_eq!(found, SCOPES.into_iter().collect::<BTreeSet<_>>(), "{}: scopes of the rows", path.display());
-        // A self-probe is its own pair; same-ToR records have their own ToR pair.
         let unresolved =
             keys.iter().filter(|(s, e)| *s == "service" && e.contains("->gid:") && e.ends_with(UNKNOWN_REMOTE));
         assert_eq!(unresolved.count(), 1, "{}: the unresolved connection's row", path.display());
@@ -107,6 +106,7 @@ fn spark_sql_report_equals_analyze_report() {
             "{}: no unreachable service row",
             path.display()
         );
+        // A self-probe is its own pair; same-ToR records have their own ToR pair.
         for key in [
             ("service", NAMED_SERVICE),
             ("pair", "wa-h0/mlx5_0->wa-h0/mlx5_0"),
@@ -121,16 +121,12 @@ fn spark_sql_report_equals_analyze_report() {
 }
 
 /// A mesh-only input: the export has no connection columns (they are written only when some
-/// file defines a service), and the job, asked for every scope, gives what analyze gives: the
+/// file defines a service; report.rs checks the export), and the job, asked for every scope, gives what analyze gives: the
 /// same rows, none of them in the service scope.
 #[test]
 #[ignore = "needs a JRE and pyspark: scripts/test installs them (analyze/spark/setup) and runs it"]
 fn without_services_both_give_the_same_rows_and_no_service_row() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let segs = tmp.path().join("segments");
-    let agents = write_agents(&segs);
-    assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
-    let (ours, theirs, said) = both_reports(tmp.path(), &segs);
+    let (_dir, ours, theirs, said) = both_reports(write_agents);
     assert!(said.contains("pair=") && !said.contains("service="), "{said}");
     for path in [&ours, &theirs] {
         use polars::prelude::*;
