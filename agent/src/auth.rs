@@ -11,8 +11,21 @@
 //! 5. it was not admitted before: the first 8 bytes of every admitted MAC are kept in a table
 //!    until the packet would be stale anyway.
 //!
-//! A refused packet is counted by reason and nothing else happens: it is not answered, and
-//! an ACK is not matched to a probe. The replay table is allocated when keys are first loaded
+//! A refused packet is counted by reason. A forged, damaged, stale or replayed one is not
+//! answered, and an ACK is not matched to a probe. A packet refused for its authentication
+//! alone (unsealed while this shard seals, or sealed with a key it does not hold: the sign of
+//! a key roll-out that missed a host, or of a host holding an old file) is a peer that is alive
+//! but keyed differently, which must never read as network loss: a refused probe is answered
+//! with a REFUSAL (version 1, at most [`REFUSALS_PER_S`] a second, so the shard is no
+//! reflector), and a probe whose ACK or REFUSAL came back so, with no admitted ACK1, is recorded
+//! `auth_refused` (`Outcome::AuthRefused`, classed `refused`: neither loss nor evidence). A
+//! forger can turn a lost probe into a refused one that way, never into an answered one; the
+//! refusals are counted, by reason, on both sides.
+//!
+//! Roll-out of the first key: every key in a file is accepted from the moment it arrives, and a
+//! shard keeps taking unsealed packets until it sends sealed ones itself (the key's
+//! `send_from_unix_s`, `ctl keys rotate --grace-s` after the rotation), so a push that reaches
+//! every host within the grace changes nothing on the wire but the seals. The replay table is allocated when keys are first loaded
 //! (sized from the config) and never grows: a lookup scans a fixed neighbourhood of
 //! [`NEIGHBOURHOOD`] slots, so admitting costs the same whatever arrives. Forged packets never
 //! enter it (they fail the MAC first), so only the fleet's own traffic can fill it. Each tag has
@@ -24,7 +37,7 @@
 
 use rocemesh_formats::keys::{FleetKeys, MAX_KEYS};
 
-use crate::protocol::{MacKey, PACKET_BYTES, Packet, Seal};
+use crate::protocol::{Binding, MacKey, PACKET_BYTES, Packet, Seal};
 
 /// Why an authenticated shard refused a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +70,11 @@ impl AuthRefusal {
         self as usize
     }
 }
+
+/// REFUSALs a shard sends at most per second (and in a burst): a roll-out that missed a host
+/// sees its probes refused at their rate (tens a second per peer), while a forger spraying
+/// unsealed probes with another's source address gets 64-byte answers at this rate at most.
+pub const REFUSALS_PER_S: u32 = 1_000;
 
 /// Slots of one bucket of the replay table; a lookup scans two buckets.
 pub const BUCKET: usize = 8;
@@ -94,6 +112,12 @@ pub struct Auth {
     expiry_ns: Box<[u64]>,
     /// Packets refused, per [`AuthRefusal::index`].
     pub refused: [u64; AuthRefusal::COUNT],
+    /// REFUSALs sent, and those [`REFUSALS_PER_S`] held back.
+    pub refusals_sent: u64,
+    pub refusals_held: u64,
+    /// The REFUSAL budget left, and when it was last refilled (ns).
+    refusal_tokens: u32,
+    refusal_refill_ns: u64,
     /// Whether a full replay neighbourhood was logged (once per shard).
     full_logged: bool,
 }
@@ -109,6 +133,10 @@ impl Auth {
             tags: Box::new([]),
             expiry_ns: Box::new([]),
             refused: [0; AuthRefusal::COUNT],
+            refusals_sent: 0,
+            refusals_held: 0,
+            refusal_tokens: REFUSALS_PER_S,
+            refusal_refill_ns: 0,
             full_logged: false,
         }
     }
@@ -169,18 +197,42 @@ impl Auth {
         self.send.map(|i| self.keys[i].key.id)
     }
 
-    /// Serialise `p` into `out`: sealed with the key in force, or version 1 without one.
-    pub fn encode(&self, p: &Packet, out: &mut [u8; PACKET_BYTES], now_ns: u64) {
+    /// Serialise `p` into `out` for the end `to`: sealed with the key in force, or version 1
+    /// without one.
+    pub fn encode(&self, p: &Packet, out: &mut [u8; PACKET_BYTES], now_ns: u64, to: &Binding) {
         match self.send {
-            Some(i) => p.seal(out, &self.keys[i].key, now_ns),
+            Some(i) => p.seal(out, &self.keys[i].key, now_ns, to),
             None => p.encode(out),
         }
     }
 
-    /// Whether the packet `bytes` (which [`Packet::parse`] accepted, giving `seal`) may be acted
-    /// on. Refusals are counted in [`Auth::refused`].
-    pub fn admit(&mut self, bytes: &[u8], seal: Option<Seal>, now_ns: u64) -> Result<(), AuthRefusal> {
-        let r = self.check(bytes, seal, now_ns);
+    /// Whether a packet refused for `why` is refused for its authentication alone: a peer that
+    /// is alive but keyed differently (module documentation).
+    pub fn keyed_differently(why: AuthRefusal) -> bool {
+        matches!(why, AuthRefusal::Unauthenticated | AuthRefusal::UnknownKey)
+    }
+
+    /// Whether a REFUSAL may be sent now ([`REFUSALS_PER_S`]); counts it either way.
+    pub fn take_refusal(&mut self, now_ns: u64) -> bool {
+        let elapsed_ns = now_ns.saturating_sub(self.refusal_refill_ns);
+        let earned = elapsed_ns.saturating_mul(u64::from(REFUSALS_PER_S)) / 1_000_000_000;
+        if earned > 0 {
+            self.refusal_tokens = (u64::from(self.refusal_tokens) + earned).min(u64::from(REFUSALS_PER_S)) as u32;
+            self.refusal_refill_ns = now_ns;
+        }
+        if self.refusal_tokens == 0 {
+            self.refusals_held += 1;
+            return false;
+        }
+        self.refusal_tokens -= 1;
+        self.refusals_sent += 1;
+        true
+    }
+
+    /// Whether the packet `bytes` (which [`Packet::parse`] accepted, giving `seal`), received
+    /// at the end `me`, may be acted on. Refusals are counted in [`Auth::refused`].
+    pub fn admit(&mut self, bytes: &[u8], seal: Option<Seal>, now_ns: u64, me: &Binding) -> Result<(), AuthRefusal> {
+        let r = self.check(bytes, seal, now_ns, me);
         if let Err(why) = r {
             self.refused[why.index()] += 1;
             if why == AuthRefusal::ReplayTableFull && !self.full_logged {
@@ -196,7 +248,7 @@ impl Auth {
         r
     }
 
-    fn check(&mut self, bytes: &[u8], seal: Option<Seal>, now_ns: u64) -> Result<(), AuthRefusal> {
+    fn check(&mut self, bytes: &[u8], seal: Option<Seal>, now_ns: u64, me: &Binding) -> Result<(), AuthRefusal> {
         let Some(seal) = seal else {
             return if self.send.is_some() { Err(AuthRefusal::Unauthenticated) } else { Ok(()) };
         };
@@ -206,7 +258,7 @@ impl Auth {
             .find(|s| s.key.id == seal.key_id && now_ns < s.accept_until_ns)
             .ok_or(AuthRefusal::UnknownKey)?;
         let Ok(b) = <&[u8; PACKET_BYTES]>::try_from(bytes) else { return Err(AuthRefusal::BadMac) };
-        if !key.key.verify(b) {
+        if !key.key.verify(b, me) {
             return Err(AuthRefusal::BadMac);
         }
         if seal.sent_unix_ns.abs_diff(now_ns) > self.params.window_ns {
@@ -256,6 +308,8 @@ mod tests {
     use crate::protocol::Kind;
 
     const S: u64 = 1_000_000_000;
+    /// The end every test packet is sent to.
+    const ME: Binding = Binding([7; 16]);
 
     fn params() -> AuthParams {
         AuthParams { window_ns: 2 * S, replay_slots: 1024 }
@@ -277,16 +331,16 @@ mod tests {
 
     fn admit(a: &mut Auth, b: &[u8; PACKET_BYTES], now: u64) -> Result<(), AuthRefusal> {
         let (_, seal) = Packet::parse(b).expect("structure");
-        a.admit(b, seal, now)
+        a.admit(b, seal, now, &ME)
     }
 
     #[test]
     fn without_keys_only_plain_packets_pass() {
         let mut a = Auth::new(params());
         let mut b = [0u8; PACKET_BYTES];
-        a.encode(&probe(1), &mut b, 10 * S);
+        a.encode(&probe(1), &mut b, 10 * S, &ME);
         assert_eq!(admit(&mut a, &b, 10 * S), Ok(()));
-        probe(1).seal(&mut b, &MacKey::new(1, [1; 32]), 10 * S);
+        probe(1).seal(&mut b, &MacKey::new(1, [1; 32]), 10 * S, &ME);
         assert_eq!(admit(&mut a, &b, 10 * S), Err(AuthRefusal::UnknownKey));
     }
 
@@ -297,7 +351,7 @@ mod tests {
         a.set_keys(&file(&[(1, 0x11, 50, None)]), now);
         assert_eq!(a.send_key_id(), Some(1));
         let mut b = [0u8; PACKET_BYTES];
-        a.encode(&probe(7), &mut b, now);
+        a.encode(&probe(7), &mut b, now, &ME);
         assert_eq!(admit(&mut a, &b, now), Ok(()));
         assert_eq!(admit(&mut a, &b, now + S), Err(AuthRefusal::Replay));
         // Past the window the same bytes are stale rather than a replay (the table forgot them).
@@ -306,9 +360,9 @@ mod tests {
         forged[9] ^= 1;
         assert_eq!(admit(&mut a, &forged, now), Err(AuthRefusal::BadMac));
         let mut other = [0u8; PACKET_BYTES];
-        probe(8).seal(&mut other, &MacKey::new(1, [0x12; 32]), now);
+        probe(8).seal(&mut other, &MacKey::new(1, [0x12; 32]), now, &ME);
         assert_eq!(admit(&mut a, &other, now), Err(AuthRefusal::BadMac), "same id, wrong secret");
-        probe(8).seal(&mut other, &MacKey::new(2, [0x11; 32]), now);
+        probe(8).seal(&mut other, &MacKey::new(2, [0x11; 32]), now, &ME);
         assert_eq!(admit(&mut a, &other, now), Err(AuthRefusal::UnknownKey));
         probe(9).encode(&mut other);
         assert_eq!(admit(&mut a, &other, now), Err(AuthRefusal::Unauthenticated));
@@ -324,16 +378,63 @@ mod tests {
         a.set_keys(&f, 100 * S);
         assert_eq!(a.send_key_id(), Some(1));
         let mut new = [0u8; PACKET_BYTES];
-        probe(1).seal(&mut new, &MacKey::new(2, [0x22; 32]), 100 * S);
+        probe(1).seal(&mut new, &MacKey::new(2, [0x22; 32]), 100 * S, &ME);
         assert_eq!(admit(&mut a, &new, 100 * S), Ok(()), "the next key is accepted before it is sent");
         a.refresh(150 * S);
         assert_eq!(a.send_key_id(), Some(2));
         let mut old = [0u8; PACKET_BYTES];
-        probe(2).seal(&mut old, &MacKey::new(1, [0x11; 32]), 160 * S);
+        probe(2).seal(&mut old, &MacKey::new(1, [0x11; 32]), 160 * S, &ME);
         assert_eq!(admit(&mut a, &old, 160 * S), Ok(()), "the old key within its grace");
-        probe(3).seal(&mut old, &MacKey::new(1, [0x11; 32]), 200 * S);
+        probe(3).seal(&mut old, &MacKey::new(1, [0x11; 32]), 200 * S, &ME);
         a.refresh(200 * S);
         assert_eq!(admit(&mut a, &old, 200 * S), Err(AuthRefusal::UnknownKey), "the old key after its grace");
+    }
+
+    /// Issue 33, item 8: a sealed probe captured on its way to one shard and replayed to another
+    /// fails the other's MAC check (the receiver is bound into the MAC), so it never takes a
+    /// slot of the other's replay table: a flood of such replays refuses nothing genuine there.
+    #[test]
+    fn a_packet_replayed_to_another_receiver_fails_its_mac_and_fills_nothing() {
+        let now = 100 * S;
+        let other_end = Binding([8; 16]);
+        let mut a = Auth::new(AuthParams { window_ns: 2 * S, replay_slots: NEIGHBOURHOOD });
+        a.set_keys(&file(&[(1, 0x11, 0, None)]), now);
+        let mut b = [0u8; PACKET_BYTES];
+        for seq in 0..200u64 {
+            a.encode(&probe(seq), &mut b, now, &other_end);
+            let (_, seal) = Packet::parse(&b).expect("structure");
+            assert_eq!(a.admit(&b, seal, now, &ME), Err(AuthRefusal::BadMac));
+        }
+        // The whole table (two buckets) is still free for the packets sent to this end.
+        for seq in 0..BUCKET as u64 {
+            a.encode(&probe(1000 + seq), &mut b, now, &ME);
+            assert_eq!(admit(&mut a, &b, now), Ok(()), "probe {seq}");
+        }
+        assert_eq!(a.refused[AuthRefusal::ReplayTableFull.index()], 0);
+    }
+
+    /// REFUSALs: only for packets refused for their authentication alone, and at most
+    /// REFUSALS_PER_S a second.
+    #[test]
+    fn refusals_answer_only_keying_differences_and_are_rate_limited() {
+        for (why, aloud) in [
+            (AuthRefusal::Unauthenticated, true),
+            (AuthRefusal::UnknownKey, true),
+            (AuthRefusal::BadMac, false),
+            (AuthRefusal::Stale, false),
+            (AuthRefusal::Replay, false),
+            (AuthRefusal::ReplayTableFull, false),
+        ] {
+            assert_eq!(Auth::keyed_differently(why), aloud, "{why:?}");
+        }
+        let mut a = Auth::new(params());
+        let now = 100 * S;
+        let sent = (0..3 * REFUSALS_PER_S).filter(|_| a.take_refusal(now)).count() as u32;
+        assert_eq!(sent, REFUSALS_PER_S, "one second's budget at once");
+        assert!(!a.take_refusal(now + S / 1000 - 1), "nothing earned within a millisecond");
+        let later = (0..3 * REFUSALS_PER_S).filter(|_| a.take_refusal(now + S / 2)).count() as u32;
+        assert_eq!(later, REFUSALS_PER_S / 2, "half a second earns half");
+        assert_eq!(a.refusals_sent, u64::from(REFUSALS_PER_S * 3 / 2));
     }
 
     #[test]
@@ -345,7 +446,7 @@ mod tests {
         let mut b = [0u8; PACKET_BYTES];
         let mut admitted = Vec::new();
         for seq in 0..40u64 {
-            a.encode(&probe(seq), &mut b, now);
+            a.encode(&probe(seq), &mut b, now, &ME);
             match admit(&mut a, &b, now) {
                 Ok(()) => admitted.push(b),
                 Err(e) => assert_eq!(e, AuthRefusal::ReplayTableFull),
@@ -358,7 +459,7 @@ mod tests {
             assert_eq!(admit(&mut a, b, now + S), Err(AuthRefusal::Replay));
         }
         // Once the window has passed, the slots are free again.
-        a.encode(&probe(99), &mut b, now + 3 * S);
+        a.encode(&probe(99), &mut b, now + 3 * S, &ME);
         assert_eq!(admit(&mut a, &b, now + 3 * S), Ok(()));
     }
 }

@@ -106,7 +106,8 @@ pub struct AgentConfig {
     /// Size of each open segment file (MiB).
     #[serde(default = "default_segment_mib")]
     pub segment_mib: u64,
-    /// A segment is closed and sealed once its records span this long (s).
+    /// A segment is closed and sealed once its records span this long (s); at most a day
+    /// (`ctl collect` dates segments by their first record, and `analyze watch` relies on it).
     #[serde(default = "default_segment_max_age_s")]
     pub segment_max_age_s: u64,
     /// Disk budget for all of this agent's sealed segments (MiB); the oldest are evicted. Each
@@ -545,7 +546,8 @@ impl AgentConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let err = |problem: String| ConfigError { file: path.to_path_buf(), problem };
         let mut cfg: AgentConfig = toml::from_str(text).map_err(|e| err(e.to_string()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        // `agent.toml`'s parent is the empty path, which names no directory to watch or list.
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         cfg.pinglist = base.join(&cfg.pinglist);
         cfg.segment_dir = base.join(&cfg.segment_dir);
         if let Some(k) = &mut cfg.auth.keys {
@@ -624,6 +626,13 @@ impl AgentConfig {
                     s.bind
                 ));
             }
+            if self.auth.keys.is_some() && s.bind.ip().is_unspecified() {
+                return Err(format!(
+                    "shard[{i}].bind {}: with [auth] keys, bind the address peers probe this shard at (every \
+                     sealed packet binds its receiver's address, and an unspecified one names none)",
+                    s.bind
+                ));
+            }
             if s.source_ports > crate::udp::MAX_SOURCE_PORTS {
                 return Err(format!(
                     "shard[{i}].source_ports = {}: use 0 to {}",
@@ -691,8 +700,10 @@ impl AgentConfig {
         if !(2..=4096).contains(&self.segment_mib) {
             return Err(format!("segment_mib = {}: use 2 to 4096", self.segment_mib));
         }
-        if self.segment_max_age_s == 0 {
-            return Err("segment_max_age_s = 0: use at least 1".into());
+        if !(1..=86_400).contains(&self.segment_max_age_s) {
+            // `ctl collect` dates a segment by its first record and `analyze watch` stops listing
+            // a date a day after it can hold anything new: a segment must span less than a day.
+            return Err(format!("segment_max_age_s = {}: use 1 to 86400 (a day)", self.segment_max_age_s));
         }
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!("zstd_level = {}: use 1 to 19", self.zstd_level));
@@ -735,6 +746,32 @@ core = 0
         assert_eq!(c.pinglist, Path::new("/etc/rocemesh/pl.toml"));
         assert_eq!(c.segment_dir, Path::new("/etc/rocemesh/seg"));
         assert_eq!((c.mode, c.flush_interval_ms), (Mode::Event, 1_000));
+    }
+
+    /// A config named without a directory (`agent.toml`, run from its own directory) resolves
+    /// its paths against `.`, which can be watched and listed; the empty path cannot.
+    #[test]
+    fn a_config_named_without_a_directory_resolves_against_dot() {
+        let c = AgentConfig::parse(GOOD, Path::new("agent.toml")).expect("parses");
+        assert_eq!(c.pinglist, Path::new("./pl.toml"));
+        assert_eq!(c.pinglist.parent(), Some(Path::new(".")));
+        assert_eq!(c.segment_dir, Path::new("./seg"));
+    }
+
+    /// With [auth], sealed packets bind their receiver's address: a shard bound to an
+    /// unspecified one is refused, with the fix; segments may span at most a day.
+    #[test]
+    fn auth_needs_a_named_bind_address_and_segments_span_at_most_a_day() {
+        let p = Path::new("/x/agent.toml");
+        let keyed =
+            format!("{}\n[auth]\nkeys = \"fleet-keys.toml\"\n", GOOD.replace("127.0.0.1:18515", "0.0.0.0:18515"));
+        let e = AgentConfig::parse(&keyed, p).expect_err("unspecified");
+        assert!(e.to_string().contains("shard[0].bind 0.0.0.0:18515: with [auth] keys"), "{e}");
+        AgentConfig::parse(&keyed.replace("0.0.0.0", "10.0.0.1"), p).expect("a named address");
+        let day = |s: u64| GOOD.replace("host = \"h0\"", &format!("host = \"h0\"\nsegment_max_age_s = {s}"));
+        AgentConfig::parse(&day(86_400), p).expect("a day");
+        let e = AgentConfig::parse(&day(86_401), p).expect_err("more");
+        assert!(e.to_string().contains("segment_max_age_s = 86401: use 1 to 86400"), "{e}");
     }
 
     #[test]

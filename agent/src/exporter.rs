@@ -7,8 +7,9 @@
 //! dashboard and alert rules in `deploy/` use only those.
 //!
 //! The HTTP side is deliberately small: one thread, one connection at a time, a request of at
-//! most 8 KiB read within 2 s, `GET`/`HEAD` of `/metrics` and nothing else, `Connection: close`.
-//! A client that sends garbage or stalls costs at most those 2 s and is counted in
+//! most 8 KiB read within 2 s (the whole request, however it trickles in), `GET`/`HEAD` of
+//! `/metrics` and nothing else, an answer taken within 5 s, `Connection: close`. A client that
+//! sends garbage, stalls or trickles costs at most those 7 s and is counted in
 //! `rocemesh_metrics_requests_total{code}`; it cannot make the agent allocate without bound or
 //! start threads.
 
@@ -17,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -28,9 +29,10 @@ use crate::hwcounters::{HwCounters, PFC_PREFIX, PortSample};
 use crate::live::{AgentCounters, BOUNDS_NS, CLASSES, HistogramSnapshot, LiveShard};
 use crate::transport::{DropReason, TRANSPORT_ERROR_KINDS};
 
-/// Longest a client may take to send its request.
+/// Longest a client may take to send its whole request (not each read: a client that trickles a
+/// byte a second would otherwise hold the only serving thread for as long as it likes).
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest a client may take to read the answer.
+/// Longest a client may take to read the whole answer.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head read.
 const MAX_REQUEST_BYTES: usize = 8192;
@@ -199,7 +201,17 @@ impl Collector for AgentCollector {
         let mut ignored = c("packets_ignored", "Received packets that were no answer to a probe in flight, by reason.");
         let mut refused = c(
             "auth_refused",
-            "Packets refused by probe authentication, by reason: never answered, never matched to a probe.",
+            "Packets refused by probe authentication, by reason: never matched to a probe; a probe refused \
+             for its keying alone (unauthenticated, unknown_key) gets a REFUSAL.",
+        );
+        let mut refusals = c(
+            "auth_refusals",
+            "REFUSALs sent to probers keyed otherwise (result=sent), and those the rate limit held back (held).",
+        );
+        let mut auth_refused_probes = c(
+            "probes_auth_refused",
+            "This shard's probes recorded auth_refused: the target is alive but keyed otherwise (a key push \
+             missed one of the two hosts); never counted as loss.",
         );
         let mut send_key =
             g("auth_send_key_id", "Id of the fleet key this shard seals packets with; -1: unauthenticated.");
@@ -248,6 +260,9 @@ impl Collector for AgentCollector {
             for (reason, v) in crate::auth::AuthRefusal::NAMES.iter().zip(s.auth_refused) {
                 refused.add(with("reason", reason), v as f64);
             }
+            refusals.add(with("result", "sent"), s.refusals_sent as f64);
+            refusals.add(with("result", "held"), s.refusals_held as f64);
+            auth_refused_probes.add(base(), s.probes_auth_refused as f64);
             send_key.add(base(), s.send_key_id.map_or(-1.0, f64::from));
             for (reason, v) in DropReason::NAMES.iter().zip(s.local_drops) {
                 drops.add(with("reason", reason), v as f64);
@@ -280,6 +295,8 @@ impl Collector for AgentCollector {
             &answered,
             &ignored,
             &refused,
+            &refusals,
+            &auth_refused_probes,
             &send_key,
             &drops,
             &errors,
@@ -428,20 +445,22 @@ fn serve(listener: &TcpListener, registry: &Registry, requests: &[AtomicU64; 4],
     }
 }
 
-/// Answer one request; returns the status code sent ("" if the client was gone).
+/// Answer one request; returns the status code sent ("" if the client was gone). The request
+/// must arrive within [`READ_TIMEOUT`] and the answer leave within [`WRITE_TIMEOUT`], each as a
+/// whole: the socket's timeout is set to what is left before every call.
 fn handle(mut stream: TcpStream, registry: &Registry) -> &'static str {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let deadline = Instant::now() + READ_TIMEOUT;
     let mut buf = [0u8; MAX_REQUEST_BYTES];
     let mut len = 0;
     let complete = loop {
         if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
             break true;
         }
-        if len == buf.len() {
+        if len == buf.len() || !time_left(&stream, deadline, TcpStream::set_read_timeout) {
             break false;
         }
         match stream.read(&mut buf[len..]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Ok(0) | Err(_) => break false,
             Ok(n) => len += n,
         }
@@ -469,13 +488,39 @@ fn handle(mut stream: TcpStream, registry: &Registry) -> &'static str {
         head.push_str("Allow: GET, HEAD\r\n");
     }
     head.push_str("\r\n");
-    let sent = stream
-        .write_all(head.as_bytes())
-        .and_then(|()| if head_only { Ok(()) } else { stream.write_all(body.as_bytes()) });
-    if sent.is_err() {
+    let deadline = Instant::now() + WRITE_TIMEOUT;
+    let body = if head_only { "" } else { body.as_str() };
+    if !write_by(&mut stream, head.as_bytes(), deadline) || !write_by(&mut stream, body.as_bytes(), deadline) {
         return "";
     }
     code
+}
+
+/// Sets the socket's timeout (`set`: read or write) to what is left before `deadline`; false
+/// when nothing is.
+fn time_left(
+    stream: &TcpStream,
+    deadline: Instant,
+    set: fn(&TcpStream, Option<Duration>) -> std::io::Result<()>,
+) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    !left.is_zero() && set(stream, Some(left)).is_ok()
+}
+
+/// Writes all of `bytes` before `deadline`; false when the client did not take them in time or
+/// is gone.
+fn write_by(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> bool {
+    while !bytes.is_empty() {
+        if !time_left(stream, deadline, TcpStream::set_write_timeout) {
+            return false;
+        }
+        match stream.write(bytes) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => return false,
+            Ok(n) => bytes = &bytes[n..],
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -553,6 +598,44 @@ mod tests {
         assert!(r.contains(r#"rocemesh_metrics_requests_total{code="400"} 3"#), "garbage, endless, silent: {r}");
         assert!(r.contains(r#"rocemesh_metrics_requests_total{code="404"} 1"#));
         assert!(r.contains(r#"rocemesh_metrics_requests_total{code="405"} 1"#));
+    }
+
+    /// Slowloris: a client that sends a byte of its request every 200 ms (well inside a per-read
+    /// timeout) is cut off once the request's time is up, so a scrape behind it is answered
+    /// while it still trickles; it had held the thread for as long as it kept trickling.
+    #[test]
+    fn a_trickling_client_cannot_hold_the_thread_past_the_request_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ep = spawn("127.0.0.1:0".parse().expect("addr"), sources(dir.path())).expect("spawn");
+        let scraped = Arc::new(AtomicBool::new(false));
+        let trickler = {
+            let (addr, scraped) = (ep.addr, scraped.clone());
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                // 150 bytes at 200 ms: 30 s, far past the 2 s the whole request may take.
+                // It goes on after the server gives up on it (the writes then fail): only the
+                // scrape's end stops it.
+                for &b in b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().chain([b'a'; 120].iter()) {
+                    if scraped.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let _ = s.write_all(&[b]);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                let mut answer = String::new();
+                let _ = s.read_to_string(&mut answer);
+                answer
+            })
+        };
+        // The trickler is being served (it connected first) before the scrape connects.
+        std::thread::sleep(Duration::from_millis(300));
+        let r = get(ep.addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        let done_while_trickling = !trickler.is_finished();
+        scraped.store(true, Ordering::SeqCst);
+        let cut = trickler.join().expect("trickler");
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        assert!(done_while_trickling, "the scrape waited for the trickling client to give up");
+        assert!(cut.starts_with("HTTP/1.1 400") || cut.is_empty(), "the trickler is cut off: {cut}");
     }
 
     #[test]

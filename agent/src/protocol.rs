@@ -10,10 +10,19 @@
 //!
 //! - version 1 (unauthenticated): the last four bytes are a crc32c of the first 60, so garbage
 //!   that happens to start with the magic is still refused;
-//! - version 2 (authenticated, when the fleet has a key, [`crate::auth`]): byte 6 names the key,
+//! - version 6 (authenticated, when the fleet has a key, [`crate::auth`]): byte 6 names the key,
 //!   bytes 40..48 carry the sender's clock when it sealed the packet (the replay window's
-//!   reference), and bytes 48..64 a MAC: the first 16 bytes of keyed BLAKE3 over bytes 0..48.
-//!   The MAC replaces the checksum; it catches damage as well as forgery.
+//!   reference), and bytes 48..64 a MAC: the first 16 bytes of keyed BLAKE3 over bytes 0..48
+//!   and the receiver's [`Binding`] (its address and port as the sender names them; 64 bytes,
+//!   one BLAKE3 block). The MAC replaces the checksum; it catches damage as well as forgery,
+//!   and a packet captured on its way to one receiver fails it at every other, so a replay
+//!   cannot fill other receivers' replay tables. Version 2 (the same without the binding) is
+//!   refused as another version.
+//!
+//! A fourth kind, REFUSAL, is always version 1: a responder that refuses a probe for its
+//! authentication alone (unsealed while it seals, or sealed with a key it does not hold: a key
+//! roll-out that missed a host) says so, so that the prober records the probe as refused by
+//! authentication rather than as network loss ([`crate::auth`]).
 //!
 //! Decoding never panics.
 
@@ -21,7 +30,9 @@
 pub const PACKET_BYTES: usize = 64;
 const MAGIC: u32 = u32::from_le_bytes(*b"RMPB");
 const VERSION_PLAIN: u8 = 1;
-const VERSION_KEYED: u8 = 2;
+/// The bound MAC's version: 6, not 3, which one flipped bit of a plain packet's 1 reaches (6
+/// is three bits from it), so damage to a plain packet never passes its structure as keyed.
+const VERSION_KEYED: u8 = 6;
 /// Bytes a MAC covers: everything before it.
 const MAC_COVERS: usize = 48;
 /// Bytes of the MAC (a 128-bit tag).
@@ -37,6 +48,8 @@ pub enum Kind {
     Ack1 = 2,
     /// Responder → prober, carrying T4.
     Ack2 = 3,
+    /// Responder → prober: the probe was refused for its authentication alone (version 1).
+    Refusal = 4,
 }
 
 /// Whether `packet`, one this agent encoded, is a probe (rather than an ACK).
@@ -88,6 +101,36 @@ pub struct Seal {
     pub mac: [u8; MAC_BYTES],
 }
 
+/// What a sealed packet binds into its MAC besides its bytes: the receiving end's address and
+/// port as the sender names them. An IPv4 (or IPv4-mapped GID) end is its 16-byte mapped
+/// address with the port in bytes 0..4 (zero in a mapped address) and `tag` in byte 4, so
+/// distinct ends bind distinct values; a native IPv6 end has them XORed into its first five
+/// bytes, which two ends of one fleet share unless their prefixes differ by exactly that.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Binding(pub [u8; 16]);
+
+impl Binding {
+    /// The end at `addr` (16 bytes: IPv6, IPv4-mapped or a GID), `port` (a UDP port, an RDMA CM
+    /// service port or a QPN), `tag` telling those apart where one end has several.
+    pub fn new(addr: [u8; 16], port: u32, tag: u8) -> Self {
+        let mut b = addr;
+        for (x, y) in b[..4].iter_mut().zip(port.to_le_bytes()) {
+            *x ^= y;
+        }
+        b[4] ^= tag;
+        Binding(b)
+    }
+
+    /// A UDP socket's end.
+    pub fn of_socket(addr: std::net::SocketAddr) -> Self {
+        let ip = match addr.ip() {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            std::net::IpAddr::V6(v6) => v6,
+        };
+        Binding::new(ip.octets(), u32::from(addr.port()), 0)
+    }
+}
+
 /// A fleet key, ready to seal and check packets.
 #[derive(Clone)]
 pub struct MacKey {
@@ -109,18 +152,22 @@ impl MacKey {
         MacKey { id, secret }
     }
 
-    /// The tag of a packet's authenticated bytes.
-    fn tag(&self, covered: &[u8]) -> [u8; MAC_BYTES] {
-        let full = blake3::keyed_hash(&self.secret, covered);
+    /// The tag of a packet's authenticated bytes sent to `to`.
+    fn tag(&self, covered: &[u8], to: &Binding) -> [u8; MAC_BYTES] {
+        let mut h = blake3::Hasher::new_keyed(&self.secret);
+        h.update(covered);
+        h.update(&to.0);
+        let full = h.finalize();
         let mut t = [0u8; MAC_BYTES];
         t.copy_from_slice(&full.as_bytes()[..MAC_BYTES]);
         t
     }
 
-    /// Whether `b` (a version-2 packet) carries this key's MAC. Compared without an early exit,
-    /// so the time taken does not tell a forger how many bytes were right.
-    pub fn verify(&self, b: &[u8; PACKET_BYTES]) -> bool {
-        let want = self.tag(&b[..MAC_COVERS]);
+    /// Whether `b` (a version-6 packet) carries this key's MAC for a packet sent to `me`.
+    /// Compared without an early exit, so the time taken does not tell a forger how many bytes
+    /// were right.
+    pub fn verify(&self, b: &[u8; PACKET_BYTES], me: &Binding) -> bool {
+        let want = self.tag(&b[..MAC_COVERS], me);
         want.iter().zip(&b[MAC_COVERS..]).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 }
@@ -145,13 +192,13 @@ impl Packet {
         out[60..64].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Serialise into `out`, authenticated with `key` (version 2); `sent_unix_ns` is this
-    /// host's clock now.
-    pub fn seal(&self, out: &mut [u8; PACKET_BYTES], key: &MacKey, sent_unix_ns: u64) {
+    /// Serialise into `out`, authenticated with `key` (version 6) for the end `to`;
+    /// `sent_unix_ns` is this host's clock now.
+    pub fn seal(&self, out: &mut [u8; PACKET_BYTES], key: &MacKey, sent_unix_ns: u64, to: &Binding) {
         self.write_fields(out, VERSION_KEYED);
         out[6] = key.id;
         out[40..48].copy_from_slice(&sent_unix_ns.to_le_bytes());
-        let tag = key.tag(&out[..MAC_COVERS]);
+        let tag = key.tag(&out[..MAC_COVERS], to);
         out[MAC_COVERS..].copy_from_slice(&tag);
     }
 
@@ -189,6 +236,7 @@ impl Packet {
             1 => Kind::Probe,
             2 => Kind::Ack1,
             3 => Kind::Ack2,
+            4 if seal.is_none() => Kind::Refusal,
             _ => return Err(Refused::Kind),
         };
         let p = Packet {
@@ -241,21 +289,58 @@ mod tests {
     fn a_sealed_packet_verifies_with_its_key_only_and_every_bit_flip_breaks_it() {
         let p = Packet { kind: Kind::Probe, seq: 42, flow_label: 7, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
         let key = MacKey::new(9, [0x5a; 32]);
+        let to = Binding::of_socket("10.0.0.1:18515".parse().expect("addr"));
         let mut b = [0u8; PACKET_BYTES];
-        p.seal(&mut b, &key, 1_000);
+        p.seal(&mut b, &key, 1_000, &to);
         let (q, seal) = Packet::parse(&b).expect("structure");
         assert_eq!(q, p);
-        let seal = seal.expect("version 2 carries a seal");
+        let seal = seal.expect("version 6 carries a seal");
         assert_eq!((seal.key_id, seal.sent_unix_ns), (9, 1_000));
-        assert!(key.verify(&b));
-        assert!(!MacKey::new(9, [0x5b; 32]).verify(&b), "another secret");
+        assert!(key.verify(&b, &to));
+        assert!(!MacKey::new(9, [0x5b; 32]).verify(&b, &to), "another secret");
         for byte in 0..PACKET_BYTES {
             for bit in 0..8 {
                 let mut c = b;
                 c[byte] ^= 1 << bit;
                 // A flip either breaks the structure or the MAC; never both pass.
-                assert!(Packet::parse(&c).is_err() || !key.verify(&c), "flip of bit {bit} in byte {byte} accepted");
+                assert!(
+                    Packet::parse(&c).is_err() || !key.verify(&c, &to),
+                    "flip of bit {bit} in byte {byte} accepted"
+                );
             }
         }
+    }
+
+    /// Issue 33, item 8: a sealed packet verifies only at the end it was sent to: another
+    /// address, another port of the same address, or the same GID's other QPN all refuse it.
+    #[test]
+    fn a_sealed_packet_verifies_only_at_the_end_it_was_sent_to() {
+        let p = Packet { kind: Kind::Probe, seq: 42, flow_label: 7, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
+        let key = MacKey::new(9, [0x5a; 32]);
+        let end = |a: &str| Binding::of_socket(a.parse().expect("addr"));
+        let mut b = [0u8; PACKET_BYTES];
+        p.seal(&mut b, &key, 1_000, &end("10.0.0.1:18515"));
+        assert!(key.verify(&b, &end("10.0.0.1:18515")));
+        for other in ["10.0.0.2:18515", "10.0.0.1:18516", "[::ffff:10.0.0.1]:18516", "[fe80::1]:18515"] {
+            assert!(!key.verify(&b, &end(other)), "{other}");
+        }
+        let gid = end("10.0.0.1:0").0;
+        p.seal(&mut b, &key, 1_000, &Binding::new(gid, 4711, 2));
+        assert!(key.verify(&b, &Binding::new(gid, 4711, 2)));
+        assert!(!key.verify(&b, &Binding::new(gid, 4712, 2)), "another QPN");
+        assert!(!key.verify(&b, &Binding::new(gid, 4711, 1)), "a service port of the same number");
+        // Version 2 (no binding) is another version now.
+        b[4] = 2;
+        assert_eq!(Packet::parse(&b), Err(Refused::Version));
+    }
+
+    #[test]
+    fn a_refusal_is_plain_only() {
+        let r = Packet { kind: Kind::Refusal, seq: 42, flow_label: 7, responder_epoch: 3, t3_ns: 0, t4_ns: 0 };
+        let mut b = [0u8; PACKET_BYTES];
+        r.encode(&mut b);
+        assert_eq!(Packet::parse(&b), Ok((r, None)));
+        r.seal(&mut b, &MacKey::new(1, [1; 32]), 5, &Binding::default());
+        assert_eq!(Packet::parse(&b), Err(Refused::Kind), "a sealed refusal is no packet of ours");
     }
 }

@@ -707,6 +707,9 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         send_key = s.send_key_id.map_or(-1, i32::from),
         auth_refused = s.auth_refused.iter().sum::<u64>(),
         auth_refused_by_reason = %ByReason(&s.auth_refused, &crate::auth::AuthRefusal::NAMES),
+        probes_auth_refused = s.probes_auth_refused,
+        refusals_sent = s.refusals_sent,
+        refusals_held = s.refusals_held,
         "shard stats"
     );
 }
@@ -851,13 +854,18 @@ fn spawn_watcher(files: Vec<Watched>, control: Arc<Control>, counters: Arc<Agent
         );
     }
     for f in &files {
-        let dir = f.path().parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let dir = f.path().parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         let cdir = CString::new(dir.as_os_str().as_bytes()).context("watched directory")?;
         let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_CREATE;
         // SAFETY: valid descriptor and NUL-terminated path; a directory watched twice gets the
         // same watch back.
         if unsafe { libc::inotify_add_watch(fd, cdir.as_ptr(), mask) } < 0 {
-            bail!("watching {} failed: {}", dir.display(), std::io::Error::last_os_error());
+            bail!(
+                "watching {} (the directory of {}) failed: {}",
+                dir.display(),
+                f.path().display(),
+                std::io::Error::last_os_error()
+            );
         }
     }
     std::thread::Builder::new()

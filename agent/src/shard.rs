@@ -66,8 +66,15 @@ pub struct ShardStats {
     /// Datagrams refused: wrong length, magic, version, kind or checksum (garbage or forged).
     pub malformed: u64,
     /// Well-formed packets refused by probe authentication, per
-    /// [`crate::auth::AuthRefusal::index`]: never answered, never matched to a probe.
+    /// [`crate::auth::AuthRefusal::index`]: never answered as a probe, never matched as an ACK
+    /// (a probe refused for its keying alone gets a REFUSAL, [`crate::auth`]).
     pub auth_refused: [u64; crate::auth::AuthRefusal::COUNT],
+    /// Probes of this shard recorded `auth_refused`: their target is alive but keyed otherwise
+    /// (it refused them, or answered with packets this shard refused for their keying).
+    pub probes_auth_refused: u64,
+    /// REFUSALs sent to probers keyed otherwise, and those held back by the rate limit.
+    pub refusals_sent: u64,
+    pub refusals_held: u64,
     /// A second ACK of the same kind for one probe (a duplicate or a replay): ignored.
     pub duplicate_acks: u64,
     /// Steps of CLOCK_REALTIME seen (an operator's `date -s`, a PTP or NTP step); the shard's
@@ -155,6 +162,9 @@ struct InFlight {
     t6: u64,
     deadline: u64,
     refused: bool,
+    /// The target refused it, or answered it, for its keying alone ([`crate::auth`]): unless an
+    /// admitted ACK1 comes before the deadline, it is recorded `auth_refused`.
+    auth_refused: bool,
     /// Never sent: the target could not be resolved over the network (loss, not local).
     unreachable: bool,
     /// Never left this host, and why.
@@ -375,6 +385,7 @@ impl<T: Transport> Shard<T> {
         }
         s.transport_errors = self.transport.error_counts();
         s.auth_refused = self.auth.refused;
+        (s.refusals_sent, s.refusals_held) = (self.auth.refusals_sent, self.auth.refusals_held);
         s.send_key_id = self.auth.send_key_id();
         s.device_up = self.transport.device_up();
         s
@@ -822,11 +833,11 @@ impl<T: Transport> Shard<T> {
                             t4_ns: ts,
                         };
                         let mut b = [0u8; PACKET_BYTES];
-                        self.auth.encode(&ack2, &mut b, now);
+                        self.auth.encode(&ack2, &mut b, now, &self.transport.binding_to(&pa.to, false));
                         self.enqueue(&pa.to, pa.flow_label, &b, false, NOT_A_PROBE)?;
                     }
                 }
-                Kind::Ack2 => {}
+                Kind::Ack2 | Kind::Refusal => {}
             }
         }
         Ok(n == crate::transport::BATCH)
@@ -848,11 +859,21 @@ impl<T: Transport> Shard<T> {
             let rx_ns = if stamped { self.rx.rx_ns[i] } else { t6 };
             let bytes = &self.rx.buf[i][..self.rx.len[i]];
             let p = match Packet::parse(bytes) {
+                Ok((p, _)) if p.kind == Kind::Refusal => {
+                    self.refused_by_peer(&p, &from);
+                    continue;
+                }
                 Ok((p, seal)) => {
-                    if self.auth.admit(bytes, seal, t6).is_err() {
-                        continue;
+                    let me = self.transport.binding_at(self.rx.at[i], p.kind == Kind::Probe);
+                    match self.auth.admit(bytes, seal, t6, &me) {
+                        Ok(()) => p,
+                        Err(why) => {
+                            if Auth::keyed_differently(why) {
+                                self.keyed_differently(&p, &from, t6)?;
+                            }
+                            continue;
+                        }
                     }
-                    p
                 }
                 Err(_) => {
                     if is_trace_payload(&self.rx.buf[i][..self.rx.len[i]]) {
@@ -864,6 +885,8 @@ impl<T: Transport> Shard<T> {
                 }
             };
             match p.kind {
+                // Taken before admission.
+                Kind::Refusal => {}
                 Kind::Probe => self.answer(p, from, rx_ns, t6)?,
                 Kind::Ack1 | Kind::Ack2 => {
                     let Some(slot) = self.slot_of(p.seq) else {
@@ -907,6 +930,41 @@ impl<T: Transport> Shard<T> {
         Ok(n == crate::transport::BATCH)
     }
 
+    /// A packet from `from` refused for its keying alone ([`crate::auth`]): a probe gets a
+    /// REFUSAL (rate-limited), an ACK marks its probe refused.
+    fn keyed_differently(&mut self, p: &Packet, from: &T::Addr, now: u64) -> Result<(), SegmentError> {
+        if p.kind != Kind::Probe {
+            self.refused_by_peer(p, from);
+            return Ok(());
+        }
+        if !self.auth.take_refusal(now) {
+            return Ok(());
+        }
+        let refusal = Packet {
+            kind: Kind::Refusal,
+            seq: p.seq,
+            flow_label: p.flow_label,
+            responder_epoch: self.params.epoch,
+            t3_ns: 0,
+            t4_ns: 0,
+        };
+        let mut b = [0u8; PACKET_BYTES];
+        refusal.encode(&mut b);
+        self.enqueue(from, p.flow_label, &b, false, NOT_A_PROBE)
+    }
+
+    /// The target of probe `p.seq` refused it, or answered it, for its keying alone: recorded
+    /// `auth_refused` at its deadline unless an admitted ACK1 comes first (never finalised
+    /// early: a forged REFUSAL must not cut off a real answer).
+    fn refused_by_peer(&mut self, p: &Packet, from: &T::Addr) {
+        match self.slot_of(p.seq) {
+            Some(slot) if self.transport.answers_from(&self.inflight_addr[slot], from) => {
+                self.inflight[slot].auth_refused = true;
+            }
+            _ => self.stats.unknown += 1,
+        }
+    }
+
     /// Answer a probe received at `t3`; `now` is the receive batch's clock, ACK1's seal time.
     fn answer(&mut self, p: Packet, from: T::Addr, t3: u64, now: u64) -> Result<(), SegmentError> {
         if self.params.ignore_probe_fraction > 0.0 {
@@ -929,7 +987,7 @@ impl<T: Transport> Shard<T> {
             t4_ns: token,
         };
         let mut b = [0u8; PACKET_BYTES];
-        self.auth.encode(&ack1, &mut b, now);
+        self.auth.encode(&ack1, &mut b, now, &self.transport.binding_to(&from, false));
         self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
         if let Some(paths) = &mut self.paths
@@ -984,7 +1042,7 @@ impl<T: Transport> Shard<T> {
             }
             let mut b = [0u8; PACKET_BYTES];
             let probe = Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
-            self.auth.encode(&probe, &mut b, now);
+            self.auth.encode(&probe, &mut b, now, &self.transport.binding_to(&addr, true));
             let t1 = now_ns();
             self.stats.probes_sent += 1;
             // Marked sent now; a flush that could not send it takes the mark back and records
@@ -1068,6 +1126,9 @@ impl<T: Transport> Shard<T> {
         } else if e.refused {
             r.outcome = Outcome::Refused as u8;
             self.stats.peer_down += 1;
+        } else if e.auth_refused && e.arrived & Arrived::ACK1 == 0 {
+            r.outcome = Outcome::AuthRefused as u8;
+            self.stats.probes_auth_refused += 1;
         } else if e.unreachable {
             r.outcome = Outcome::Lost as u8;
             self.stats.lost += 1;

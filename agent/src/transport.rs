@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 
 use rocemesh_formats::record::TsSource;
 
-use crate::protocol::PACKET_BYTES;
+use crate::protocol::{Binding, PACKET_BYTES};
 
 /// Datagrams one receive call returns at most.
 pub const BATCH: usize = 64;
@@ -28,6 +28,8 @@ pub struct RxBatch<A> {
     pub rx_ns: [u64; BATCH],
     /// Sender.
     pub from: [A; BATCH],
+    /// Which of the transport's own ends it arrived at ([`Transport::binding_at`]).
+    pub at: [u8; BATCH],
 }
 
 impl<A: Copy> RxBatch<A> {
@@ -38,6 +40,7 @@ impl<A: Copy> RxBatch<A> {
             len: [0; BATCH],
             rx_ns: [0; BATCH],
             from: [filler; BATCH],
+            at: [0; BATCH],
         }
     }
 }
@@ -203,6 +206,14 @@ pub trait Transport {
     /// What became of a probe to `to`: answered (an ACK came back) or not. Transports that
     /// resolve peers at run time use it to notice a peer that moved (a restarted agent).
     fn observe(&mut self, _to: &Self::Addr, _answered: bool) {}
+
+    /// The end a sealed packet to `to` is bound to ([`crate::protocol::Binding`]): `to` as this
+    /// transport names it; `probe`: a probe, else an answer to one.
+    fn binding_to(&self, to: &Self::Addr, probe: bool) -> Binding;
+
+    /// The end a sealed packet that arrived at this transport's end `at` ([`RxBatch::at`]) must
+    /// be bound to: that end as its peers name it; `probe`: a probe, else an answer.
+    fn binding_at(&self, at: u8, probe: bool) -> Binding;
 
     /// Whether a packet from `from` can be the answer to a probe sent to `probed`. UDP: the same
     /// socket address. Verbs: the same GID (a target named by GID and service port answers from

@@ -28,7 +28,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use rocemesh_formats::record::TsSource;
 
 use crate::pathtrace::WireTuple;
-use crate::protocol::{PACKET_BYTES, is_probe};
+use crate::protocol::{Binding, PACKET_BYTES, is_probe};
 use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
 // asm-generic/socket.h; with a 64-bit time_t the "old" option already carries 64-bit seconds.
@@ -272,6 +272,20 @@ impl Transport for UdpTransport {
         true
     }
 
+    fn binding_to(&self, to: &SocketAddr, _probe: bool) -> Binding {
+        Binding::of_socket(*to)
+    }
+
+    /// Socket `at` (0: the bound one, k: path socket k), on the bound address: the config
+    /// refuses an unspecified address with `[auth]`, which peers could not name.
+    fn binding_at(&self, at: u8, _probe: bool) -> Binding {
+        let port = match usize::from(at) {
+            0 => self.local.port(),
+            k => self.path_ports.get(k - 1).copied().unwrap_or(0),
+        };
+        Binding::of_socket(SocketAddr::new(self.local.ip(), port))
+    }
+
     fn wire_tuple(&self, to: &SocketAddr, flow_label: u32, answer: bool) -> Option<WireTuple> {
         let SocketAddr::V4(dst) = to else { return None };
         let sock = if answer { 0 } else { usize::from(self.socket_of_label(flow_label)) };
@@ -384,8 +398,10 @@ impl Transport for UdpTransport {
     fn recv(&mut self, out: &mut RxBatch<SocketAddr>) -> io::Result<usize> {
         let mut n = 0;
         for e in 0..self.ready(libc::EPOLLIN as u32) {
-            let fd = self.socket(self.events[e].u64 as usize);
-            n += recv_into(fd, &mut self.rx, out, n)?;
+            let sock = self.events[e].u64 as usize;
+            let got = recv_into(self.socket(sock), &mut self.rx, out, n)?;
+            out.at[n..n + got].fill(sock as u8);
+            n += got;
             if n == BATCH {
                 break;
             }

@@ -1,6 +1,8 @@
 //! Authenticated probes between real agent processes: forged, replayed, stale, wrong-key,
-//! old-key and unauthenticated packets sent as fast as one socket can are never answered and
-//! all counted; the agents' own probing loses nothing, through a key rotation too.
+//! old-key and unauthenticated packets sent as fast as one socket can are never answered (the
+//! last two get rate-limited REFUSALs, which carry nothing) and all counted; the agents' own
+//! probing loses nothing, through a key rotation too; and a host a key push missed is refused,
+//! never lost, both ways.
 
 mod common;
 
@@ -9,9 +11,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{PORT, addr, assert_pair_lossless, final_stat, finish, finish_all, setup, spawn};
-use rocemesh_agent::protocol::{Kind, MacKey, PACKET_BYTES, Packet};
+use common::{PORT, addr, assert_pair_lossless, final_stat, finish, finish_all, name, records, setup, spawn};
+use rocemesh_agent::protocol::{Binding, Kind, MacKey, PACKET_BYTES, Packet};
 use rocemesh_formats::keys::{FILE_NAME, FleetKey, FleetKeys};
+use rocemesh_formats::record::Outcome;
 
 const CURRENT: [u8; 32] = [0x5c; 32];
 const OLD: [u8; 32] = [0x0d; 32];
@@ -54,22 +57,25 @@ fn probe(seq: u64) -> Packet {
     Packet { kind: Kind::Probe, seq, flow_label: 1, responder_epoch: 0, t3_ns: 0, t4_ns: 0 }
 }
 
-/// Answers (ACKs) waiting on `s`, read until it has been quiet for `quiet`. As root the agent
-/// also traces the path of its answers (TTL-limited packets whose last one reaches the prober):
-/// those are not answers.
-fn drain(s: &UdpSocket, quiet: Duration) -> usize {
+/// Answers waiting on `s`, read until it has been quiet for `quiet`: (ACKs, REFUSALs). As root
+/// the agent also traces the path of its answers (TTL-limited packets whose last one reaches
+/// the prober): those are not answers.
+fn drain(s: &UdpSocket, quiet: Duration) -> (usize, usize) {
     s.set_read_timeout(Some(quiet)).expect("timeout");
     let mut buf = [0u8; 128];
-    let mut n = 0;
+    let (mut acks, mut refusals) = (0, 0);
     while let Ok(len) = s.recv(&mut buf) {
         if rocemesh_agent::pathtrace::is_trace_payload(&buf[..len]) {
             continue;
         }
-        let (p, _) = Packet::parse(&buf[..len]).expect("an agent sends ACKs or trace packets only");
-        assert_ne!(p.kind, Kind::Probe);
-        n += 1;
+        let (p, _) = Packet::parse(&buf[..len]).expect("an agent sends ACKs, REFUSALs or trace packets only");
+        match p.kind {
+            Kind::Probe => panic!("an agent never sends a probe to a prober's socket"),
+            Kind::Refusal => refusals += 1,
+            Kind::Ack1 | Kind::Ack2 => acks += 1,
+        }
     }
-    n
+    (acks, refusals)
 }
 
 #[test]
@@ -92,12 +98,14 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
     let target = SocketAddr::new(addr(net, 0), PORT);
     attacker.connect(target).expect("connect");
     let current = MacKey::new(2, CURRENT);
+    // Sealed for agent 0's socket, as its peers seal for it.
+    let to = Binding::of_socket(target);
 
     // A fleet member's probes (valid seals): each answered with ACK1 and ACK2, once.
     let valid: Vec<[u8; PACKET_BYTES]> = (0..50u64)
         .map(|i| {
             let mut b = [0u8; PACKET_BYTES];
-            probe(0x7777_0000_0000_0001 + i).seal(&mut b, &current, now_ns());
+            probe(0x7777_0000_0000_0001 + i).seal(&mut b, &current, now_ns(), &to);
             b
         })
         .collect();
@@ -106,7 +114,7 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
         std::thread::sleep(Duration::from_millis(2));
     }
     let answers = drain(&attacker, Duration::from_millis(500));
-    assert_eq!(answers, 2 * valid.len(), "each valid probe gets ACK1 and ACK2");
+    assert_eq!(answers, (2 * valid.len(), 0), "each valid probe gets ACK1 and ACK2");
 
     // Then the attack, as fast as the socket goes, for 2 s: six kinds in turn.
     let drops_before = socket_drops(target);
@@ -119,14 +127,14 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
     while Instant::now() < until {
         let kind = (i % 6) as usize;
         match kind {
-            0 => b = valid[(i / 6) as usize % valid.len()],                  // replay
-            1 => probe(i).seal(&mut b, &old, now_ns()),                      // old key
-            2 => probe(i).seal(&mut b, &wrong_secret, now_ns()),             // wrong secret
-            3 => probe(i).seal(&mut b, &current, now_ns() - 60_000_000_000), // stale
-            4 => probe(i).encode(&mut b),                                    // unauthenticated
+            0 => b = valid[(i / 6) as usize % valid.len()],           // replay
+            1 => probe(i).seal(&mut b, &old, now_ns(), &to),          // old key
+            2 => probe(i).seal(&mut b, &wrong_secret, now_ns(), &to), // wrong secret
+            3 => probe(i).seal(&mut b, &current, now_ns() - 60_000_000_000, &to), // stale
+            4 => probe(i).encode(&mut b),                             // unauthenticated
             _ => {
                 // forged: a keyed header, the current key's id, a made-up tag
-                probe(i).seal(&mut b, &current, now_ns());
+                probe(i).seal(&mut b, &current, now_ns(), &to);
                 b[48..].copy_from_slice(&i.to_le_bytes().repeat(2));
             }
         }
@@ -136,11 +144,18 @@ fn forged_replayed_stale_and_old_key_packets_at_line_rate_are_never_answered_and
         i += 1;
     }
     let total: u64 = sent.iter().sum();
-    let answered_during_attack = drain(&attacker, Duration::from_millis(1000));
+    let (answered_during_attack, refusals) = drain(&attacker, Duration::from_millis(1000));
     let dropped = socket_drops(target) - drops_before;
 
     let errs = finish_all(children);
     assert_eq!(answered_during_attack, 0, "nothing of the attack is answered ({total} sent)");
+    // Old-key and unauthenticated probes are refused aloud, at most at the REFUSAL rate (a
+    // burst of one second's, then 2 s of it); the forged, stale and replayed ones silently.
+    // (The attacker reads them only after the attack: its socket buffer keeps the first few.)
+    let most = 3 * u64::from(rocemesh_agent::auth::REFUSALS_PER_S);
+    let refusals_sent = final_stat(&errs[0], "refusals_sent");
+    assert!(refusals > 0 && refusals as u64 <= refusals_sent, "{refusals} REFUSALs arrived, {refusals_sent} sent");
+    assert!(refusals_sent <= most, "{refusals_sent} REFUSALs sent for {total} packets: the rate limit holds");
     let refused = final_stat(&errs[0], "auth_refused");
     eprintln!("attack: {total} packets in 2 s ({sent:?}), refused {refused}, dropped by the kernel {dropped}");
     assert!(total > 20_000, "line rate means many packets: {total}");
@@ -222,4 +237,38 @@ fn a_world_readable_key_file_is_refused_at_start() {
     let (code, err) = finish(spawn(&config, 1));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("fleet-keys.toml") && err.contains("chmod 600"), "{err}");
+}
+
+/// Issue 33, item 7: a host the key push missed (agent 1 runs without keys while agent 0 seals
+/// with the fleet key) is alive but keyed otherwise. Each refuses the other's probes for their
+/// keying alone and says so with a REFUSAL: both record those probes `auth_refused` (the
+/// `refused` class: never loss, never evidence), none lost. They had recorded every such probe
+/// lost, both ways: a dead RNIC to localisation.
+#[test]
+fn a_host_the_key_push_missed_is_refused_never_lost_both_ways() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let net = 45;
+    let mut keys = FleetKeys::new();
+    keys.keys.push(key(1, CURRENT, now_s() - 60, None));
+    let keyed = setup(root.path(), net, 0, 2, 50.0, "event", AUTH);
+    write_keys(keyed.parent().expect("dir"), &keys);
+    let missed = setup(root.path(), net, 1, 2, 50.0, "event", "");
+    let children = vec![spawn(&keyed, 4), spawn(&missed, 4)];
+    let errs = finish_all(children);
+    for (i, err) in errs.iter().enumerate() {
+        let recs = records(root.path(), i);
+        let to_peer: Vec<u8> = recs.iter().filter(|(t, _)| *t == name(1 - i)).map(|(_, r)| r.outcome).collect();
+        let count = |o: Outcome| to_peer.iter().filter(|&&x| x == o as u8).count();
+        assert!(
+            count(Outcome::AuthRefused) > 100,
+            "agent {i}: {} auth_refused of {}\n{err}",
+            count(Outcome::AuthRefused),
+            to_peer.len()
+        );
+        assert_eq!(count(Outcome::Lost), 0, "agent {i}: nothing lost\n{err}");
+        assert_eq!(count(Outcome::Ok), 0, "agent {i}: nothing answered across the keys");
+        assert_eq!(final_stat(err, "lost"), 0, "agent {i}:\n{err}");
+        assert!(final_stat(err, "refusals_sent") > 100, "agent {i} refused its peer aloud:\n{err}");
+    }
+    assert!(final_stat(&errs[0], "probes_auth_refused") > 100, "{}", errs[0]);
 }

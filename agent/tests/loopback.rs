@@ -252,6 +252,24 @@ fn a_low_memlock_limit_is_refused_with_the_limit_named() {
     assert!(err.contains("RLIMIT_MEMLOCK is 64 KiB") && err.contains("LimitMEMLOCK"), "{err}");
 }
 
+/// `agent run --config agent.toml` from the config's own directory (a relative path with no
+/// directory part, as a new user copies the demo's): the pinglist's directory is watched as
+/// `.`, the agent probes and exits 0. It had exited 2 with "watching  failed" (an empty path).
+#[test]
+fn a_config_named_without_a_directory_runs_from_its_own_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let config = setup(root.path(), 46, 0, 2, 10.0, "event", "");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent"))
+        .current_dir(config.parent().expect("dir"))
+        .args(["run", "--config", "agent.toml", "--duration-s", "1"])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(root.path().join("h0/segments/lo").is_dir(), "segments under the config's directory: {err}");
+}
+
 #[test]
 fn check_config_reports_shards_and_targets() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -309,7 +327,7 @@ fn sigterm_seals_segments_and_exits_cleanly() {
 #[test]
 fn probes_the_local_stack_refuses_are_local_drops_not_loss() {
     let root = tempfile::tempdir().expect("tempdir");
-    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 37, i, 2, 20.0, "event", "")).collect();
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 47, i, 2, 20.0, "event", "")).collect();
     // Agent 0 also probes a target it cannot send to.
     let pl_path = root.path().join("h0/pinglist.toml");
     let mut pl = rocemesh_formats::pinglist::Pinglist::load(&pl_path).expect("pinglist");
@@ -356,7 +374,7 @@ fn probes_the_local_stack_refuses_are_local_drops_not_loss() {
 fn segment_write_errors_reach_the_log_once_and_the_agent_keeps_probing() {
     use std::os::unix::process::CommandExt;
     let root = tempfile::tempdir().expect("tempdir");
-    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 38, i, 2, 50.0, "event", "")).collect();
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 48, i, 2, 50.0, "event", "")).collect();
     let mut limited = command(&configs[0], 4);
     // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
     unsafe {
@@ -391,7 +409,7 @@ fn service_tracing_without_the_kernel_hook_says_why_once_and_probing_goes_on() {
     // it once and probe its pinglist as if tracing were off.
     let root = tempfile::tempdir().expect("tempdir");
     let tracing = "\n[service_tracing]\nenabled = true\n";
-    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 39, i, 2, 50.0, "event", tracing)).collect();
+    let configs: Vec<_> = (0..2).map(|i| setup(root.path(), 49, i, 2, 50.0, "event", tracing)).collect();
     let (a, b) = (spawn(&configs[0], 3), spawn(&configs[1], 3));
     let (code, err) = finish(a);
     let (code_b, err_b) = finish(b);

@@ -12,7 +12,8 @@ the same query for DuckDB, for cluster, tor and rnic):
 
 - window = floor(t1_unix_ns / window_ns) * window_ns, aligned on the wall clock.
 - a record's class comes from its outcome byte and arrival bitmap: 0 ok; 1 lost, or partial when
-  ACK1 arrived (arrived & 2); 2 invalid; 3 refused; 4 local_drop; any other byte counts in
+  ACK1 arrived (arrived & 2); 2 invalid; 3 or 5 refused (5: by authentication); 4 local_drop;
+  any other byte counts in
   `probes` only.
 - the unreachable rule is applied per (window, prober, target) before any roll-up: a pair with no
   ok and no partial has its lost probes counted as `unreachable`, not `lost`. A `pair` row is
@@ -96,7 +97,7 @@ CLASS_COUNTS = """count(*) AS probes,
                count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
                count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
                count(*) FILTER (WHERE outcome = 2) AS invalid,
-               count(*) FILTER (WHERE outcome = 3) AS refused,
+               count(*) FILTER (WHERE outcome IN (3, 5)) AS refused,
                count(*) FILTER (WHERE outcome = 4) AS local_drop,
                coalesce(bit_or(shiftleft(1, LEAST(ts_source, 4))) FILTER (WHERE outcome = 0), 0) AS ts_mask"""
 # The sums of a roll-up, and the unreachable rule applied to a group's counts.

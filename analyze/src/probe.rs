@@ -14,7 +14,8 @@
 //! | 2 invalid | any | `invalid` | neither | no |
 //! | 3 refused | any | `refused` (host up, agent down) | neither | no |
 //! | 4 local_drop | any | `local_drop` (never left the prober's host) | neither | no |
-//! | 5-255 | any | `unknown` (a newer agent's byte): counted in `probes` only | neither | no |
+//! | 5 auth_refused | any | `refused` (the peer is alive but keyed otherwise) | neither | no |
+//! | 6-255 | any | `unknown` (a newer agent's byte): counted in `probes` only | neither | no |
 //!
 //! `lost` includes a verbs target that could not be resolved over the network (`arrived`
 //! without PROBE_SENT) and older agents' send errors, which were written as lost too: the
@@ -265,7 +266,8 @@ mod tests {
             assert_eq!(Class::of(2, arrived), Class::Invalid);
             assert_eq!(Class::of(3, arrived), Class::Refused);
             assert_eq!(Class::of(4, arrived), Class::LocalDrop, "a local drop is never loss");
-            for unknown in [5u8, 7, 0x80, 255] {
+            assert_eq!(Class::of(5, arrived), Class::Refused, "refused by authentication is never loss");
+            for unknown in [6u8, 7, 0x80, 255] {
                 assert_eq!(Class::of(unknown, arrived), Class::Unknown, "byte {unknown} is never ok");
             }
         }

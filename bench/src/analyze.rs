@@ -550,7 +550,7 @@ def query(window_ns, src, dst):
                count(*) FILTER (WHERE outcome = 1 AND arrived & 2 = 0) AS lost_raw,
                count(*) FILTER (WHERE outcome = 1 AND arrived & 2 <> 0) AS partial,
                count(*) FILTER (WHERE outcome = 2) AS invalid,
-               count(*) FILTER (WHERE outcome = 3) AS refused
+               count(*) FILTER (WHERE outcome IN (3, 5)) AS refused
         FROM raw GROUP BY w, prober_id, target_id
     ),
     pc AS (

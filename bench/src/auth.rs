@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use rocemesh_agent::auth::{Auth, AuthParams};
-use rocemesh_agent::protocol::{Kind, PACKET_BYTES, Packet};
+use rocemesh_agent::protocol::{Binding, Kind, PACKET_BYTES, Packet};
 use rocemesh_formats::keys::FleetKeys;
 
 use crate::agent::Figure;
@@ -38,6 +38,7 @@ pub fn run(packets: u64) -> anyhow::Result<Vec<Figure>> {
     keys.rotate(0, 0, [0x3c; 32]).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (mut plain, mut keyed) = (Vec::new(), Vec::new());
     let mut refused = 0u64;
+    let to = Binding::of_socket(std::net::SocketAddr::from(([10, 0, 0, 1], 18515)));
     for _ in 0..ROUNDS {
         let start = Instant::now();
         for seq in 0..packets {
@@ -59,9 +60,9 @@ pub fn run(packets: u64) -> anyhow::Result<Vec<Figure>> {
             if seq % 1024 == 0 {
                 now = now_ns();
             }
-            sealer.encode(&probe(seq), &mut b, now);
+            sealer.encode(&probe(seq), &mut b, now, &to);
             let (_, seal) = Packet::parse(black_box(&b)).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            refused += u64::from(admitter.admit(&b, seal, now).is_err());
+            refused += u64::from(admitter.admit(&b, seal, now, &to).is_err());
         }
         keyed.push(start.elapsed().as_nanos() as f64 / packets as f64);
     }

@@ -9,7 +9,7 @@ use rocemesh_formats::keys::{FILE_NAME, FleetKeys, SECRET_BYTES};
 use rocemesh_formats::time::civil_utc;
 
 use crate::error::Error;
-use crate::pinglist_dir::atomic_write;
+use crate::pinglist_dir::atomic_write_private;
 
 /// The key file of the pinglist directory `dir`.
 pub fn path(dir: &Path) -> PathBuf {
@@ -47,15 +47,7 @@ pub fn rotate(dir: &Path, now_unix_s: u64, grace_s: u64) -> Result<Rotated, Erro
 
 /// Writes `bytes` to `path` durably, mode 0600 from the temporary file's first byte on.
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    // Written under a umask that keeps the temporary file private from its first byte.
-    // SAFETY: umask only changes this process's file creation mask.
-    let old = unsafe { libc::umask(0o077) };
-    let r = atomic_write(path, bytes, true);
-    // SAFETY: as above; the previous mask is restored.
-    unsafe { libc::umask(old) };
-    r?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    atomic_write_private(path, bytes)
 }
 
 fn random_secret() -> Result<[u8; SECRET_BYTES], Error> {

@@ -83,8 +83,9 @@ enum KeysCmd {
         #[arg(long)]
         dir: PathBuf,
         /// Seconds until agents send with the new key, and that the old one is accepted after.
-        /// The first key of a fleet: 0 starts authentication at the next push (agents accept
-        /// unauthenticated packets until they send authenticated ones themselves).
+        /// The first key of a fleet too: agents accept unauthenticated packets until they send
+        /// authenticated ones themselves, so push it everywhere within the grace. A host the push
+        /// missed refuses and is refused; both ends record such probes as `refused`, not lost.
         #[arg(long, default_value_t = 900)]
         grace_s: u64,
     },
@@ -360,6 +361,10 @@ struct PushArgs {
     /// Where to write the per-host results (TSV); default: FROM/push-results.tsv.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// The group the key file is installed with on each host (mode 0640): the group the agent
+    /// runs as, which the package creates. Never the directory's group, which may be anyone's.
+    #[arg(long, default_value = "rocemesh")]
+    key_group: String,
     #[command(flatten)]
     reach: ReachArgs,
 }
@@ -780,7 +785,7 @@ fn push_pinglist(args: PushArgs) -> Result<i32> {
     };
     let dest = args.reach.destination()?;
     let bar = progress(hosts.len(), "push");
-    let results = push::push(&from, &hosts, &dest, args.reach.ssh.parallel, |r| {
+    let results = push::push(&from, &hosts, &dest, &args.key_group, args.reach.ssh.parallel, |r| {
         bar.inc(1);
         if !r.ok {
             bar.println(format!("{}: {}", r.host, r.error));

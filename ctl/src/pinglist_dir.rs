@@ -425,13 +425,41 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// Replaces `path` with `bytes` so that a reader sees the old file or the new one, never a
 /// part: a temporary file in the same directory, renamed over the target. With `durable`, the
 /// data is fsynced before the rename and the directory after it, so that after a power loss
-/// the name points at the new content or the old, not at an empty file.
+/// the name points at the new content or the old, not at an empty file. The file gets the
+/// mode the process's umask gives a new file.
 pub(crate) fn atomic_write(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
+    write_replacing(path, bytes, durable, None)
+}
+
+/// [`atomic_write`] of a secret: the temporary file is created mode 0600 (`open` with that
+/// mode, then `fchmod` to exactly it) before its first byte, whatever the umask. Never by
+/// changing the umask: it is the process's, and parallel pushes write pinglists and host
+/// directories under it at the same time.
+pub(crate) fn atomic_write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, true, Some(0o600))
+}
+
+fn write_replacing(path: &Path, bytes: &[u8], durable: bool, mode: Option<u32>) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Unique per call: threads of one process write beside each other (parallel pushes).
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let tmp = dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let open = || std::fs::OpenOptions::new().write(true).create_new(true).mode(mode.unwrap_or(0o666)).open(&tmp);
+        let mut f = match open() {
+            // A crashed run of a process with our pid left it: it is ours to replace.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&tmp)?;
+                open()?
+            }
+            r => r?,
+        };
+        if let Some(mode) = mode {
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;

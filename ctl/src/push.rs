@@ -8,9 +8,10 @@
 //! filesystem the agents read).
 //!
 //! When the pinglist directory holds the fleet key file (`ctl keys rotate`), it goes first, to
-//! the same directory as the pinglist on the host, readable only by its owner and the group of
-//! that directory (the agent's group under the package's `/etc/rocemesh`): a pinglist never
-//! arrives without the keys its probes will be checked with.
+//! the same directory as the pinglist on the host, readable only by its owner and the agent's
+//! group, named explicitly (`--key-group`, the package's `rocemesh` by default; never the
+//! directory's, which may be anyone's): a pinglist never arrives without the keys its probes
+//! will be checked with. In directory mode it is written mode 0600, its owner's only.
 
 use rocemesh_formats::inventory::FileError;
 
@@ -68,16 +69,23 @@ pub fn push(
     from: &PinglistDir,
     hosts: &[String],
     dest: &Destination,
+    key_group: &str,
     parallel: usize,
     done: impl Fn(&HostResult) + Sync,
 ) -> Vec<HostResult> {
     // The key file is the fleet's, not a host's: read and validated once for every host. A
     // refused one fails every host, each with the reason.
     let keys = from.keys().map(|r| r.map(|(bytes, _)| bytes).map_err(|e| e.to_string()));
-    run_parallel(hosts, parallel, |host| push_one(from, keys.as_ref(), host, dest), done)
+    run_parallel(hosts, parallel, |host| push_one(from, keys.as_ref(), host, dest, key_group), done)
 }
 
-fn push_one(from: &PinglistDir, keys: Option<&Result<Vec<u8>, String>>, host: &str, dest: &Destination) -> HostResult {
+fn push_one(
+    from: &PinglistDir,
+    keys: Option<&Result<Vec<u8>, String>>,
+    host: &str,
+    dest: &Destination,
+    key_group: &str,
+) -> HostResult {
     let start = Instant::now();
     let result = |ok: bool, error: String, generation: Option<u64>| HostResult {
         host: host.to_owned(),
@@ -97,7 +105,7 @@ fn push_one(from: &PinglistDir, keys: Option<&Result<Vec<u8>, String>>, host: &s
             Ok(bytes) => bytes,
             Err(e) => return result(false, format!("local key file refused: {e}"), generation),
         };
-        if let Err(e) = push_keys(host, dest, bytes) {
+        if let Err(e) = push_keys(host, dest, bytes, key_group) {
             return result(false, format!("key file not installed (pinglist not pushed): {e}"), generation);
         }
     }
@@ -130,7 +138,7 @@ pub fn keys_path_beside(pinglist_path: &str) -> String {
     }
 }
 
-fn push_keys(host: &str, dest: &Destination, bytes: &[u8]) -> Result<(), String> {
+fn push_keys(host: &str, dest: &Destination, bytes: &[u8], key_group: &str) -> Result<(), String> {
     match dest {
         Destination::Dir(dir) => {
             let path = dir.join(host).join(rocemesh_formats::keys::FILE_NAME);
@@ -139,7 +147,7 @@ fn push_keys(host: &str, dest: &Destination, bytes: &[u8]) -> Result<(), String>
                 .map_err(|e| format!("{}: {e}", path.display()))
         }
         Destination::Ssh { ssh, remote_path } => {
-            let command = install_command(&keys_path_beside(&remote_path.for_host(host)), bytes.len(), true);
+            let command = install_command(&keys_path_beside(&remote_path.for_host(host)), bytes.len(), Some(key_group));
             match ssh.run(host, &command, Some(bytes)) {
                 Ok(out) if out.success() => Ok(()),
                 Ok(out) => Err(out.failure_summary(ssh.timeout)),
@@ -152,21 +160,24 @@ fn push_keys(host: &str, dest: &Destination, bytes: &[u8]) -> Result<(), String>
 /// The remote command that installs stdin at `path`, refusing anything but `len` bytes.
 /// Run by `sh` whatever the login shell is.
 pub fn push_command(path: &str, len: usize) -> String {
-    install_command(path, len, false)
+    install_command(path, len, None)
 }
 
-/// [`push_command`]; `secret`: the file is created mode 0640 with the group of its directory
-/// (the key file: the agent reads it through its group, nobody else can).
-fn install_command(path: &str, len: usize, secret: bool) -> String {
+/// [`push_command`]; with `secret_group`, the file is a secret: created mode 0600 (umask 077),
+/// given that group, then made 0640 (the key file: the agent reads it through its group,
+/// nobody else can).
+fn install_command(path: &str, len: usize, secret_group: Option<&str>) -> String {
     // A key file the agent's group cannot read would make the agent refuse every packet, so a
     // failed chgrp fails the push (with the file left as it was) instead of passing quietly.
-    let (umask, chgrp) = if secret {
-        (
-            "027",
-            r#"chgrp --reference="$d" -- "$t" || { echo "cannot give $f the group of $d, which the agent reads it through: push as root or as a member of that group" >&2; exit 1; }"#,
-        )
-    } else {
-        ("022", "")
+    let (umask, chgrp) = match secret_group {
+        Some(group) => (
+            "077",
+            format!(
+                r#"chgrp -- {g} "$t" && chmod 0640 -- "$t" || {{ echo "--key-group "{g}" not given to $f: name the group the agent reads it through (the package creates rocemesh), and push as root or as a member of it" >&2; exit 1; }}"#,
+                g = sh_quote(group)
+            ),
+        ),
+        None => ("022", String::new()),
     };
     let script = format!(
         r#"set -eu
@@ -336,7 +347,7 @@ mod tests {
         let from = PinglistDir::open(&gen_dir).unwrap();
         let shared = tmp.path().join("shared");
         let hosts = from.select(None).unwrap();
-        let results = push(&from, &hosts, &Destination::Dir(shared.clone()), 2, |_| {});
+        let results = push(&from, &hosts, &Destination::Dir(shared.clone()), "rocemesh", 2, |_| {});
         let ok: Vec<(&str, bool)> = results.iter().map(|r| (r.host.as_str(), r.ok)).collect();
         assert_eq!(ok, [("bad", false), ("h1", true), ("h2", true)]);
         assert!(results[0].error.contains("local pinglist refused"), "{}", results[0].error);
@@ -359,5 +370,46 @@ mod tests {
         std::fs::write(&file, "host\tresult\nh1\tmaybe\n").unwrap();
         let e = read_failed(&file).unwrap_err().to_string();
         assert!(e.contains(":2: result"), "{e}");
+    }
+
+    /// The process's umask, read without changing it.
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Umask:")).expect("Linux >= 4.7 shows the umask");
+        u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
+    }
+
+    /// Key files are written private with their own mode, never by flipping the process's
+    /// umask: 32 hosts pushed at once, five times over, each with the key file, must leave every
+    /// pinglist and host directory with the umask's modes and every key file 0600. (The umask
+    /// flipped to 077 by one thread's key write gave other threads' pinglists 0600 and host
+    /// directories 0700 at random.)
+    #[test]
+    fn parallel_directory_pushes_with_keys_leave_every_mode_as_it_should_be() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let gen_dir = tmp.path().join("gen");
+        let hosts: Vec<Pinglist> = (0..32).map(|i| pl(&format!("h{i:02}"))).collect();
+        let manifest = Manifest { generation: 9, generated_unix_ns: 1, seed: 0, hosts: 32, generations_to_cover: 1 };
+        write_pinglists(&gen_dir, &hosts, &manifest).unwrap();
+        crate::keys::rotate(&gen_dir, 1_764_000_000, 600).unwrap();
+        let from = PinglistDir::open(&gen_dir).unwrap();
+        let names = from.select(None).unwrap();
+        let mask = umask();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        for round in 0..5 {
+            let shared = tmp.path().join(format!("shared{round}"));
+            let results = push(&from, &names, &Destination::Dir(shared.clone()), "rocemesh", 32, |_| {});
+            assert!(results.iter().all(|r| r.ok), "{results:?}");
+            for h in &names {
+                let dir = shared.join(h);
+                assert_eq!(mode(&dir), 0o777 & !mask, "{}", dir.display());
+                assert_eq!(mode(&dir_path(&shared, h)), 0o666 & !mask, "{h}'s pinglist");
+                assert_eq!(mode(&dir.join(rocemesh_formats::keys::FILE_NAME)), 0o600, "{h}'s key file");
+                let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+                assert_eq!(left.len(), 2, "no temporary file left behind: {left:?}");
+            }
+        }
+        assert_eq!(mode(&crate::keys::path(&gen_dir)), 0o600, "the key file itself");
     }
 }

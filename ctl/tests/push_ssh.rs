@@ -203,11 +203,11 @@ fn push_status_and_diff_over_real_ssh() {
 }
 
 /// The fleet key file goes with the pinglists: beside each host's pinglist, readable only by its
-/// owner and the directory's group, never listed as a host; a key file others can read is
+/// owner and the group named by --key-group (never the directory's), never listed as a host; a key file others can read is
 /// refused on the bastion and nothing is pushed.
 #[test]
 fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let f = start_sshd();
     write_inventory(&f.path("inventory.toml"));
     generate(&f, "gen1", "1");
@@ -218,7 +218,12 @@ fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
     let remote = format!("{}/remote/{{host}}/etc/pinglist.toml", f.dir.path().display());
     let keys_of = |host: &str| PathBuf::from(remote.replace("{host}", host)).with_file_name("fleet-keys.toml");
     let ssh_option = f.ssh_option();
-    let push = || {
+    // The agent's group, named: here this user's own (the test cannot create `rocemesh`).
+    let id_gn = std::process::Command::new("id").arg("-gn").output().unwrap();
+    let group = String::from_utf8_lossy(&id_gn.stdout).trim().to_owned();
+    let id_g = std::process::Command::new("id").arg("-g").output().unwrap();
+    let gid: u32 = String::from_utf8_lossy(&id_g.stdout).trim().parse().unwrap();
+    let push_as = |group: &str| {
         ctl(&[
             "push-pinglist",
             "--from",
@@ -231,8 +236,18 @@ fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
             &ssh_option,
             "--results",
             f.path("results.tsv").to_str().unwrap(),
+            "--key-group",
+            group,
         ])
     };
+    let push = || push_as(&group);
+    // The target directories belong to another group where this user may set one (root): the
+    // key file must not take theirs.
+    for host in ["host0", "host1"] {
+        let etc = keys_of(host).parent().unwrap().to_owned();
+        std::fs::create_dir_all(&etc).unwrap();
+        let _ = std::os::unix::fs::chown(&etc, None, Some(65534));
+    }
     let out = push();
     let report = text(&out);
     assert_eq!(out.status.code(), Some(0), "{report}");
@@ -240,10 +255,22 @@ fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
     for host in ["host0", "host1"] {
         let path = keys_of(host);
         assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(&local_keys).unwrap(), "{host}");
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o640, "{host}: the key file is private to its owner and the directory's group");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640, "{host}: private to its owner and the agent's group");
+        assert_eq!(meta.gid(), gid, "{host}: the group named by --key-group, not the directory's");
         rocemesh_formats::keys::FleetKeys::load(&path).expect("the agent accepts it");
     }
+    // A group the host lacks fails the push with the fix, leaving the installed file as it was.
+    std::fs::remove_file(keys_of("host1")).unwrap();
+    let out = push_as("no-such-group-rocemesh-test");
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let results = std::fs::read_to_string(f.path("results.tsv")).unwrap();
+    assert!(results.contains("--key-group no-such-group-rocemesh-test not given"), "{report}\n{results}");
+    assert!(!keys_of("host1").exists(), "no key file half installed");
+    assert!(keys_of("host0").exists());
+    let out = push();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // A key file others can read is refused before anything leaves the bastion.
     std::fs::set_permissions(&local_keys, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::remove_file(keys_of("host0")).unwrap();

@@ -163,8 +163,7 @@ impl FleetKeys {
     /// copies to the hosts, read once with the keys it holds).
     pub fn read(path: impl AsRef<Path>) -> Result<(String, FleetKeys), FileError> {
         let path = path.as_ref();
-        check_private(path)?;
-        let text = tomlfile::read_text(path)?;
+        let text = read_private(path)?;
         let keys = Self::parse(&text, path)?;
         Ok((text, keys))
     }
@@ -279,17 +278,31 @@ impl Default for FleetKeys {
     }
 }
 
-/// Refuses a key file that others may read or write, or its group write: a secret readable by
-/// every user of a training node would let any of them forge probes. Group read is allowed so
-/// that a root-owned file can be read by the agent's group (`/etc/rocemesh` is root:rocemesh).
-fn check_private(path: &Path) -> Result<(), FileError> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        // Reading names the problem (missing file, no permission).
-        Err(_) => return Ok(()),
-    };
-    let mode = meta.permissions().mode() & 0o777;
+/// The text of the key file at `path`, refusing one that others may read or write, its group
+/// write, or a user other than this process's or root own: a secret readable by every user of
+/// a training node would let any of them forge probes, and its owner can rewrite the fleet's
+/// keys. Group read is allowed so that a root-owned file can be read by the agent's group
+/// (`/etc/rocemesh` is root:rocemesh). Owner and mode are those of the file opened and read
+/// (`fstat` on its descriptor), so a file swapped between the check and the read is not read.
+fn read_private(path: &Path) -> Result<String, FileError> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut file = std::fs::File::open(path).map_err(|e| tomlfile::read_error(path, &e))?;
+    let meta = file.metadata().map_err(|e| tomlfile::read_error(path, &e))?;
+    check_private(path, meta.mode(), meta.uid(), geteuid())?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(|e| tomlfile::read_error(path, &e))?;
+    Ok(text)
+}
+
+fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The checks of [`read_private`] on a file of `mode` owned by `uid`, read by `euid`.
+fn check_private(path: &Path, mode: u32, uid: u32, euid: u32) -> Result<(), FileError> {
+    let mode = mode & 0o777;
     if mode & 0o027 != 0 {
         return Err(FileError::new(
             path,
@@ -297,6 +310,17 @@ fn check_private(path: &Path) -> Result<(), FileError> {
             "",
             format!("the key file is mode {mode:04o}: other users can read or change the fleet's secret"),
             format!("chmod 600 {} (owned by the agent's user), or 640 with the agent's group", path.display()),
+        ));
+    }
+    if uid != euid && uid != 0 {
+        return Err(FileError::new(
+            path,
+            None,
+            "",
+            format!(
+                "the key file is owned by uid {uid}, neither this process's user ({euid}) nor root: that user can rewrite the fleet's keys"
+            ),
+            format!("chown root {} (or to the user the agent runs as)", path.display()),
         ));
     }
     Ok(())
@@ -383,6 +407,35 @@ mod tests {
         assert!(FleetKeys::load(&path).is_err(), "group-writable");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
         assert_eq!(FleetKeys::load(&path).expect("group-readable"), keys);
+    }
+
+    /// A 0600 file owned by another user (who could rewrite the fleet's keys) is refused with
+    /// the chown that fixes it; root's and this user's own are taken.
+    #[test]
+    fn a_key_file_owned_by_another_user_is_refused_with_the_chown_that_fixes_it() {
+        let p = Path::new("/etc/rocemesh/fleet-keys.toml");
+        let e = check_private(p, 0o100600, 1001, 1000).expect_err("another user's");
+        assert!(e.problem.contains("owned by uid 1001") && e.fix.starts_with("chown root"), "{e}");
+        assert!(check_private(p, 0o100600, 1000, 1000).is_ok(), "its own user's");
+        assert!(check_private(p, 0o100640, 0, 1000).is_ok(), "root's, group-readable");
+        assert!(check_private(p, 0o100600, 0, 0).is_ok());
+    }
+
+    /// The same on a real file, checked on the descriptor that is read (chown needs root).
+    #[test]
+    #[ignore = "needs root: chowns a file to another user"]
+    fn loading_a_key_file_owned_by_another_user_fails() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FILE_NAME);
+        let mut keys = FleetKeys::new();
+        keys.rotate(1, 0, A).expect("key");
+        std::fs::write(&path, keys.to_toml_string().expect("toml")).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(FleetKeys::load(&path).expect("root's own"), keys);
+        std::os::unix::fs::chown(&path, Some(65534), None).expect("chown to nobody");
+        let e = FleetKeys::load(&path).expect_err("nobody's");
+        assert!(e.problem.contains("owned by uid 65534"), "{e}");
     }
 
     #[test]

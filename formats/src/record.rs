@@ -61,6 +61,11 @@ pub enum Outcome {
     /// gone, a local table is full, or the target is still being resolved at start-up. Counted
     /// per reason by the agent; never network loss, never a latency sample.
     LocalDrop = 4,
+    /// The target is alive but keyed otherwise: it refused the probe for its authentication
+    /// alone (a REFUSAL came back), or answered with packets this agent refused for theirs (a
+    /// key roll-out that missed one of the two hosts). Classed [`Class::Refused`]: never
+    /// network loss, never evidence; the agents count it by reason.
+    AuthRefused = 5,
 }
 
 impl Outcome {
@@ -72,6 +77,7 @@ impl Outcome {
             2 => Some(Self::Invalid),
             3 => Some(Self::Refused),
             4 => Some(Self::LocalDrop),
+            5 => Some(Self::AuthRefused),
             _ => None,
         }
     }
@@ -441,7 +447,7 @@ impl ArchivedProbeColumns {
 
 /// The description the schema hash is computed from. Any change to a record, a column or the
 /// dictionary entry must change this string (and, if old files must stay readable, the reader).
-pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4,auth_refused=5};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
@@ -453,10 +459,11 @@ rkyv0.8/le/align/pw32";
 pub const SCHEMA_HASH: u64 = fnv1a64(SCHEMA.as_bytes());
 
 /// Schemas this build reads besides its own. Their probe and path layouts are this one's; their
-/// dictionary frames are [`EndpointV1`] (frame kind 1), which the reader converts. The schema
+/// dictionary frames are [`EndpointV1`] (frame kind 1), which the reader converts, but for the
+/// last one's (this schema before `auth_refused`), which never wrote outcome 5. The schema
 /// before `local_drop` simply never wrote outcome 4. Segments that agents of earlier releases
 /// wrote stay readable.
-pub const READABLE_SCHEMA_HASHES: [u64; 3] = [
+pub const READABLE_SCHEMA_HASHES: [u64; 4] = [
     SCHEMA_HASH,
     fnv1a64(
         b"outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
@@ -471,6 +478,15 @@ prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
 endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32",
+    ),
+    fnv1a64(
+        b"outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
+responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
+path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
+endpoint{id:u32,role:u8{rnic=0,switch=1,service=2},name:str,tor:str,addr:[u8;16],\
+service:opt<service_conn{pid:u32,local_qpn:u32,remote_qpn:u32,flow_label:u32,traffic_class:u8,comm:str,remote:str}>};\
+rkyv0.8/le/align/pw32",
     ),
 ];
 
@@ -500,7 +516,7 @@ pub enum Class {
     Partial = 2,
     /// Timestamps implausible.
     Invalid = 3,
-    /// The peer's host refused (agent down).
+    /// The peer's host refused (agent down), or the peer refused for authentication alone.
     Refused = 4,
     /// Never left the prober's host, for a reason of its own.
     LocalDrop = 5,
@@ -521,12 +537,13 @@ impl Class {
         const INVALID: u8 = Outcome::Invalid as u8;
         const REFUSED: u8 = Outcome::Refused as u8;
         const LOCAL_DROP: u8 = Outcome::LocalDrop as u8;
+        const AUTH_REFUSED: u8 = Outcome::AuthRefused as u8;
         match outcome {
             OK => Class::Ok,
             LOST if arrived & Arrived::ACK1 != 0 => Class::Partial,
             LOST => Class::Lost,
             INVALID => Class::Invalid,
-            REFUSED => Class::Refused,
+            REFUSED | AUTH_REFUSED => Class::Refused,
             LOCAL_DROP => Class::LocalDrop,
             _ => Class::Unknown,
         }
@@ -610,7 +627,9 @@ mod tests {
         assert_eq!(Outcome::from_u8(2), Some(Outcome::Invalid));
         assert_eq!(Outcome::from_u8(3), Some(Outcome::Refused));
         assert_eq!(Outcome::from_u8(4), Some(Outcome::LocalDrop));
-        assert_eq!(Outcome::from_u8(5), None);
+        assert_eq!(Outcome::from_u8(5), Some(Outcome::AuthRefused));
+        assert_eq!(Outcome::from_u8(6), None);
+        assert_eq!(Class::of(5, 0), Class::Refused, "refused by authentication is neither loss nor evidence");
         assert_eq!(TsSource::from_u8(3), Some(TsSource::KernelHardware));
         assert_eq!(TsSource::from_u8(9), None);
         assert!(Arrived(Arrived::PROBE_SENT | Arrived::ACK1).has(Arrived::ACK1));
@@ -624,7 +643,9 @@ mod tests {
         // The hashes pinned by segments of earlier releases: before service endpoints (8bf8c11),
         // and before local_drop as well (f9b751e).
         let v1_endpoint = "endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
+        assert_eq!(fnv1a64(SCHEMA.replace(",auth_refused=5}", "}").as_bytes()), READABLE_SCHEMA_HASHES[3]);
         let (head, _) = SCHEMA.split_once("endpoint{").expect("endpoint in the schema");
+        let head = head.replace(",auth_refused=5}", "}");
         let before_services = format!("{head}{v1_endpoint}");
         assert_eq!(fnv1a64(before_services.as_bytes()), READABLE_SCHEMA_HASHES[1]);
         let before_local_drop = before_services.replace(",local_drop=4}", "}");

@@ -35,6 +35,18 @@ pub fn civil_utc(unix_s: i64) -> CivilUtc {
     CivilUtc { year, month, day, hour: secs / 3_600, minute: secs % 3_600 / 60, second: secs % 60 }
 }
 
+/// Days since the Unix epoch of the UTC date `year-month-day` (month 1-12, day 1-31): the
+/// inverse of [`civil_utc`]'s date (Howard Hinnant's days_from_civil).
+pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let (m, d) = (i64::from(month), i64::from(day));
+    let y = if m <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +58,14 @@ mod tests {
         assert_eq!(civil_utc(1_700_000_000), c(2023, 11, 14, 22, 13, 20));
         assert_eq!(civil_utc(951_782_400), c(2000, 2, 29, 0, 0, 0));
         assert_eq!(civil_utc(-1), c(1969, 12, 31, 23, 59, 59));
+    }
+
+    #[test]
+    fn days_from_civil_inverts_civil_utc() {
+        for days in (-800_000..800_000).step_by(997) {
+            let c = civil_utc(days * 86_400);
+            assert_eq!(days_from_civil(c.year, c.month as u32, c.day as u32), days, "{c:?}");
+        }
+        assert_eq!(days_from_civil(2023, 11, 14), 1_700_000_000 / 86_400);
     }
 }

@@ -67,15 +67,18 @@ impl FileError {
 
 /// Reads `path` as UTF-8 text.
 pub(crate) fn read_text(path: &Path) -> Result<String, FileError> {
-    std::fs::read_to_string(path).map_err(|e| {
-        let fix = match e.kind() {
-            std::io::ErrorKind::NotFound => "check the path; the file must exist and be readable by this user",
-            std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
-            std::io::ErrorKind::InvalidData => "the file must be UTF-8 text",
-            _ => "check that the file exists and is readable by this user",
-        };
-        FileError::whole_file(path, format!("cannot read the file: {e}"), fix)
-    })
+    std::fs::read_to_string(path).map_err(|e| read_error(path, &e))
+}
+
+/// The error of failing to open or read `path` as UTF-8 text, with its fix.
+pub(crate) fn read_error(path: &Path, e: &std::io::Error) -> FileError {
+    let fix = match e.kind() {
+        std::io::ErrorKind::NotFound => "check the path; the file must exist and be readable by this user",
+        std::io::ErrorKind::PermissionDenied => "make the file readable by this user",
+        std::io::ErrorKind::InvalidData => "the file must be UTF-8 text",
+        _ => "check that the file exists and is readable by this user",
+    };
+    FileError::whole_file(path, format!("cannot read the file: {e}"), fix)
 }
 
 /// 1-based line number of `byte_offset` in `text`; offsets past the end count as the last

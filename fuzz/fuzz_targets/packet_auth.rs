@@ -7,12 +7,14 @@ use std::sync::Mutex;
 
 use libfuzzer_sys::fuzz_target;
 use rocemesh_agent::auth::{Auth, AuthParams};
-use rocemesh_agent::protocol::{MacKey, PACKET_BYTES, Packet};
+use rocemesh_agent::protocol::{Binding, MacKey, PACKET_BYTES, Packet};
 use rocemesh_formats::keys::{FleetKey, FleetKeys};
 
 const SECRET: [u8; 32] = [0x42; 32];
 /// The clock the admitter runs at; inputs carry their own sealed time.
 const NOW_NS: u64 = 1_800_000_000_000_000_000;
+/// The end every input is received at.
+const ME: Binding = Binding([9; 16]);
 
 static AUTH: Mutex<Option<Auth>> = Mutex::new(None);
 
@@ -32,15 +34,15 @@ fuzz_target!(|data: &[u8]| {
         bytes.truncate(PACKET_BYTES);
         if let Ok((p, Some(seal))) = Packet::parse(&bytes) {
             let mut b = [0u8; PACKET_BYTES];
-            p.seal(&mut b, &MacKey::new(7, SECRET), seal.sent_unix_ns);
+            p.seal(&mut b, &MacKey::new(7, SECRET), seal.sent_unix_ns, &ME);
             bytes = b.to_vec();
         }
     }
     let Ok((_, seal)) = Packet::parse(&bytes) else { return };
-    let admitted = auth.admit(&bytes, seal, NOW_NS).is_ok();
+    let admitted = auth.admit(&bytes, seal, NOW_NS, &ME).is_ok();
     if admitted && let Some(s) = seal {
         let b: &[u8; PACKET_BYTES] = bytes.as_slice().try_into().expect("a parsed packet is 64 bytes");
-        assert!(MacKey::new(s.key_id, SECRET).verify(b), "admitted without a valid MAC");
-        assert!(auth.admit(&bytes, seal, NOW_NS).is_err(), "the same packet admitted twice");
+        assert!(MacKey::new(s.key_id, SECRET).verify(b, &ME), "admitted without a valid MAC");
+        assert!(auth.admit(&bytes, seal, NOW_NS, &ME).is_err(), "the same packet admitted twice");
     }
 });

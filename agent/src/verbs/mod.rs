@@ -30,7 +30,7 @@
 
 use std::io;
 use std::mem::zeroed;
-use std::net::{IpAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::ptr::null_mut;
 
@@ -41,7 +41,7 @@ use rocemesh_formats::record::TsSource;
 use crate::clock::now_ns;
 use crate::errlog::ErrorLog;
 use crate::pathtrace::WireTuple;
-use crate::protocol::PACKET_BYTES;
+use crate::protocol::{Binding, PACKET_BYTES};
 use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
 mod clock;
@@ -964,6 +964,14 @@ impl Transport for VerbsTransport {
         })
     }
 
+    fn binding_to(&self, to: &VerbsAddr, probe: bool) -> Binding {
+        binding_to(to, probe)
+    }
+
+    fn binding_at(&self, _at: u8, probe: bool) -> Binding {
+        binding_at(self.cfg.bind, self.qpn().unwrap_or(0), probe)
+    }
+
     fn answers_from(&self, probed: &VerbsAddr, from: &VerbsAddr) -> bool {
         probed.gid == from.gid && (probed.qpn == 0 || probed.qpn == from.qpn)
     }
@@ -1017,6 +1025,20 @@ impl Transport for VerbsTransport {
     }
 }
 
+/// The end a sealed packet to `to` binds: a probe goes to a target's GID and RDMA CM service
+/// port, an answer to the prober's GID and QPN (what the completion names; `port` is 0 there).
+fn binding_to(to: &VerbsAddr, probe: bool) -> Binding {
+    if probe { Binding::new(to.gid, u32::from(to.port), 1) } else { Binding::new(to.gid, to.qpn, 2) }
+}
+
+/// The end a sealed packet received by the shard bound to `bind`, with UD QP `qpn`, binds: as
+/// its peers name it ([`binding_to`]): the GID of `bind`'s address, and its service port for
+/// a probe or its QPN for an answer.
+fn binding_at(bind: SocketAddr, qpn: u32, probe: bool) -> Binding {
+    let gid = gid_bytes(bind.ip());
+    if probe { Binding::new(gid, u32::from(bind.port()), 1) } else { Binding::new(gid, qpn, 2) }
+}
+
 /// Targets of a verbs shard: the pinglist's address as a GID; its QPN if the pinglist gives one,
 /// else resolved at run time on the target's port (or the shard's own).
 #[derive(Debug, Clone, Copy)]
@@ -1040,6 +1062,23 @@ impl crate::shard::Resolve<VerbsAddr> for VerbsResolver {
 mod tests {
     use super::*;
     use std::net::Ipv6Addr;
+
+    /// What a prober seals a probe for (the target as its pinglist names it) is what the
+    /// target checks it against, and what the target seals an answer for (the completion's
+    /// GID and QPN) is what the prober checks; another port, QPN or address is not.
+    #[test]
+    fn both_ends_agree_on_the_binding_of_probes_and_answers() {
+        let (prober, target): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:18515".parse().expect("addr"), "10.0.1.7:18515".parse().expect("addr"));
+        let pinglist_target = VerbsAddr { gid: gid_bytes(target.ip()), qpn: 0, port: target.port() };
+        assert_eq!(binding_to(&pinglist_target, true), binding_at(target, 4711, true));
+        let completion_sender = VerbsAddr { gid: gid_bytes(prober.ip()), qpn: 99, port: 0 };
+        assert_eq!(binding_to(&completion_sender, false), binding_at(prober, 99, false));
+        assert_ne!(binding_to(&completion_sender, false), binding_at(prober, 98, false), "another QPN");
+        assert_ne!(binding_to(&pinglist_target, true), binding_at(prober, 4711, true), "another address");
+        let other_port = VerbsAddr { port: 18516, ..pinglist_target };
+        assert_ne!(binding_to(&other_port, true), binding_at(target, 4711, true), "another service port");
+    }
     use std::path::Path;
 
     fn fake_sysfs(state: &str) -> tempfile::TempDir {
