@@ -161,10 +161,11 @@ pub struct WatchArgs {
     /// Window length, seconds (fixed for a state file).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
     pub window_s: u64,
-    /// Data time, seconds, the fleet's newest record must be past a window's end before the
-    /// window is emitted; also how long a writer may fall behind before it stops holding windows
-    /// back. Files arriving later than this are late (said, not reported). Default: two of an
-    /// agent's 10-minute segments.
+    /// Data time, seconds, the fleet's time (the newest record more than a quarter of the live
+    /// hosts have written) must be past a window's end before the window is emitted; also how
+    /// long (by this machine's clock) a host may deliver nothing before it stops voting. Files
+    /// arriving later than this are late (said, not reported). Default: two of an agent's
+    /// 10-minute segments.
     #[arg(long, default_value_t = 1200)]
     pub grace_s: u64,
     /// Seconds between passes over the directory.
@@ -438,12 +439,14 @@ pub fn watch(args: &WatchArgs) -> i32 {
                 said += p.said;
                 if p.new_files + p.windows > 0 {
                     eprintln!(
-                        "analyze watch: {} new files, {} windows ({} rows, {} findings) emitted, complete to {}",
+                        "analyze watch: {} new files, {} windows ({} rows, {} findings) emitted, complete to {}; {} of {} files listed kept",
                         p.new_files,
                         p.windows,
                         p.rows,
                         p.findings,
-                        inspect::utc(watch.emitted_to_ns())
+                        inspect::utc(watch.emitted_to_ns()),
+                        p.files_kept,
+                        p.files_listed
                     );
                 }
             }

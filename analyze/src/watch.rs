@@ -6,19 +6,36 @@
 //! - Input: sealed segments (`*.rseg.zst`) only. An open segment is still being written, and
 //!   `ctl collect` renames a file into place only once whole, so a listed sealed file never
 //!   changes.
-//! - A window `[s, e)` is complete, and its rows are emitted, when both hold:
-//!   - every live writer (RNIC) has written past it: the newest T1 of its files is at least
-//!     `e`. A writer is live while its newest T1 is within the grace of the fleet's newest;
-//!     a dead agent does not hold the report back for longer than that.
-//!   - the fleet's newest T1 is at least `e + grace`. A writer's older file arriving after its
-//!     newer one (a collection that failed once and was retried) is still in time then.
+//! - A window `[s, e)` is complete, and its rows are emitted, once the fleet's time is at least
+//!   `e + grace`. The fleet's time is the newest T1 that more than a quarter of the live hosts
+//!   have written ([`fleet_time`]; a host's files share its clock, so hosts vote, not RNICs): a
+//!   host with its clock hours ahead (booted before chrony stepped it) or one forged record
+//!   years ahead cannot drag the fleet's time with it, while three quarters of the hosts may
+//!   go silent (a pod down for maintenance) without holding the report back. A host is live
+//!   while it delivered a file within the grace of the analyzer's own clock, so a dead one
+//!   stops counting. A host whose newest record is more than the grace ahead of the fleet's
+//!   time, or a minute ahead of the analyzer's clock, is an outlier: said once (an `outlier`
+//!   line), left out of the vote; its records are reported when the fleet reaches their windows.
+//!   A writer's older file arriving after its newer one (a collection that failed once and was
+//!   retried) is still in time while it is within the grace.
 //! - Windows are emitted in time order, each exactly once: the state keeps the end of the
-//!   emitted windows and every file seen. A new file with records before that end is late: its
-//!   late records are counted and said (a `late` line), never reported.
+//!   emitted windows and the files it may still need. A new file with records before that end
+//!   is late: its late records are counted and said (a `late` line), never reported. A host
+//!   whose newest record is late too is behind (its clock, or its collection): an `outlier`
+//!   line says so once.
+//! - Bounded state and listing: a file whose records all lie more than the grace before what
+//!   was emitted (rows and findings) is forgotten, and each host keeps only its newest time, so
+//!   the state holds the files of about two graces whatever the collection's age. A pass lists
+//!   the collection but skips `ctl collect`'s date directories that end more than a day before
+//!   that horizon (a segment spans less than a day: the agent's `segment_max_age_s`). A listed
+//!   file the state does not hold, whose name dates it before the horizon, is one forgotten
+//!   unless it was renamed into place since the previous pass began (its ctime), which makes it
+//!   a late arrival, said as such.
 //! - A file damaged when first seen is said then (a `problem` line) and left out. A file that
 //!   was whole then and cannot be read again when its windows are emitted (a retention sweep
 //!   removed it) is said once, at that pass; the state marks it so that the passes emitting its
 //!   later windows neither read it nor say it again.
+//! - Rows are written a range at a time (`--range-records`), never a whole pass's at once.
 //! - Crash safety: the output file is flushed and synced before the state that counts its bytes
 //!   is renamed into place. At start, output beyond the state's count (lines of windows whose
 //!   state was never saved) is cut off, so those windows are emitted again, once.
@@ -42,7 +59,6 @@ use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader};
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::{self, Fields, FileProblem};
-use crate::inspect::find_segments;
 use crate::localize::{self, Blamed};
 use crate::report::{self, ReportError, Row, Scope, Sla, Span};
 
@@ -116,6 +132,26 @@ fn io<'p>(path: &'p Path, what: &'static str) -> impl FnOnce(std::io::Error) -> 
 /// Bump when the state's meaning changes; an older state is refused with the fix.
 const STATE_VERSION: u32 = 1;
 
+/// A host's records more than this ahead of the analyzer's clock are from the future: records
+/// reach the analyzer only after they were written, and clocks under chrony or PTP agree to
+/// milliseconds, so a minute leaves room for an analyzer whose own clock is that far off.
+const CLOCK_AHEAD_MAX_NS: u64 = 60_000_000_000;
+
+/// The fleet's time is the newest T1 that more than `1 / QUORUM_DIVISOR` of the live hosts have
+/// written: a quarter. Clocks run ahead one host at a time (a boot before chrony steps the
+/// clock, a forged record), while hosts go silent by racks and pods (maintenance, a collection
+/// that fails for a pod), so the vote tolerates up to a quarter ahead and three quarters silent.
+const QUORUM_DIVISOR: usize = 4;
+
+/// Slack between the analyzer's clock and file ctimes when telling a file renamed in since the
+/// previous pass began listing from one an earlier pass found and forgot: a ctime is read off
+/// the kernel's coarse clock, which lags the fine one by at most a tick (10 ms at HZ=100).
+const CTIME_SLACK_NS: u64 = 20_000_000;
+
+/// A segment spans at most this (the agent's `segment_max_age_s` is at most a day), so a date
+/// directory that ended more than this before the horizon holds nothing the watch still needs.
+const SEGMENT_SPAN_MAX_NS: u64 = 86_400_000_000_000;
+
 #[derive(Serialize, Deserialize, Debug, Default)]
 struct State {
     version: u32,
@@ -128,8 +164,18 @@ struct State {
     /// watches localised has none: its findings begin where its rows stood.
     #[serde(default)]
     findings_to_ns: Option<u64>,
-    /// Every sealed file seen, by path.
+    /// Files whose records all lie before this are forgotten (module documentation).
+    #[serde(default)]
+    forget_before_ns: u64,
+    /// The analyzer's clock when the previous pass began listing, less [`CTIME_SLACK_NS`]: a
+    /// file renamed into place after this is new to the watch (`None`: no such pass yet).
+    #[serde(default)]
+    new_after_ns: Option<u64>,
+    /// Every sealed file the watch may still need, by path.
     files: BTreeMap<PathBuf, Seen>,
+    /// Every host with a file in the last two graces, by name.
+    #[serde(default)]
+    hosts: BTreeMap<String, HostSeen>,
 }
 
 /// What the state keeps of one file.
@@ -140,6 +186,10 @@ struct Seen {
     first_ns: u64,
     last_ns: u64,
     records: u64,
+    /// The analyzer's clock when the listing that found it ended (0: a state that did not keep
+    /// it); a file is forgotten only once the pass that found it is over (module docs).
+    #[serde(default)]
+    seen_at_ns: u64,
     /// Why the file could not be read at all (it is then left out, as `report` leaves it out).
     unreadable: Option<String>,
     /// Why the file, readable when first seen, could not be read again when its windows were
@@ -154,10 +204,26 @@ struct Seen {
     said: BTreeSet<String>,
 }
 
+/// What the state keeps of one host: its files' newest T1 and when one last arrived.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct HostSeen {
+    newest_ns: u64,
+    /// The analyzer's clock when a new file of it was last found.
+    seen_at_ns: u64,
+    /// `ahead` or `behind` while it is said to be an outlier (said once, until back in line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outlier: Option<String>,
+}
+
 /// A problem's text without its digits: what the same problem of a file says again whatever
 /// part of it was read (a count of records naming undefined ids grows with the ranges read).
 fn problem_shape(problem: &str) -> String {
     problem.chars().filter(|c| !c.is_ascii_digit()).collect()
+}
+
+/// The host of a writer (`host/device`).
+fn host_of(writer: &str) -> &str {
+    writer.split_once('/').map_or(writer, |(h, _)| h)
 }
 
 /// A line of the output (JSON lines, tagged by `type`).
@@ -170,8 +236,21 @@ enum Line<'a> {
     Problem { file: &'a Path, problem: &'a str },
     /// A file arrived with records in windows already emitted; they are not reported.
     Late { file: &'a Path, records: u64, windows_start_ns: &'a [u64] },
-    /// Windows up to `emitted_to_ns` are complete and emitted.
-    Emitted { emitted_to_ns: u64, windows: u64, rows: u64, records: u64, files_read: u64 },
+    /// A host whose records lie far from the fleet's (its clock, or its collection): `ahead`
+    /// ones do not move the fleet's time, `behind` ones arrive after their windows were emitted.
+    Outlier { host: &'a str, direction: &'a str, newest_ns: u64, reference_ns: u64, by_ns: u64, why: &'a str },
+    /// Windows up to `emitted_to_ns` are complete and emitted; `fleet_ns` is the fleet's time
+    /// that decided it, voted by `hosts_voting` of `hosts_known` hosts.
+    Emitted {
+        emitted_to_ns: u64,
+        windows: u64,
+        rows: u64,
+        records: u64,
+        files_read: u64,
+        fleet_ns: u64,
+        hosts_voting: u64,
+        hosts_known: u64,
+    },
     /// An entity localisation blamed in one window, with its evidence.
     Finding(&'a Blamed),
     /// Every window before `findings_to_ns` has had its findings emitted; `records` were read
@@ -184,14 +263,60 @@ enum Line<'a> {
 pub struct Pass {
     /// Files seen for the first time.
     pub new_files: u64,
+    /// Sealed files the listing found (the skipped date directories' not counted).
+    pub files_listed: u64,
+    /// Files the state holds after the pass.
+    pub files_kept: u64,
     /// Windows emitted.
     pub windows: u64,
     /// Rows emitted.
     pub rows: u64,
     /// Findings (entity, window) emitted.
     pub findings: u64,
-    /// Problems and late files said.
+    /// Problems, late files and outliers said.
     pub said: u64,
+}
+
+/// The fleet's time ([`fleet_time`]) and how it was voted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Vote {
+    fleet_ns: u64,
+    voting: u64,
+}
+
+/// The fleet's time among `newest` (each live host's newest T1, outliers ahead of the analyzer's
+/// clock already left out): the `n / QUORUM_DIVISOR + 1`-th newest, which more than a quarter
+/// of them have reached. `None` without a host.
+fn fleet_time(newest: &mut [u64]) -> Option<Vote> {
+    if newest.is_empty() {
+        return None;
+    }
+    newest.sort_unstable_by(|a, b| b.cmp(a));
+    let k = newest.len() / QUORUM_DIVISOR;
+    Some(Vote { fleet_ns: newest[k], voting: newest.len() as u64 })
+}
+
+/// The time a `ctl collect` date directory's name (`YYYY-MM-DD`) ends, Unix ns.
+fn date_dir_end_ns(name: &str) -> Option<u64> {
+    let b = name.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| name.get(r)?.parse::<i64>().ok();
+    let days = rocemesh_formats::time::days_from_civil(num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
+    u64::try_from(days + 1).ok().map(|d| d * 86_400_000_000_000)
+}
+
+/// The first record's time a segment's name carries (its leading Unix milliseconds), ns.
+fn name_time_ns(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let ms = name.split('-').next()?;
+    (ms.len() == 13 && ms.bytes().all(|b| b.is_ascii_digit())).then(|| ms.parse::<u64>().ok())?.map(|ms| ms * 1_000_000)
+}
+
+/// The analyzer's clock, Unix ns.
+fn wall_now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A watch over one directory: its state and output, open.
@@ -201,6 +326,8 @@ pub struct Watch<'a> {
     inventory: Option<&'a Inventory>,
     state: State,
     output: Option<(std::fs::File, PathBuf)>,
+    /// The state as last saved: a pass that changed nothing rewrites nothing.
+    saved: Vec<u8>,
 }
 
 impl<'a> Watch<'a> {
@@ -210,38 +337,9 @@ impl<'a> Watch<'a> {
         let state = load_state(cfg)?;
         let output = match &cfg.output {
             None => None,
-            Some(p) => {
-                let mut f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(p)
-                    .map_err(io(p, "open the output"))?;
-                let len = f.metadata().map_err(io(p, "stat the output"))?.len();
-                if len < state.output_bytes {
-                    return Err(WatchError::State {
-                        path: cfg.state.clone(),
-                        reason: format!(
-                            "it counts {} bytes of {}, which holds {len}: the output was truncated or replaced; move the state file away to start over (every window is then emitted again)",
-                            state.output_bytes,
-                            p.display()
-                        ),
-                    });
-                }
-                if len > state.output_bytes {
-                    eprintln!(
-                        "analyze watch: {}: cutting {} bytes written after the last saved state (their windows are emitted again)",
-                        p.display(),
-                        len - state.output_bytes
-                    );
-                    f.set_len(state.output_bytes).map_err(io(p, "truncate the output"))?;
-                }
-                f.seek(std::io::SeekFrom::Start(state.output_bytes)).map_err(io(p, "seek the output"))?;
-                Some((f, p.clone()))
-            }
+            Some(p) => Some((open_output(cfg, &state, p)?, p.clone())),
         };
-        Ok(Watch { cfg, inventory, state, output })
+        Ok(Watch { cfg, inventory, state, output, saved: Vec::new() })
     }
 
     /// End of the emitted windows, Unix ns (0: none yet).
@@ -249,70 +347,100 @@ impl<'a> Watch<'a> {
         self.state.emitted_to_ns
     }
 
-    /// One pass: take in new files, emit the windows now complete, save the state.
+    /// One pass: take in new files, emit the windows now complete, forget what is no longer
+    /// needed, save the state.
     pub fn pass(&mut self) -> Result<Pass, WatchError> {
         let mut pass = Pass::default();
         let mut lines: Vec<String> = Vec::new();
+        let listed_from_ns = wall_now_ns();
         self.take_new_files(&mut pass, &mut lines)?;
         self.emit_complete(&mut pass, &mut lines)?;
         self.emit_findings(&mut pass, &mut lines)?;
         if !lines.is_empty() {
             self.write(&lines)?;
         }
-        save_state(&self.cfg.state, &self.state)?;
+        self.forget(listed_from_ns);
+        pass.files_kept = self.state.files.len() as u64;
+        let text = serde_json::to_vec(&self.state)
+            .map_err(|e| WatchError::State { path: self.cfg.state.clone(), reason: e.to_string() })?;
+        if text != self.saved {
+            save_state(&self.cfg.state, &text)?;
+            self.saved = text;
+        }
         Ok(pass)
     }
 
-    fn take_new_files(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
-        let dir = &self.cfg.dir;
-        let found = find_segments(std::slice::from_ref(dir)).map_err(io(dir, "list the collection directory"))?;
-        for path in found.into_iter().filter(|p| p.to_string_lossy().ends_with(SEALED_SUFFIX)) {
-            if self.state.files.contains_key(&path) {
-                continue;
+    /// The sealed files of the collection the state does not hold and has not forgotten.
+    fn list_new(&self, pass: &mut Pass) -> Result<Vec<PathBuf>, WatchError> {
+        let horizon = self.state.forget_before_ns;
+        let mut found = Vec::new();
+        let mut dirs = vec![self.cfg.dir.clone()];
+        while let Some(dir) = dirs.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                // A retention sweep removed it since its parent was listed: nothing to take in.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir != self.cfg.dir => continue,
+                r => r.map_err(io(&dir, "list the collection directory"))?,
+            };
+            for e in entries {
+                let e = e.map_err(io(&dir, "list the collection directory"))?;
+                let is_dir = e.file_type().map_err(io(&dir, "list the collection directory"))?.is_dir();
+                let (path, name) = (e.path(), e.file_name());
+                let name = name.to_string_lossy();
+                if is_dir {
+                    let old =
+                        date_dir_end_ns(&name).is_some_and(|end| end.saturating_add(SEGMENT_SPAN_MAX_NS) < horizon);
+                    if !old {
+                        dirs.push(path);
+                    }
+                    continue;
+                }
+                if !name.ends_with(SEALED_SUFFIX) {
+                    continue;
+                }
+                pass.files_listed += 1;
+                if self.state.files.contains_key(&path) || self.forgotten(&path) {
+                    continue;
+                }
+                found.push(path);
             }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Whether `path`, which the state does not hold, is a file it forgot: its name dates it
+    /// before the horizon and it was in place when the previous pass began listing.
+    fn forgotten(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some(new_after) = self.state.new_after_ns else { return false };
+        if name_time_ns(path).is_none_or(|t| t >= self.state.forget_before_ns) {
+            return false;
+        }
+        std::fs::metadata(path).is_ok_and(|m| {
+            let ctime_ns = (m.ctime().max(0) as u64).saturating_mul(1_000_000_000) + m.ctime_nsec().max(0) as u64;
+            ctime_ns < new_after
+        })
+    }
+
+    fn take_new_files(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
+        let found = self.list_new(pass)?;
+        let seen_at_ns = wall_now_ns();
+        for path in found {
             pass.new_files += 1;
             let seen = match SegmentReader::open(&path) {
                 Err(e) => {
                     let problem = e.to_string();
                     lines.push(json(&Line::Problem { file: &path, problem: &problem }));
                     pass.said += 1;
-                    Seen { unreadable: Some(problem), ..Seen::default() }
+                    // Dated by its name, so that it is forgotten (not said again) in time.
+                    let t = name_time_ns(&path).unwrap_or(u64::MAX);
+                    Seen { unreadable: Some(problem), first_ns: t, last_ns: t, seen_at_ns, ..Seen::default() }
                 }
                 Ok(r) => {
-                    let mut said = BTreeSet::new();
-                    for d in ingest::damage_problems(&path, &r) {
-                        lines.push(json(&Line::Problem { file: &path, problem: &d.problem }));
-                        pass.said += 1;
-                        // The plans that read it for its windows find the same damage.
-                        said.insert(problem_shape(&d.problem));
-                    }
-                    let id = r.identity();
-                    let (first_ns, last_ns) = r.time_range().unwrap_or((0, 0));
-                    let records: u64 = r.probe_chunks().map(|c| c.t1_unix_ns.len() as u64).sum();
-                    let emitted_to = self.state.emitted_to_ns;
-                    if records > 0 && first_ns < emitted_to {
-                        let window_ns = self.cfg.window_ns;
-                        let mut late = 0u64;
-                        let mut windows = BTreeSet::new();
-                        for t in r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())) {
-                            if t < emitted_to {
-                                late += 1;
-                                windows.insert(t / window_ns * window_ns);
-                            }
-                        }
-                        let windows: Vec<u64> = windows.into_iter().collect();
-                        lines.push(json(&Line::Late { file: &path, records: late, windows_start_ns: &windows }));
-                        pass.said += 1;
-                    }
-                    Seen {
-                        writer: format!("{}/{}", id.host, id.device),
-                        first_ns,
-                        last_ns,
-                        records,
-                        unreadable: None,
-                        gone: None,
-                        said,
-                    }
+                    let mut seen = self.judge_new(&path, &r, pass, lines);
+                    seen.seen_at_ns = seen_at_ns;
+                    self.note_host(&seen, seen_at_ns, pass, lines);
+                    seen
                 }
             };
             self.state.files.insert(path, seen);
@@ -320,37 +448,136 @@ impl<'a> Watch<'a> {
         Ok(())
     }
 
-    /// The end of the complete windows (see the module documentation), window-aligned.
-    fn complete_to(&self) -> u64 {
+    /// What a new readable file is, saying its damage and its late records.
+    fn judge_new(&self, path: &Path, r: &SegmentReader, pass: &mut Pass, lines: &mut Vec<String>) -> Seen {
+        let mut said = BTreeSet::new();
+        for d in ingest::damage_problems(path, r) {
+            lines.push(json(&Line::Problem { file: path, problem: &d.problem }));
+            pass.said += 1;
+            // The plans that read it for its windows find the same damage.
+            said.insert(problem_shape(&d.problem));
+        }
+        let id = r.identity();
+        // A file without a record is dated by its name, so that it is forgotten in time and not
+        // opened again each pass.
+        let (first_ns, last_ns) = r.time_range().or_else(|| name_time_ns(path).map(|t| (t, t))).unwrap_or((0, 0));
+        let records: u64 = r.probe_chunks().map(|c| c.t1_unix_ns.len() as u64).sum();
+        let emitted_to = self.state.emitted_to_ns;
+        if records > 0 && first_ns < emitted_to {
+            let window_ns = self.cfg.window_ns;
+            let mut late = 0u64;
+            let mut windows = BTreeSet::new();
+            for t in r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native())) {
+                if t < emitted_to {
+                    late += 1;
+                    windows.insert(t / window_ns * window_ns);
+                }
+            }
+            let windows: Vec<u64> = windows.into_iter().collect();
+            lines.push(json(&Line::Late { file: path, records: late, windows_start_ns: &windows }));
+            pass.said += 1;
+        }
+        Seen {
+            writer: format!("{}/{}", id.host, id.device),
+            first_ns,
+            last_ns,
+            records,
+            seen_at_ns: 0,
+            unreadable: None,
+            gone: None,
+            said,
+        }
+    }
+
+    /// A new file of a host: its newest time and arrival; a host whose newest record is late
+    /// too is behind (said once).
+    fn note_host(&mut self, seen: &Seen, seen_at_ns: u64, pass: &mut Pass, lines: &mut Vec<String>) {
+        if seen.records == 0 {
+            return;
+        }
+        let emitted_to = self.state.emitted_to_ns;
+        let name = host_of(&seen.writer);
+        let h = self.state.hosts.entry(name.to_owned()).or_default();
+        h.newest_ns = h.newest_ns.max(seen.last_ns);
+        h.seen_at_ns = seen_at_ns;
+        if h.newest_ns < emitted_to && h.outlier.as_deref() != Some("behind") {
+            h.outlier = Some("behind".into());
+            lines.push(json(&Line::Outlier {
+                host: name,
+                direction: "behind",
+                newest_ns: h.newest_ns,
+                reference_ns: emitted_to,
+                by_ns: emitted_to - h.newest_ns,
+                why: "its newest record lies before the windows already emitted: its clock runs behind the fleet's \
+                      (check its time sync), or its files reach the collection that late; its records are not reported",
+            }));
+            pass.said += 1;
+        }
+    }
+
+    /// The end of the complete windows, window-aligned, and the vote that decided it (module
+    /// documentation); says hosts that turned outliers ahead.
+    fn complete_to(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> (u64, Vote) {
         let window_ns = self.cfg.window_ns;
-        let readable = self.state.files.values().filter(|s| s.records > 0 && s.unreadable.is_none());
-        let mut newest_by_writer: BTreeMap<&str, u64> = BTreeMap::new();
-        for s in readable {
-            let n = newest_by_writer.entry(&s.writer).or_default();
-            *n = (*n).max(s.last_ns);
-        }
-        let Some(&newest) = newest_by_writer.values().max() else {
-            return 0;
-        };
         if self.cfg.flush {
-            return (newest / window_ns).saturating_add(1).saturating_mul(window_ns);
+            let newest = self.state.hosts.values().map(|h| h.newest_ns).max().unwrap_or(0);
+            let to = if self.state.hosts.is_empty() {
+                0
+            } else {
+                (newest / window_ns).saturating_add(1).saturating_mul(window_ns)
+            };
+            return (to, Vote { fleet_ns: newest, voting: self.state.hosts.len() as u64 });
         }
-        let grace = self.cfg.grace_ns;
-        let live = newest_by_writer.values().copied().filter(|&n| n.saturating_add(grace) >= newest);
-        let to = live.fold(newest.saturating_sub(grace), u64::min);
-        to / window_ns * window_ns
+        let (now, grace) = (wall_now_ns(), self.cfg.grace_ns);
+        let clock_max = now.saturating_add(CLOCK_AHEAD_MAX_NS);
+        let live = |h: &HostSeen| h.seen_at_ns.saturating_add(grace) >= now;
+        let mut newest: Vec<u64> =
+            self.state.hosts.values().filter(|h| live(h) && h.newest_ns <= clock_max).map(|h| h.newest_ns).collect();
+        let vote = fleet_time(&mut newest);
+        for (name, h) in &mut self.state.hosts {
+            let (reference_ns, why) = match vote {
+                _ if h.newest_ns > clock_max => (
+                    now,
+                    "its newest record is ahead of this analyzer's clock: its clock runs ahead (a host booted before chrony stepped it), or the record is forged; it does not move the fleet's time, and its records are reported when the fleet reaches their windows",
+                ),
+                Some(v) if h.newest_ns > v.fleet_ns.saturating_add(grace) => (
+                    v.fleet_ns,
+                    "its newest record is more than the grace ahead of the fleet's time: its clock runs ahead (a host booted before chrony stepped it), or the record is forged; it does not move the fleet's time, and its records are reported when the fleet reaches their windows",
+                ),
+                _ => {
+                    if h.outlier.as_deref() == Some("ahead") {
+                        h.outlier = None;
+                    }
+                    continue;
+                }
+            };
+            if h.outlier.as_deref() != Some("ahead") {
+                h.outlier = Some("ahead".into());
+                lines.push(json(&Line::Outlier {
+                    host: name,
+                    direction: "ahead",
+                    newest_ns: h.newest_ns,
+                    reference_ns,
+                    by_ns: h.newest_ns - reference_ns,
+                    why,
+                }));
+                pass.said += 1;
+            }
+        }
+        let vote = vote.unwrap_or_default();
+        (vote.fleet_ns.saturating_sub(grace) / window_ns * window_ns, vote)
     }
 
     fn emit_complete(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
-        let (from, to) = (self.state.emitted_to_ns, self.complete_to());
+        let (to, vote) = self.complete_to(pass, lines);
+        let from = self.state.emitted_to_ns;
         if to <= from {
             return Ok(());
         }
         let files = self.files_within(from, to);
         let window_ns = self.cfg.window_ns;
         let mut plan = ingest::plan(&files, Fields::Report, self.inventory, window_ns);
-        let mut rows = Vec::new();
-        let mut records = 0u64;
+        let (mut rows, mut windows, mut records) = (0u64, 0u64, 0u64);
         for (a, b) in plan.ranges(self.cfg.range_records) {
             let (a, b) = (a.max(from), b.min(to));
             if a >= b {
@@ -359,25 +586,50 @@ impl<'a> Watch<'a> {
             let probes = plan.read(a, b);
             records += probes.t1_unix_ns.len() as u64;
             let prepared = report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
-            rows.extend(prepared.rows(&self.cfg.scopes, Span::PerWindow, &self.cfg.sla)?);
+            let mut range_rows = prepared.rows(&self.cfg.scopes, Span::PerWindow, &self.cfg.sla)?;
+            // Within a window, `report`'s order (violations first); windows in time order. Ranges
+            // hold whole windows, in order, so a range's rows go out before the next is read.
+            report::sort_rows(&mut range_rows);
+            range_rows.sort_by_key(|r| r.window_start_ns);
+            windows += range_rows.iter().map(|r| r.window_start_ns).collect::<BTreeSet<_>>().len() as u64;
+            rows += range_rows.len() as u64;
+            lines.extend(range_rows.iter().map(|r| json(&Line::Row(r))));
+            self.write(lines)?;
+            lines.clear();
         }
         self.say_problems(plan.finish().problems, pass, lines);
-        // Within a window, `report`'s order (violations first); windows in time order.
-        report::sort_rows(&mut rows);
-        rows.sort_by_key(|r| r.window_start_ns);
-        let windows = rows.iter().map(|r| r.window_start_ns).collect::<BTreeSet<_>>().len() as u64;
-        lines.extend(rows.iter().map(|r| json(&Line::Row(r))));
         lines.push(json(&Line::Emitted {
             emitted_to_ns: to,
             windows,
-            rows: rows.len() as u64,
+            rows,
             records,
             files_read: files.len() as u64,
+            fleet_ns: vote.fleet_ns,
+            hosts_voting: vote.voting,
+            hosts_known: self.state.hosts.len() as u64,
         }));
         pass.windows += windows;
-        pass.rows += rows.len() as u64;
+        pass.rows += rows;
         self.state.emitted_to_ns = to;
         Ok(())
+    }
+
+    /// Forgets the files and hosts no pass needs any more (module documentation); `listed_from_ns`
+    /// is the analyzer's clock when this pass began listing.
+    fn forget(&mut self, listed_from_ns: u64) {
+        let st = &mut self.state;
+        let findings_to = st.findings_to_ns.unwrap_or(st.emitted_to_ns);
+        // Findings blocks read a window of context before them.
+        let needed_from = st.emitted_to_ns.min(findings_to.saturating_sub(self.cfg.window_ns));
+        let horizon = needed_from.saturating_sub(self.cfg.grace_ns).max(st.forget_before_ns);
+        // Only files an earlier pass found (its listing ended before this one began): their
+        // ctimes lie before the next pass's `new_after_ns`, so `forgotten` knows them.
+        let found_before = listed_from_ns.saturating_sub(CTIME_SLACK_NS);
+        st.files.retain(|p, s| s.last_ns >= horizon || s.seen_at_ns >= found_before || name_time_ns(p).is_none());
+        let (now, grace) = (listed_from_ns, self.cfg.grace_ns);
+        st.hosts.retain(|_, h| h.newest_ns >= horizon || h.seen_at_ns.saturating_add(grace) >= now);
+        st.forget_before_ns = horizon;
+        st.new_after_ns = Some(listed_from_ns.saturating_sub(CTIME_SLACK_NS));
     }
 
     /// The readable files whose records may lie in `[from, to)`.
@@ -531,16 +783,57 @@ fn load_state(cfg: &Config) -> Result<State, WatchError> {
             cfg.window_ns / 1_000_000_000
         )));
     }
+    if state.hosts.is_empty() {
+        // A state written before hosts were kept: its files say their hosts' newest times, and
+        // the hosts count as live for one grace, as if their files had just arrived.
+        let now = wall_now_ns();
+        for s in state.files.values().filter(|s| s.records > 0 && s.unreadable.is_none()) {
+            let h = state.hosts.entry(host_of(&s.writer).to_owned()).or_default();
+            h.newest_ns = h.newest_ns.max(s.last_ns);
+            h.seen_at_ns = now;
+        }
+    }
     Ok(state)
+}
+
+/// Opens the output at `p`, cutting off what was written after the last saved state.
+fn open_output(cfg: &Config, state: &State, p: &Path) -> Result<std::fs::File, WatchError> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .map_err(io(p, "open the output"))?;
+    let len = f.metadata().map_err(io(p, "stat the output"))?.len();
+    if len < state.output_bytes {
+        return Err(WatchError::State {
+            path: cfg.state.clone(),
+            reason: format!(
+                "it counts {} bytes of {}, which holds {len}: the output was truncated or replaced; move the state file away to start over (every window is then emitted again)",
+                state.output_bytes,
+                p.display()
+            ),
+        });
+    }
+    if len > state.output_bytes {
+        eprintln!(
+            "analyze watch: {}: cutting {} bytes written after the last saved state (their windows are emitted again)",
+            p.display(),
+            len - state.output_bytes
+        );
+        f.set_len(state.output_bytes).map_err(io(p, "truncate the output"))?;
+    }
+    f.seek(std::io::SeekFrom::Start(state.output_bytes)).map_err(io(p, "seek the output"))?;
+    Ok(f)
 }
 
 /// Written to a temporary beside it, synced, then renamed over it: a crash leaves the old state
 /// or the new one, never a torn one.
-fn save_state(path: &Path, state: &State) -> Result<(), WatchError> {
+fn save_state(path: &Path, text: &[u8]) -> Result<(), WatchError> {
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_vec(state).map_err(|e| WatchError::State { path: path.into(), reason: e.to_string() })?;
     let mut f = std::fs::File::create(&tmp).map_err(io(&tmp, "create the new state"))?;
-    f.write_all(&text).map_err(io(&tmp, "write the new state"))?;
+    f.write_all(text).map_err(io(&tmp, "write the new state"))?;
     f.sync_all().map_err(io(&tmp, "sync the new state"))?;
     std::fs::rename(&tmp, path).map_err(io(path, "rename the new state into place"))?;
     Ok(())

@@ -11,7 +11,7 @@ use rocemesh_formats::segment::SegmentReader;
 use serde_json::Value;
 
 mod common;
-use common::{MINUTES, SEGMENT_NS, T0, write_agents};
+use common::{MINUTES, SEGMENT_NS, T0, host_file, write_agents};
 
 const WINDOW_S: u64 = 30;
 const GRACE_S: u64 = 300;
@@ -263,16 +263,19 @@ fn a_file_gone_across_several_emitting_passes_is_said_once() {
         agents.iter().flatten().filter(|f| last_ns(f) < until).map(|f| deliver(f, &store, &col)).collect()
     };
     let window_ns = WINDOW_S * 1_000_000_000;
-    // Where a pass will emit to, as the module documents it: every writer live here.
+    // Where a pass will emit to, as the module documents it: every host live here, and the
+    // fleet's time the newest T1 more than a quarter of them reached (the second newest of 4).
     let complete_to = |files: &[PathBuf]| -> u64 {
         let mut newest: BTreeMap<String, u64> = BTreeMap::new();
         for f in files {
-            let writer = f.parent().expect("parent").to_string_lossy().into_owned();
-            let n = newest.entry(writer).or_default();
+            let host = f.parent().expect("parent").to_string_lossy().into_owned();
+            let n = newest.entry(host).or_default();
             *n = (*n).max(last_ns(f));
         }
-        let fleet = newest.values().copied().max().expect("files");
-        newest.values().copied().fold(fleet - GRACE_S * 1_000_000_000, u64::min) / window_ns * window_ns
+        let mut by_host: Vec<u64> = newest.into_values().collect();
+        by_host.sort_unstable_by(|a, b| b.cmp(a));
+        let fleet = by_host[by_host.len() / 4];
+        (fleet - GRACE_S * 1_000_000_000) / window_ns * window_ns
     };
     let first = deliver_until(T0 + 8 * 60_000_000_000);
     let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
@@ -475,48 +478,12 @@ extra_rtt_us = 200
 /// so it costs one more block, and its lone window is reported like any other.
 #[test]
 fn a_stray_t1_costs_one_findings_block_not_one_per_block_of_its_span() {
-    use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
-    use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, seal};
     let tmp = tempfile::tempdir().expect("tempdir");
     let col = tmp.path().join("collection");
     let agents = write_agents(&col);
     assert!(agents.iter().all(|f| !f.is_empty()), "no input written");
-    let mut cfg = WriterConfig::new(col.join("stray"));
-    cfg.chunk_records = 64;
-    let id = WriterIdentity {
-        host: "wa-h0".into(),
-        device: "mlx5_1".into(),
-        tor: "tor-a".into(),
-        agent_epoch: 1,
-        tool: "watch-test".into(),
-    };
-    let mut w = SegmentWriter::new(cfg, id).expect("writer");
-    let (me, peer) = (
-        w.endpoint(EndpointRole::Rnic, "wa-h0/mlx5_1", "tor-a", [0; 16]),
-        w.endpoint(EndpointRole::Rnic, "wb-h0/mlx5_0", "tor-b", [0; 16]),
-    );
     const STRAY_NS: u64 = 1_000_000_000;
-    for (seq, t1) in [STRAY_NS, T0 + 60_000_000_000, T0 + 61_000_000_000].into_iter().enumerate() {
-        w.append(&ProbeRecord {
-            t1_unix_ns: t1,
-            seq: seq as u64,
-            network_rtt_ns: 5_000,
-            prober_delay_ns: 1_000,
-            responder_delay_ns: 1_000,
-            prober: me,
-            target: peer,
-            flow_label: 7,
-            responder_epoch: 1,
-            kind: 0,
-            outcome: Outcome::Ok as u8,
-            arrived: Arrived::ALL.0,
-            ts_source: TsSource::KernelSoftware as u8,
-        })
-        .expect("append");
-    }
-    for f in w.finish().expect("finish") {
-        seal(&f, 3).expect("seal");
-    }
+    host_file(&col, "wz-h0", &[STRAY_NS, T0 + 60_000_000_000, T0 + 61_000_000_000]);
     let (state, output) = (tmp.path().join("w.state"), tmp.path().join("w.jsonl"));
     let (state_s, output_s, col_s) =
         (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
@@ -533,4 +500,156 @@ fn a_stray_t1_costs_one_findings_block_not_one_per_block_of_its_span() {
         all.iter().any(|l| l["type"] == "row" && l["window_start_ns"] == 0 && l["scope"] == "cluster"),
         "the stray record's window is reported"
     );
+}
+
+/// The unix ns of now.
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos() as u64
+}
+
+/// Issue 33, item 1: a host whose clock runs two hours ahead, and one forged record years
+/// ahead of the analyzer's own clock, neither emit windows early (from partial data) nor make
+/// the honest hosts' files late. Both are said once as outliers; the fast host's records are
+/// reported when the fleet reaches their windows (here: at the flush). On 997f2d7 the first pass
+/// emitted every window up to the forged record's, and every honest file after it was late.
+#[test]
+fn hosts_ahead_of_the_fleet_neither_emit_early_nor_make_the_fleet_late() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (store, col) = (tmp.path().join("store"), tmp.path().join("collection"));
+    std::fs::create_dir_all(&col).expect("mkdir");
+    let agents = write_agents(&store);
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let hour = 3_600_000_000_000u64;
+    let fast = host_file(&col, "wx-h9", &[T0 + 2 * hour, T0 + 2 * hour + 1_000_000_000]);
+    let forged_ns = now_ns() + 20 * 365 * 24 * hour;
+    let forged = host_file(&col, "wy-h8", &[T0 + 60_000_000_000, forged_ns]);
+    let half = T0 + 8 * 60_000_000_000;
+    let (first, rest): (Vec<&PathBuf>, Vec<&PathBuf>) = agents.iter().flatten().partition(|f| last_ns(f) < half);
+    let newest_first = first.iter().map(|f| last_ns(f)).max().expect("files");
+    for f in &first {
+        deliver(f, &store, &col);
+    }
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(1), "outliers are said: {}", String::from_utf8_lossy(&out.stderr));
+    let emitted = emitted_to(&state);
+    assert!(
+        emitted > T0 && emitted + GRACE_S * 1_000_000_000 <= newest_first,
+        "emitted to {emitted}: the honest hosts' time"
+    );
+    let all = lines(&output);
+    let outliers: BTreeMap<String, &Value> = all
+        .iter()
+        .filter(|l| l["type"] == "outlier")
+        .map(|l| (l["host"].as_str().expect("host").to_owned(), l))
+        .collect();
+    assert_eq!(outliers.keys().collect::<Vec<_>>(), ["wx-h9", "wy-h8"], "{outliers:?}");
+    for l in outliers.values() {
+        assert_eq!(l["direction"], "ahead", "{l}");
+    }
+    assert!(outliers["wx-h9"]["by_ns"].as_u64().expect("by") > hour, "{}", outliers["wx-h9"]);
+    assert!(outliers["wy-h8"]["why"].as_str().expect("why").contains("analyzer's clock"), "{}", outliers["wy-h8"]);
+
+    // The rest of the honest files arrive: none is late, and nobody is said again.
+    for f in &rest {
+        deliver(f, &store, &col);
+    }
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--flush"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = lines(&output);
+    assert!(!all.iter().any(|l| l["type"] == "late"), "no honest file is late");
+    assert_eq!(all.iter().filter(|l| l["type"] == "outlier").count(), 2, "each outlier said once");
+    // The fast host's records are reported in their (wrong) windows, once the fleet is there.
+    let rows_of = |entity: &str| all.iter().filter(|l| l["type"] == "row" && l["entity"] == entity).count();
+    assert!(rows_of("wx-h9/mlx5_0") > 0 && rows_of("wy-h8/mlx5_0") > 0, "their records are not dropped");
+    let _ = (fast, forged);
+}
+
+/// Issue 33, item 1: a host whose clock runs an hour behind delivers files whose records all
+/// lie in windows already emitted: each file is late, and the host is said once to be behind
+/// (its clock, or its collection), not once per file.
+#[test]
+fn a_host_behind_the_fleet_is_said_once_as_an_outlier() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = tmp.path().join("collection");
+    write_agents(&col);
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let emitted = emitted_to(&state);
+    let behind_ns = T0 + 60_000_000_000;
+    assert!(emitted > behind_ns + 60_000_000_000, "windows emitted past the slow host's records");
+    let other = tmp.path().join("later");
+    for k in 0..2u64 {
+        let f = host_file(&other, "wz-h7", &[behind_ns + k * 30_000_000_000]);
+        let to = col.join("wz-h7").join(f.file_name().expect("name"));
+        std::fs::create_dir_all(to.parent().expect("dir")).expect("mkdir");
+        std::fs::rename(&f, &to).expect("deliver");
+        let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let all = lines(&output);
+    assert_eq!(all.iter().filter(|l| l["type"] == "late").count(), 2);
+    let said: Vec<&Value> = all.iter().filter(|l| l["type"] == "outlier").collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!((said[0]["host"].as_str(), said[0]["direction"].as_str()), (Some("wz-h7"), Some("behind")));
+}
+
+/// The crash path, deterministically: a pass's lines reached the output but its state never
+/// replaced the old one (the process died in between). The next pass cuts the output back to
+/// what the old state counts and emits those windows again, once: the output ends the same,
+/// byte for byte, as a run without the crash.
+#[test]
+fn output_past_the_saved_state_is_cut_and_emitted_again_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    let agents = write_agents(&store);
+    let half = T0 + 9 * 60_000_000_000;
+    let (first, rest): (Vec<&PathBuf>, Vec<&PathBuf>) = agents.iter().flatten().partition(|f| last_ns(f) < half);
+    // Each run its own collection at the same path relative to its root, so that the lines
+    // (which name files) compare.
+    let run = |name: &str, crash: bool| -> Vec<u8> {
+        let root = tmp.path().join(name);
+        let col = root.join("collection");
+        std::fs::create_dir_all(&col).expect("mkdir");
+        let (state, output) = (root.join("watch.state"), root.join("watch.jsonl"));
+        let (state_s, output_s, col_s) =
+            (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+        let once = || {
+            let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
+        for f in &first {
+            deliver(f, &store, &col);
+        }
+        once();
+        let (old_state, before, emitted_before) = (
+            std::fs::read(&state).expect("state"),
+            std::fs::metadata(&output).expect("output").len(),
+            emitted_to(&state),
+        );
+        for f in &rest {
+            deliver(f, &store, &col);
+        }
+        let stderr = once();
+        assert!(emitted_to(&state) > emitted_before, "the second pass emits windows: {stderr}");
+        if crash {
+            std::fs::write(&state, &old_state).expect("the state of before the pass");
+            let stderr = once();
+            assert!(std::fs::metadata(&output).expect("output").len() > before, "{stderr}");
+            assert!(stderr.contains("cutting") && stderr.contains("emitted again"), "{stderr}");
+        }
+        let text = std::fs::read_to_string(&output).expect("output");
+        text.replace(root.to_str().expect("utf-8"), "ROOT").into_bytes()
+    };
+    let plain = run("plain", false);
+    let crashed = run("crashed", true);
+    assert!(plain.len() > 1000, "{}", String::from_utf8_lossy(&plain));
+    assert_eq!(String::from_utf8_lossy(&crashed), String::from_utf8_lossy(&plain));
 }

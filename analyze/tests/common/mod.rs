@@ -139,3 +139,42 @@ fn write_fleet(dir: &Path, services: bool) -> Vec<Vec<PathBuf>> {
     }
     out
 }
+
+/// One sealed file of `host/mlx5_0` under `dir/host/` holding one ok probe to wa-h0 at each
+/// of `t1s`; returns it.
+pub fn host_file(dir: &Path, host: &str, t1s: &[u64]) -> PathBuf {
+    let mut cfg = WriterConfig::new(dir.join(host));
+    cfg.chunk_records = 64;
+    cfg.max_age_ns = u64::MAX / 2;
+    let id = WriterIdentity {
+        host: host.into(),
+        device: "mlx5_0".into(),
+        tor: "tor-z".into(),
+        agent_epoch: 1,
+        tool: "watch-test".into(),
+    };
+    let mut w = SegmentWriter::new(cfg, id).expect("writer");
+    let me = w.endpoint(EndpointRole::Rnic, &format!("{host}/mlx5_0"), "tor-z", [0; 16]);
+    let peer = w.endpoint(EndpointRole::Rnic, "wa-h0/mlx5_0", "tor-a", [0; 16]);
+    for (seq, &t1) in t1s.iter().enumerate() {
+        w.append(&ProbeRecord {
+            t1_unix_ns: t1,
+            seq: seq as u64,
+            network_rtt_ns: 5_000,
+            prober_delay_ns: 1_000,
+            responder_delay_ns: 1_000,
+            prober: me,
+            target: peer,
+            flow_label: 7,
+            responder_epoch: 1,
+            kind: 0,
+            outcome: Outcome::Ok as u8,
+            arrived: Arrived::ALL.0,
+            ts_source: TsSource::KernelSoftware as u8,
+        })
+        .expect("append");
+    }
+    let files = w.finish().expect("finish");
+    assert_eq!(files.len(), 1, "one segment");
+    seal(&files[0], 3).expect("seal").sealed_path
+}
