@@ -13,14 +13,18 @@
 //!
 //! A refused packet is counted by reason. A forged, damaged, stale or replayed one is not
 //! answered, and an ACK is not matched to a probe. A packet refused for its authentication
-//! alone (unsealed while this shard seals, or sealed with a key it does not hold: the sign of
-//! a key roll-out that missed a host, or of a host holding an old file) is a peer that is alive
+//! alone (unsealed while this shard seals, sealed with a key it does not hold, or sealed by an
+//! agent of an earlier release: the sign of a key roll-out that missed a host, of a host
+//! holding an old file, or of an upgrade under way) is a peer that is alive
 //! but keyed differently, which must never read as network loss: a refused probe is answered
 //! with a REFUSAL (version 1, at most [`REFUSALS_PER_S`] a second, so the shard is no
 //! reflector), and a probe whose ACK or REFUSAL came back so, with no admitted ACK1, is recorded
 //! `auth_refused` (`Outcome::AuthRefused`, classed `refused`: neither loss nor evidence). A
-//! forger can turn a lost probe into a refused one that way, never into an answered one; the
-//! refusals are counted, by reason, on both sides.
+//! forger can turn a lost probe into a refused one that way, never into an answered one, and
+//! only for a target that has not answered the prober within a probe timeout (a keying
+//! difference refuses every probe of the pair); the refusals are counted, by reason, on both
+//! sides. A REFUSAL goes only where the transport needs no new state to send it (verbs: an
+//! address handle for the sender's address and label exists), since the sender chooses both.
 //!
 //! Roll-out of the first key: every key in a file is accepted from the moment it arrives, and a
 //! shard keeps taking unsealed packets until it sends sealed ones itself (the key's
@@ -56,14 +60,17 @@ pub enum AuthRefusal {
     Replay,
     /// The replay table has no free slot where this packet's tag goes: refused unchecked.
     ReplayTableFull,
+    /// Sealed by an agent of an earlier release (version 2: its MAC binds no receiver): keyed
+    /// otherwise, as a peer without this key is; upgrade it.
+    OldVersion,
 }
 
 impl AuthRefusal {
     /// Number of reasons.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
     /// Names, indexed by [`AuthRefusal::index`], as logs and `/metrics` show them.
     pub const NAMES: [&'static str; Self::COUNT] =
-        ["unauthenticated", "unknown_key", "bad_mac", "stale", "replay", "replay_table_full"];
+        ["unauthenticated", "unknown_key", "bad_mac", "stale", "replay", "replay_table_full", "old_version"];
 
     /// Dense index for counters.
     pub fn index(self) -> usize {
@@ -112,8 +119,10 @@ pub struct Auth {
     expiry_ns: Box<[u64]>,
     /// Packets refused, per [`AuthRefusal::index`].
     pub refused: [u64; AuthRefusal::COUNT],
-    /// REFUSALs sent, and those [`REFUSALS_PER_S`] held back.
+    /// REFUSALs sent.
     pub refusals_sent: u64,
+    /// REFUSALs held back: by [`REFUSALS_PER_S`], or where the transport would have had to
+    /// create state to send them (the shard counts those here too).
     pub refusals_held: u64,
     /// The REFUSAL budget left, and when it was last refilled (ns).
     refusal_tokens: u32,
@@ -209,7 +218,7 @@ impl Auth {
     /// Whether a packet refused for `why` is refused for its authentication alone: a peer that
     /// is alive but keyed differently (module documentation).
     pub fn keyed_differently(why: AuthRefusal) -> bool {
-        matches!(why, AuthRefusal::Unauthenticated | AuthRefusal::UnknownKey)
+        matches!(why, AuthRefusal::Unauthenticated | AuthRefusal::UnknownKey | AuthRefusal::OldVersion)
     }
 
     /// Whether a REFUSAL may be sent now ([`REFUSALS_PER_S`]); counts it either way.
@@ -252,6 +261,9 @@ impl Auth {
         let Some(seal) = seal else {
             return if self.send.is_some() { Err(AuthRefusal::Unauthenticated) } else { Ok(()) };
         };
+        if seal.old {
+            return Err(AuthRefusal::OldVersion);
+        }
         let key = self
             .keys
             .iter()
@@ -367,7 +379,7 @@ mod tests {
         probe(9).encode(&mut other);
         assert_eq!(admit(&mut a, &other, now), Err(AuthRefusal::Unauthenticated));
         let counts: Vec<u64> = a.refused.to_vec();
-        assert_eq!(counts, vec![1, 1, 2, 1, 1, 0]);
+        assert_eq!(counts, vec![1, 1, 2, 1, 1, 0, 0]);
     }
 
     #[test]
@@ -413,6 +425,22 @@ mod tests {
         assert_eq!(a.refused[AuthRefusal::ReplayTableFull.index()], 0);
     }
 
+    /// An earlier release's sealed packet (version 2: its MAC binds no receiver) is keyed
+    /// otherwise: refused as old_version, never admitted, whatever its MAC.
+    #[test]
+    fn a_packet_of_an_earlier_release_is_refused_as_old_version() {
+        let now = 100 * S;
+        let mut a = Auth::new(params());
+        a.set_keys(&file(&[(1, 0x11, 50, None)]), now);
+        let mut b = [0u8; PACKET_BYTES];
+        a.encode(&probe(7), &mut b, now, &ME);
+        b[4] = 2;
+        assert_eq!(admit(&mut a, &b, now), Err(AuthRefusal::OldVersion));
+        assert!(Auth::keyed_differently(AuthRefusal::OldVersion));
+        let mut unkeyed = Auth::new(params());
+        assert_eq!(admit(&mut unkeyed, &b, now), Err(AuthRefusal::OldVersion), "nor by an agent without keys");
+    }
+
     /// REFUSALs: only for packets refused for their authentication alone, and at most
     /// REFUSALS_PER_S a second.
     #[test]
@@ -420,6 +448,7 @@ mod tests {
         for (why, aloud) in [
             (AuthRefusal::Unauthenticated, true),
             (AuthRefusal::UnknownKey, true),
+            (AuthRefusal::OldVersion, true),
             (AuthRefusal::BadMac, false),
             (AuthRefusal::Stale, false),
             (AuthRefusal::Replay, false),

@@ -254,6 +254,7 @@ impl Collector for AgentCollector {
                 ("late", s.late),
                 ("trace_arrival", s.trace_arrivals),
                 ("duplicate_ack", s.duplicate_acks),
+                ("refusal_ignored", s.auth_refusals_ignored),
             ] {
                 ignored.add(with("reason", reason), v as f64);
             }

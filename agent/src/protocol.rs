@@ -16,8 +16,8 @@
 //!   and the receiver's [`Binding`] (its address and port as the sender names them; 64 bytes,
 //!   one BLAKE3 block). The MAC replaces the checksum; it catches damage as well as forgery,
 //!   and a packet captured on its way to one receiver fails it at every other, so a replay
-//!   cannot fill other receivers' replay tables. Version 2 (the same without the binding) is
-//!   refused as another version.
+//!   cannot fill other receivers' replay tables. Version 2 (the same without the binding, an
+//!   earlier release's) is parsed but never admitted: a peer keyed otherwise.
 //!
 //! A fourth kind, REFUSAL, is always version 1: a responder that refuses a probe for its
 //! authentication alone (unsealed while it seals, or sealed with a key it does not hold: a key
@@ -33,6 +33,9 @@ const VERSION_PLAIN: u8 = 1;
 /// The bound MAC's version: 6, not 3, which one flipped bit of a plain packet's 1 reaches (6
 /// is three bits from it), so damage to a plain packet never passes its structure as keyed.
 const VERSION_KEYED: u8 = 6;
+/// The earlier releases' keyed version: the same, without the receiver in the MAC. Parsed so
+/// that an upgrade under way reads as keyed otherwise ([`crate::auth`]), never admitted.
+const VERSION_KEYED_OLD: u8 = 2;
 /// Bytes a MAC covers: everything before it.
 const MAC_COVERS: usize = 48;
 /// Bytes of the MAC (a 128-bit tag).
@@ -99,6 +102,8 @@ pub struct Seal {
     pub sent_unix_ns: u64,
     /// The tag.
     pub mac: [u8; MAC_BYTES],
+    /// Version 2 (an earlier release's, no receiver in its MAC): never admitted.
+    pub old: bool,
 }
 
 /// What a sealed packet binds into its MAC besides its bytes: the receiving end's address and
@@ -225,10 +230,10 @@ impl Packet {
                 }
                 None
             }
-            VERSION_KEYED => {
+            VERSION_KEYED | VERSION_KEYED_OLD => {
                 let mut mac = [0u8; MAC_BYTES];
                 mac.copy_from_slice(&b[MAC_COVERS..]);
-                Some(Seal { key_id: b[6], sent_unix_ns: u64_at(40), mac })
+                Some(Seal { key_id: b[6], sent_unix_ns: u64_at(40), mac, old: b[4] == VERSION_KEYED_OLD })
             }
             _ => return Err(Refused::Version),
         };
@@ -329,8 +334,11 @@ mod tests {
         assert!(key.verify(&b, &Binding::new(gid, 4711, 2)));
         assert!(!key.verify(&b, &Binding::new(gid, 4712, 2)), "another QPN");
         assert!(!key.verify(&b, &Binding::new(gid, 4711, 1)), "a service port of the same number");
-        // Version 2 (no binding) is another version now.
+        // Version 2 (an earlier release's, no binding) parses, marked old, and never verifies.
         b[4] = 2;
+        let (_, seal) = Packet::parse(&b).expect("structure");
+        assert!(seal.expect("sealed").old);
+        b[4] = 3;
         assert_eq!(Packet::parse(&b), Err(Refused::Version));
     }
 

@@ -710,6 +710,7 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         probes_auth_refused = s.probes_auth_refused,
         refusals_sent = s.refusals_sent,
         refusals_held = s.refusals_held,
+        auth_refusals_ignored = s.auth_refusals_ignored,
         "shard stats"
     );
 }

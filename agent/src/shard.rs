@@ -72,9 +72,14 @@ pub struct ShardStats {
     /// Probes of this shard recorded `auth_refused`: their target is alive but keyed otherwise
     /// (it refused them, or answered with packets this shard refused for their keying).
     pub probes_auth_refused: u64,
-    /// REFUSALs sent to probers keyed otherwise, and those held back by the rate limit.
+    /// REFUSALs sent to probers keyed otherwise.
     pub refusals_sent: u64,
+    /// REFUSALs held back: by the rate limit, or because the transport would have had to
+    /// create state to send them ([`crate::transport::Transport::reaches_without_state`]).
     pub refusals_held: u64,
+    /// REFUSALs (or ACKs refused for their keying) from a target that answered this shard
+    /// within a probe timeout: not taken ([`crate::auth`]).
+    pub auth_refusals_ignored: u64,
     /// A second ACK of the same kind for one probe (a duplicate or a replay): ignored.
     pub duplicate_acks: u64,
     /// Steps of CLOCK_REALTIME seen (an operator's `date -s`, a PTP or NTP step); the shard's
@@ -161,6 +166,9 @@ struct InFlight {
     t5: u64,
     t6: u64,
     deadline: u64,
+    /// The schedule's key of its target: an index into the targets, or a service's
+    /// (`SERVICE_BIT` set).
+    ti: u32,
     refused: bool,
     /// The target refused it, or answered it, for its keying alone ([`crate::auth`]): unless an
     /// admitted ACK1 comes before the deadline, it is recorded `auth_refused`.
@@ -195,6 +203,9 @@ struct Target {
     labels: Vec<u32>,
     cursor: usize,
     tor_slot: u16,
+    /// When an admitted ACK1 from it last arrived (0: never): a target answering us is not
+    /// keyed otherwise, whatever a REFUSAL says ([`Shard::refused_by_peer`]).
+    heard_ns: u64,
 }
 
 /// One shard's state.
@@ -455,6 +466,7 @@ impl<T: Transport> Shard<T> {
                 labels: t.flow_labels.clone(),
                 cursor: 0,
                 tor_slot: self.live.tor_slot(&t.tor),
+                heard_ns: 0,
             });
             self.target_addr.push(addr);
         }
@@ -916,6 +928,12 @@ impl<T: Transport> Shard<T> {
                         e.t5 = rx_ns;
                         e.t6 = t6;
                         e.host_fallback = !stamped;
+                        let ti = e.ti;
+                        if ti & SERVICE_BIT == 0
+                            && let Some(t) = self.targets.get_mut(ti as usize)
+                        {
+                            t.heard_ns = t6;
+                        }
                     } else {
                         e.arrived |= Arrived::ACK2;
                         e.t4 = p.t4_ns;
@@ -937,6 +955,12 @@ impl<T: Transport> Shard<T> {
             self.refused_by_peer(p, from);
             return Ok(());
         }
+        // The sender names the flow label: answering a new (address, label) on verbs would
+        // create an address handle for whoever sprays them, so only where one exists.
+        if !self.transport.reaches_without_state(from, p.flow_label) {
+            self.auth.refusals_held += 1;
+            return Ok(());
+        }
         if !self.auth.take_refusal(now) {
             return Ok(());
         }
@@ -955,11 +979,21 @@ impl<T: Transport> Shard<T> {
 
     /// The target of probe `p.seq` refused it, or answered it, for its keying alone: recorded
     /// `auth_refused` at its deadline unless an admitted ACK1 comes first (never finalised
-    /// early: a forged REFUSAL must not cut off a real answer).
+    /// early: a forged REFUSAL must not cut off a real answer). Taken only from a target that
+    /// has not answered us within a probe timeout: a keying difference refuses every probe of
+    /// the pair, so a REFUSAL beside admitted answers is forged (or a roll-out's edge) and the
+    /// probe's fate is the network's.
     fn refused_by_peer(&mut self, p: &Packet, from: &T::Addr) {
         match self.slot_of(p.seq) {
             Some(slot) if self.transport.answers_from(&self.inflight_addr[slot], from) => {
-                self.inflight[slot].auth_refused = true;
+                let ti = self.inflight[slot].ti;
+                let heard_ns =
+                    if ti & SERVICE_BIT == 0 { self.targets.get(ti as usize).map_or(0, |t| t.heard_ns) } else { 0 };
+                if heard_ns.saturating_add(self.timeout_ns) < now_ns() {
+                    self.inflight[slot].auth_refused = true;
+                } else {
+                    self.stats.auth_refusals_ignored += 1;
+                }
             }
             _ => self.stats.unknown += 1,
         }
@@ -1057,6 +1091,7 @@ impl<T: Transport> Shard<T> {
                 // From the round's reading, which the step check has seen: t1 is read later,
                 // and a step in between would leave this deadline on the wrong side of it.
                 deadline: now + self.timeout_ns,
+                ti,
                 tor_slot,
                 ..InFlight::default()
             };
@@ -1104,7 +1139,8 @@ impl<T: Transport> Shard<T> {
         let e = self.inflight[slot];
         self.inflight[slot].seq = 0;
         if e.arrived & Arrived::PROBE_SENT != 0 && !e.refused {
-            self.transport.observe(&self.inflight_addr[slot], e.arrived & Arrived::ACK1 != 0);
+            // A peer keyed otherwise is alive where it was: nothing to resolve again.
+            self.transport.observe(&self.inflight_addr[slot], e.arrived & Arrived::ACK1 != 0 || e.auth_refused);
         }
         let complete = e.arrived & (Arrived::ACK1 | Arrived::ACK2) == Arrived::ACK1 | Arrived::ACK2;
         let mut r = ProbeRecord {
@@ -1126,13 +1162,13 @@ impl<T: Transport> Shard<T> {
         } else if e.refused {
             r.outcome = Outcome::Refused as u8;
             self.stats.peer_down += 1;
-        } else if e.auth_refused && e.arrived & Arrived::ACK1 == 0 {
-            r.outcome = Outcome::AuthRefused as u8;
-            self.stats.probes_auth_refused += 1;
         } else if e.unreachable {
             r.outcome = Outcome::Lost as u8;
             self.stats.lost += 1;
             self.stats.unreachable += 1;
+        } else if e.auth_refused && e.arrived & Arrived::ACK1 == 0 {
+            r.outcome = Outcome::AuthRefused as u8;
+            self.stats.probes_auth_refused += 1;
         } else if !complete {
             r.outcome = Outcome::Lost as u8;
             self.stats.lost += 1;

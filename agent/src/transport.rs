@@ -215,6 +215,13 @@ pub trait Transport {
     /// be bound to: that end as its peers name it; `probe`: a probe, else an answer.
     fn binding_at(&self, at: u8, probe: bool) -> Binding;
 
+    /// Whether a packet to `to` with `flow_label` can be sent without creating state for it
+    /// (verbs: an address handle already exists). REFUSALs answer unauthenticated packets,
+    /// whose sender chooses both, so they go only where this holds.
+    fn reaches_without_state(&self, _to: &Self::Addr, _flow_label: u32) -> bool {
+        true
+    }
+
     /// Whether a packet from `from` can be the answer to a probe sent to `probed`. UDP: the same
     /// socket address. Verbs: the same GID (a target named by GID and service port answers from
     /// its QP, whose number the pinglist does not carry).

@@ -510,7 +510,7 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
     let hosts = Hosts::of(input.ds());
     let agents = Agents::of(input.ds(), window_ns);
     let mut scan = NoiseScan::default();
-    input.pass(&mut |ds, p| scan.add(ds, p, &hosts, &base, opts, window_ns));
+    input.pass(&mut |ds, p| scan.add(ds, p, &hosts, &tor_of, &base, opts, window_ns));
     let noise = Noise::new(input.ds(), &hosts, &base, opts, window_ns, scan);
     let cx = TallyContext { base: &base, tor_of: &tor_of, noise: &noise, hosts: &hosts, agents: &agents, window_ns };
     let blamer = Blamer::new(input.ds());
@@ -629,9 +629,9 @@ pub struct Baselines {
     /// What a source without a baseline gets (an empty sample: no ok probe of it exists).
     slow_default_ns: f64,
     noise_default_ns: i64,
-    /// By source code: the share of sampled ok probes with a host delay above the stall
-    /// threshold, (late + 1) / (samples + 1): never zero, since a sample cannot tell a rate
-    /// below one in its size ([`stall`]'s null).
+    /// By source code: the share of the sampled ok probes' host-delay legs above the stall
+    /// threshold, (late + 1) / (legs + 1): never zero, since a sample cannot tell a rate below
+    /// one in its size ([`stall`]'s null).
     late_share: [Option<f64>; TS_CODES],
     /// By source code: the robust p99 ([`robust_p99`]) of one host-delay leg (prober and
     /// responder delays pooled), ns: a leg above it is late for the busy test ([`busy_host`]).
@@ -674,7 +674,10 @@ impl Baselines {
     /// link or spine moves no factor; an RNIC is a minority of its ToR's pairs). The window's
     /// shift is the lower median of the factors (the `ceil(n / 2)`-th smallest) of at least
     /// [`SHIFT_MIN_TORS`] ToRs with enough samples ([`shift_min_samples`]): a shift seen by at
-    /// least half of the ToRs. A pooled quartile let one ToR decide: a ToR with 24 RNICs
+    /// least half of the ToRs. Where fewer ToRs have enough (a thin strided sample of a long,
+    /// wide input), the window's pooled lower quartile against the baseline's, unless one ToR
+    /// holds more than half of the window's samples; a single-ToR fabric gets no shift (its
+    /// ToR's slowness and a fleet's cannot be told apart, and the fault is what must show). A pooled quartile let one ToR decide: a ToR with 24 RNICs
     /// against one of 8 holds 91% of the mesh pairs, and when it turned 3x slow, its own rise
     /// scaled its thresholds away and it was never named. A window where half the ToRs or
     /// more rose together is indistinguishable from a fleet-wide shift, and is taken for one.
@@ -685,25 +688,49 @@ impl Baselines {
             own.entry((c, tor)).or_default().extend_from_slice(v);
         }
         let usual: HashMap<(usize, u32), f64> = own.into_iter().map(|(k, mut v)| (k, lower_quartile(&mut v))).collect();
+        // Per (window, source): the voting ToRs' factors, and every sample with the most any
+        // one ToR holds (for the pooled fallback).
         let mut factors: HashMap<(u32, usize), Vec<f64>> = HashMap::new();
+        let mut pooled: HashMap<(u32, usize), (Vec<f64>, usize)> = HashMap::new();
         for ((w, c, tor), mut v) in by {
             let Some(b) = self.by_code[c][0].as_ref() else { continue };
-            let sigma = (b.rtt_ns_p99_robust / b.rtt_ns_p50).ln() / Z99;
+            let min = shift_min_samples((b.rtt_ns_p99_robust / b.rtt_ns_p50).ln() / Z99);
+            let p = pooled.entry((w, c)).or_default();
+            p.1 = p.1.max(v.len());
+            p.0.extend_from_slice(&v);
             let base = usual.get(&(c, tor)).copied().unwrap_or(0.0);
-            if v.len() < shift_min_samples(sigma) || base <= 0.0 {
-                continue;
+            if v.len() >= min && base > 0.0 {
+                factors.entry((w, c)).or_default().push(lower_quartile(&mut v) / base);
             }
-            factors.entry((w, c)).or_default().push(lower_quartile(&mut v) / base);
         }
-        self.shifts = factors
-            .into_iter()
-            .filter(|(_, f)| f.len() >= SHIFT_MIN_TORS)
-            .filter_map(|(key, mut f)| {
-                let k = (f.len() - 1) / 2;
-                let factor = order_statistic(&mut f, k);
-                (factor > 1.0).then_some((key, factor))
-            })
-            .collect();
+        let mut shifts = HashMap::new();
+        for (key, (mut all, most)) in pooled {
+            let voted = factors.remove(&key).filter(|f| f.len() >= SHIFT_MIN_TORS);
+            let factor = match voted {
+                Some(mut f) => {
+                    let k = (f.len() - 1) / 2;
+                    order_statistic(&mut f, k)
+                }
+                // Too few ToRs with enough samples to vote (a thin strided sample of a long,
+                // wide input): the pooled quartile against the baseline's, unless one ToR holds
+                // more than half of it (then it would decide alone, as a single-ToR fabric's
+                // would: no shift there).
+                None => match self.by_code[key.1][0].as_ref() {
+                    Some(b)
+                        if 2 * most <= all.len()
+                            && all.len() >= shift_min_samples((b.rtt_ns_p99_robust / b.rtt_ns_p50).ln() / Z99)
+                            && b.rtt_ns_p25 > 0.0 =>
+                    {
+                        lower_quartile(&mut all) / b.rtt_ns_p25
+                    }
+                    _ => continue,
+                },
+            };
+            if factor > 1.0 {
+                shifts.insert(key, factor);
+            }
+        }
+        self.shifts = shifts;
     }
 
     /// The windows whose thresholds were scaled, in time then source order.
@@ -867,8 +894,8 @@ impl Sampler {
             let host_delay_ns_p99 = i64::from(s[k].1.max(s[k].2));
             let host_noise_threshold_ns =
                 opts.host_delay_noise_ns.max(host_delay_ns_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
-            let late = s.iter().filter(|x| i64::from(x.1.max(x.2)) > host_noise_threshold_ns).count();
-            out.late_share[c] = Some((late + 1) as f64 / (s.len() + 1) as f64);
+            let late = s.iter().flat_map(|x| [x.1, x.2]).filter(|&d| i64::from(d) > host_noise_threshold_ns).count();
+            out.late_share[c] = Some((late + 1) as f64 / (2 * s.len() + 1) as f64);
             let mut legs: Vec<f64> = s.iter().flat_map(|x| [x.1, x.2]).map(|d| f64::from(d.max(1))).collect();
             // Whole ns: a fleet of equal delays must not find its own delays above their p99
             // for the rounding of exp(ln).
@@ -1101,6 +1128,11 @@ fn poisson_tail(lambda: f64, k: u32) -> f64 {
     if lambda <= 0.0 {
         return 0.0;
     }
+    // At or below the mean the tail is about a half or more (and summing from k would
+    // underflow for a large lambda): above any alpha.
+    if f64::from(k) <= lambda {
+        return 1.0;
+    }
     // ln of the k-th term, then terms k.. until they no longer count.
     let mut ln_term = -lambda + f64::from(k) * lambda.ln() - (1..=k).map(|j| f64::from(j).ln()).sum::<f64>();
     let mut sum = 0.0;
@@ -1142,15 +1174,13 @@ struct Noise {
 /// each host was busy.
 #[derive(Default)]
 struct NoiseScan {
-    /// (host, start, end, RNIC, answering, the late delay), ns; few (stalled probes only).
-    events: Vec<(u32, u64, u64, u32, bool, u64)>,
+    /// (host, start, end, RNIC, answering), ns; few (late probes only).
+    events: Vec<(u32, u64, u64, u32, bool)>,
     /// By host: (host-delay legs, first T1, last T1).
     legs: HashMap<u32, (u64, u64, u64)>,
     /// (host, window) where the host was busy ([`busy_host`]) and its host-stamped RTTs no
-    /// slowness evidence.
+    /// slowness evidence (not those slowed beyond it, [`slowed_beyond_busy`]: evidence kept).
     busy: BTreeSet<(u32, u32)>,
-    /// (host, window) busy but slowed beyond it ([`slowed_beyond_busy`]): evidence kept.
-    busy_slowed: BTreeSet<(u32, u32)>,
 }
 
 /// One (host, window)'s host-stamped ok probes, for [`busy_host`].
@@ -1166,7 +1196,17 @@ struct Own {
 
 impl NoiseScan {
     /// One range of whole windows: a window's busy hosts are decided within it.
-    fn add(&mut self, ds: &Dataset, p: &Probes, hosts: &Hosts, base: &Baselines, opts: &Options, window_ns: u64) {
+    #[allow(clippy::too_many_arguments, reason = "one pass's context, as the tally's")]
+    fn add(
+        &mut self,
+        ds: &Dataset,
+        p: &Probes,
+        hosts: &Hosts,
+        tor_of: &[u32],
+        base: &Baselines,
+        opts: &Options,
+        window_ns: u64,
+    ) {
         let win = |t: u64| (t / window_ns) as u32;
         let events = &mut self.events;
         let mut own: HashMap<(u32, u32), Own> = HashMap::new();
@@ -1186,8 +1226,7 @@ impl NoiseScan {
                 && let Some(late_ns) = base.leg_late_ns(p.ts_source[i])
             {
                 let w = win(t1);
-                let slow = f64::from(p.network_rtt_ns[i])
-                    > base.slow_ns_in(p.ts_source[i], is_inter_by(ds, pr, tg, p.kind[i]), w);
+                let slow = f64::from(p.network_rtt_ns[i]) > base.slow_ns_in(p.ts_source[i], is_inter(p, tor_of, i), w);
                 for (host, delay_ns) in [(hosts.of_rnic[pr], pd), (hosts.of_rnic[tg], rd)] {
                     let c = own.entry((host, w)).or_default();
                     c.delayed += u32::from(delay_ns as f64 > late_ns);
@@ -1202,10 +1241,10 @@ impl NoiseScan {
             // Saturating: T1 and the delays are what the files say.
             let end = t1.saturating_add((i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64);
             if pd > noise_ns {
-                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, pd as u64));
+                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false));
             }
             if rd > noise_ns {
-                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, rd as u64));
+                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true));
             }
         }
         // The null of each window: the late share of a typical host there, the lower quartile
@@ -1221,20 +1260,10 @@ impl NoiseScan {
             if !busy_host(c.delayed, c.legs, null.get(&key.1).copied().unwrap_or(BUSY_NULL)) {
                 continue;
             }
-            if slowed_beyond_busy(c.slow, c.rtts, c.delayed, c.legs, opts.slow_null_floor) {
-                self.busy_slowed.insert(key);
-            } else {
+            if !slowed_beyond_busy(c.slow, c.rtts, c.delayed, c.legs, opts.slow_null_floor) {
                 self.busy.insert(key);
             }
         }
-    }
-}
-
-/// Whether a probe from RNIC `pr` to `tg` of `kind` runs between two ToRs, by the dataset's ToRs.
-fn is_inter_by(ds: &Dataset, pr: usize, tg: usize, kind: u8) -> bool {
-    match (ds.rnics.get(pr), ds.rnics.get(tg)) {
-        (Some(a), Some(b)) if !a.tor.is_empty() && !b.tor.is_empty() => a.tor != b.tor,
-        _ => kind == 1,
     }
 }
 
@@ -1277,7 +1306,7 @@ impl Noise {
         // Events of one host closer than the pad are one cluster.
         let mut i = 0;
         while i < events.len() {
-            let (host, start, mut end, rnic, answering, _) = events[i];
+            let (host, start, mut end, rnic, answering) = events[i];
             let mut j = i + 1;
             while j < events.len() && events[j].0 == host && events[j].1 <= end.saturating_add(opts.stall_pad_ns) {
                 end = end.max(events[j].2);
@@ -2859,7 +2888,7 @@ mod tests {
         let base = baselines(&ds.probes, &tor_of, &opts);
         let (hosts, agents) = (Hosts::of(ds), Agents::of(ds, W));
         let mut scan = NoiseScan::default();
-        scan.add(ds, &ds.probes, &hosts, &base, &opts, W);
+        scan.add(ds, &ds.probes, &hosts, &tor_of, &base, &opts, W);
         let noise = Noise::new(ds, &hosts, &base, &opts, W, scan);
         let mut st = Stages { base, tally: Tally::new(ds), range: RangeTally::default(), noise, hosts, agents, tor_of };
         let mut tally = Tally::new(ds);
@@ -3523,6 +3552,11 @@ mod tests {
         // ~80 legs a second, in a fleet with ~1e-3 of its legs past the threshold: not a stall.
         assert!(!stall(3, 176_000_000, 1_000_000_000, 80.0, 1e-3, 0.01 / 14_400.0));
         assert!((poisson_tail(0.01, 3) - 1.6546e-7).abs() < 1e-10, "{}", poisson_tail(0.01, 3));
+        // A long cluster on a busy host: many late legs expected, a few seen: no stall (the
+        // tail must not underflow to 0).
+        assert_eq!(poisson_tail(15_000.0, 3), 1.0);
+        assert!(!stall(5, 3_600_000_000_000, 1_000_000_000, 5_000.0, 1e-3, 1e-9));
+        assert!(poisson_tail(15_000.0, 16_000) < 1e-10 && poisson_tail(15_000.0, 16_000) > 0.0);
     }
 
     #[test]

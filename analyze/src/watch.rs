@@ -14,8 +14,10 @@
 //!   go silent (a pod down for maintenance) without holding the report back. A host is live
 //!   while it delivered a file within the grace of the analyzer's own clock, so a dead one
 //!   stops counting. A host whose newest record is more than the grace ahead of the fleet's
-//!   time, or a minute ahead of the analyzer's clock, is an outlier: said once (an `outlier`
-//!   line), left out of the vote; its records are reported when the fleet reaches their windows.
+//!   time, or whose records were a minute ahead of the analyzer's clock when they arrived, is
+//!   an outlier: said once (an `outlier` line). Records ahead of the clock do not vote (the
+//!   host votes with its newest record that was not), and a host ahead of the fleet's time
+//!   cannot move it; its records are reported when the fleet reaches their windows.
 //!   A writer's older file arriving after its newer one (a collection that failed once and was
 //!   retried) is still in time while it is within the grace.
 //! - Windows are emitted in time order, each exactly once: the state keeps the end of the
@@ -75,7 +77,8 @@ pub struct Config {
     pub stdout: bool,
     /// Report window, ns.
     pub window_ns: u64,
-    /// How far (data time) the fleet's newest record must be past a window's end.
+    /// How far (data time) the fleet's time must be past a window's end; also how long (the
+    /// analyzer's clock) a host may deliver nothing before it stops voting.
     pub grace_ns: u64,
     /// Scopes of the rows.
     pub scopes: Vec<Scope>,
@@ -129,13 +132,23 @@ fn io<'p>(path: &'p Path, what: &'static str) -> impl FnOnce(std::io::Error) -> 
     move |source| WatchError::Io { path: path.to_path_buf(), what, source }
 }
 
-/// Bump when the state's meaning changes; an older state is refused with the fix.
-const STATE_VERSION: u32 = 1;
+/// Bump when the state's meaning changes; an older state is refused with the fix. Version 2:
+/// `files` holds the files still needed, not every file seen (so an analyze that reads only
+/// version 1 must not take it: it would read every forgotten file as late); version 1 is
+/// taken and migrated.
+const STATE_VERSION: u32 = 2;
 
 /// A host's records more than this ahead of the analyzer's clock are from the future: records
 /// reach the analyzer only after they were written, and clocks under chrony or PTP agree to
 /// milliseconds, so a minute leaves room for an analyzer whose own clock is that far off.
 const CLOCK_AHEAD_MAX_NS: u64 = 60_000_000_000;
+
+const AHEAD_OF_THE_CLOCK: &str = "records of it are ahead of this analyzer's clock: its clock runs ahead (a host booted \
+     before chrony stepped it), or they are forged; they do not move the fleet's time, and are reported when the \
+     fleet reaches their windows";
+const AHEAD_OF_THE_FLEET: &str = "its newest record is more than the grace ahead of the fleet's time: its clock runs \
+     ahead (a host booted before chrony stepped it), or the record is forged; it does not move the fleet's time, and \
+     its records are reported when the fleet reaches their windows";
 
 /// The fleet's time is the newest T1 that more than `1 / QUORUM_DIVISOR` of the live hosts have
 /// written: a quarter. Clocks run ahead one host at a time (a boot before chrony steps the
@@ -190,6 +203,10 @@ struct Seen {
     /// it); a file is forgotten only once the pass that found it is over (module docs).
     #[serde(default)]
     seen_at_ns: u64,
+    /// Its newest T1 not ahead of the analyzer's clock when it was found (`last_ns` when none
+    /// is ahead; 0 when all are).
+    #[serde(default)]
+    plausible_last_ns: u64,
     /// Why the file could not be read at all (it is then left out, as `report` leaves it out).
     unreadable: Option<String>,
     /// Why the file, readable when first seen, could not be read again when its windows were
@@ -207,7 +224,14 @@ struct Seen {
 /// What the state keeps of one host: its files' newest T1 and when one last arrived.
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
 struct HostSeen {
+    /// The newest T1 of its files that was not ahead of the analyzer's clock when the file
+    /// arrived ([`CLOCK_AHEAD_MAX_NS`]): what it votes with, so that one record from the future
+    /// does not keep its later, honest files out of the vote.
     newest_ns: u64,
+    /// The newest T1 that was ahead of the analyzer's clock when its file arrived (0: none, or
+    /// the clock has reached it since and it is in `newest_ns`).
+    #[serde(default)]
+    future_ns: u64,
     /// The analyzer's clock when a new file of it was last found.
     seen_at_ns: u64,
     /// `ahead` or `behind` while it is said to be an outlier (said once, until back in line).
@@ -304,7 +328,7 @@ fn date_dir_end_ns(name: &str) -> Option<u64> {
     }
     let num = |r: std::ops::Range<usize>| name.get(r)?.parse::<i64>().ok();
     let days = rocemesh_formats::time::days_from_civil(num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
-    u64::try_from(days + 1).ok().map(|d| d * 86_400_000_000_000)
+    u64::try_from(days + 1).ok().and_then(|d| d.checked_mul(86_400_000_000_000))
 }
 
 /// The first record's time a segment's name carries (its leading Unix milliseconds), ns.
@@ -326,7 +350,8 @@ pub struct Watch<'a> {
     inventory: Option<&'a Inventory>,
     state: State,
     output: Option<(std::fs::File, PathBuf)>,
-    /// The state as last saved: a pass that changed nothing rewrites nothing.
+    /// The state as last saved, less its listing time: a pass that changed nothing else
+    /// rewrites nothing.
     saved: Vec<u8>,
 }
 
@@ -361,11 +386,18 @@ impl<'a> Watch<'a> {
         }
         self.forget(listed_from_ns);
         pass.files_kept = self.state.files.len() as u64;
-        let text = serde_json::to_vec(&self.state)
-            .map_err(|e| WatchError::State { path: self.cfg.state.clone(), reason: e.to_string() })?;
-        if text != self.saved {
-            save_state(&self.cfg.state, &text)?;
-            self.saved = text;
+        // Saved when anything but the listing's time changed: that time matters only to tell
+        // forgotten files, and it is saved with every pass that forgets one.
+        let encode = |st: &State| {
+            serde_json::to_vec(st)
+                .map_err(|e| WatchError::State { path: self.cfg.state.clone(), reason: e.to_string() })
+        };
+        let new_after = self.state.new_after_ns.take();
+        let canonical = encode(&self.state)?;
+        self.state.new_after_ns = new_after;
+        if canonical != self.saved {
+            save_state(&self.cfg.state, &encode(&self.state)?)?;
+            self.saved = canonical;
         }
         Ok(pass)
     }
@@ -383,8 +415,10 @@ impl<'a> Watch<'a> {
             };
             for e in entries {
                 let e = e.map_err(io(&dir, "list the collection directory"))?;
-                let is_dir = e.file_type().map_err(io(&dir, "list the collection directory"))?.is_dir();
+                let ft = e.file_type().map_err(io(&dir, "list the collection directory"))?;
                 let (path, name) = (e.path(), e.file_name());
+                // A linked directory (a date or host directory on another disk) is followed.
+                let is_dir = ft.is_dir() || (ft.is_symlink() && path.is_dir());
                 let name = name.to_string_lossy();
                 if is_dir {
                     let old =
@@ -425,6 +459,7 @@ impl<'a> Watch<'a> {
     fn take_new_files(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> Result<(), WatchError> {
         let found = self.list_new(pass)?;
         let seen_at_ns = wall_now_ns();
+        let mut touched = BTreeSet::new();
         for path in found {
             pass.new_files += 1;
             let seen = match SegmentReader::open(&path) {
@@ -439,11 +474,23 @@ impl<'a> Watch<'a> {
                 Ok(r) => {
                     let mut seen = self.judge_new(&path, &r, pass, lines);
                     seen.seen_at_ns = seen_at_ns;
-                    self.note_host(&seen, seen_at_ns, pass, lines);
+                    if seen.records > 0 {
+                        let name = host_of(&seen.writer).to_owned();
+                        let h = self.state.hosts.entry(name.clone()).or_default();
+                        h.newest_ns = h.newest_ns.max(seen.plausible_last_ns);
+                        if seen.last_ns > seen.plausible_last_ns {
+                            h.future_ns = h.future_ns.max(seen.last_ns);
+                        }
+                        h.seen_at_ns = seen_at_ns;
+                        touched.insert(name);
+                    }
                     seen
                 }
             };
             self.state.files.insert(path, seen);
+        }
+        for name in &touched {
+            self.judge_behind(name, pass, lines);
         }
         Ok(())
     }
@@ -477,41 +524,50 @@ impl<'a> Watch<'a> {
             lines.push(json(&Line::Late { file: path, records: late, windows_start_ns: &windows }));
             pass.said += 1;
         }
+        let clock_max = wall_now_ns().saturating_add(CLOCK_AHEAD_MAX_NS);
+        let plausible_last_ns = if last_ns <= clock_max {
+            last_ns
+        } else {
+            // Rare (a clock ahead, a forged record): the newest T1 that is not.
+            let t1s = r.probe_chunks().flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native()));
+            t1s.filter(|&t| t <= clock_max).max().unwrap_or(0)
+        };
         Seen {
             writer: format!("{}/{}", id.host, id.device),
             first_ns,
             last_ns,
             records,
             seen_at_ns: 0,
+            plausible_last_ns,
             unreadable: None,
             gone: None,
             said,
         }
     }
 
-    /// A new file of a host: its newest time and arrival; a host whose newest record is late
-    /// too is behind (said once).
-    fn note_host(&mut self, seen: &Seen, seen_at_ns: u64, pass: &mut Pass, lines: &mut Vec<String>) {
-        if seen.records == 0 {
-            return;
-        }
+    /// A host whose files arrived this pass: behind when even its newest record lies before
+    /// the windows already emitted (said once), back in line once it does not.
+    fn judge_behind(&mut self, name: &str, pass: &mut Pass, lines: &mut Vec<String>) {
         let emitted_to = self.state.emitted_to_ns;
-        let name = host_of(&seen.writer);
-        let h = self.state.hosts.entry(name.to_owned()).or_default();
-        h.newest_ns = h.newest_ns.max(seen.last_ns);
-        h.seen_at_ns = seen_at_ns;
-        if h.newest_ns < emitted_to && h.outlier.as_deref() != Some("behind") {
-            h.outlier = Some("behind".into());
-            lines.push(json(&Line::Outlier {
-                host: name,
-                direction: "behind",
-                newest_ns: h.newest_ns,
-                reference_ns: emitted_to,
-                by_ns: emitted_to - h.newest_ns,
-                why: "its newest record lies before the windows already emitted: its clock runs behind the fleet's \
-                      (check its time sync), or its files reach the collection that late; its records are not reported",
-            }));
-            pass.said += 1;
+        let Some(h) = self.state.hosts.get_mut(name) else { return };
+        let behind = h.newest_ns < emitted_to;
+        match h.outlier.as_deref() {
+            Some("behind") if !behind => h.outlier = None,
+            Some("behind") => {}
+            _ if behind => {
+                h.outlier = Some("behind".into());
+                lines.push(json(&Line::Outlier {
+                    host: name,
+                    direction: "behind",
+                    newest_ns: h.newest_ns,
+                    reference_ns: emitted_to,
+                    by_ns: emitted_to - h.newest_ns,
+                    why: "its newest record lies before the windows already emitted: its clock runs behind the fleet's \
+                          (check its time sync), or its files reach the collection that late; its records are not reported",
+                }));
+                pass.said += 1;
+            }
+            _ => {}
         }
     }
 
@@ -519,8 +575,14 @@ impl<'a> Watch<'a> {
     /// documentation); says hosts that turned outliers ahead.
     fn complete_to(&mut self, pass: &mut Pass, lines: &mut Vec<String>) -> (u64, Vote) {
         let window_ns = self.cfg.window_ns;
+        let (now, grace) = (wall_now_ns(), self.cfg.grace_ns);
+        let clock_max = now.saturating_add(CLOCK_AHEAD_MAX_NS);
+        for h in self.state.hosts.values_mut().filter(|h| h.future_ns != 0 && h.future_ns <= clock_max) {
+            // The clock has reached what was ahead of it: an ordinary record now.
+            (h.newest_ns, h.future_ns) = (h.newest_ns.max(h.future_ns), 0);
+        }
         if self.cfg.flush {
-            let newest = self.state.hosts.values().map(|h| h.newest_ns).max().unwrap_or(0);
+            let newest = self.state.hosts.values().map(|h| h.newest_ns.max(h.future_ns)).max().unwrap_or(0);
             let to = if self.state.hosts.is_empty() {
                 0
             } else {
@@ -528,37 +590,29 @@ impl<'a> Watch<'a> {
             };
             return (to, Vote { fleet_ns: newest, voting: self.state.hosts.len() as u64 });
         }
-        let (now, grace) = (wall_now_ns(), self.cfg.grace_ns);
-        let clock_max = now.saturating_add(CLOCK_AHEAD_MAX_NS);
-        let live = |h: &HostSeen| h.seen_at_ns.saturating_add(grace) >= now;
-        let mut newest: Vec<u64> =
-            self.state.hosts.values().filter(|h| live(h) && h.newest_ns <= clock_max).map(|h| h.newest_ns).collect();
+        let live = |h: &HostSeen| h.seen_at_ns.saturating_add(grace) >= now && h.newest_ns > 0;
+        let mut newest: Vec<u64> = self.state.hosts.values().filter(|h| live(h)).map(|h| h.newest_ns).collect();
         let vote = fleet_time(&mut newest);
         for (name, h) in &mut self.state.hosts {
-            let (reference_ns, why) = match vote {
-                _ if h.newest_ns > clock_max => (
-                    now,
-                    "its newest record is ahead of this analyzer's clock: its clock runs ahead (a host booted before chrony stepped it), or the record is forged; it does not move the fleet's time, and its records are reported when the fleet reaches their windows",
-                ),
-                Some(v) if h.newest_ns > v.fleet_ns.saturating_add(grace) => (
-                    v.fleet_ns,
-                    "its newest record is more than the grace ahead of the fleet's time: its clock runs ahead (a host booted before chrony stepped it), or the record is forged; it does not move the fleet's time, and its records are reported when the fleet reaches their windows",
-                ),
-                _ => {
-                    if h.outlier.as_deref() == Some("ahead") {
-                        h.outlier = None;
-                    }
-                    continue;
+            let (newest_ns, reference_ns, why) = if h.future_ns != 0 {
+                (h.future_ns, now, AHEAD_OF_THE_CLOCK)
+            } else if let Some(v) = vote.filter(|v| h.newest_ns > v.fleet_ns.saturating_add(grace)) {
+                (h.newest_ns, v.fleet_ns, AHEAD_OF_THE_FLEET)
+            } else {
+                // Back in line; without a vote nothing is known either way.
+                if vote.is_some() && h.outlier.as_deref() == Some("ahead") {
+                    h.outlier = None;
                 }
+                continue;
             };
             if h.outlier.as_deref() != Some("ahead") {
                 h.outlier = Some("ahead".into());
                 lines.push(json(&Line::Outlier {
                     host: name,
                     direction: "ahead",
-                    newest_ns: h.newest_ns,
+                    newest_ns,
                     reference_ns,
-                    by_ns: h.newest_ns - reference_ns,
+                    by_ns: newest_ns.saturating_sub(reference_ns),
                     why,
                 }));
                 pass.said += 1;
@@ -770,6 +824,9 @@ fn load_state(cfg: &Config) -> Result<State, WatchError> {
     let mut state: State =
         serde_json::from_str(&text).map_err(|e| bad(format!("not a watch state ({e}); move it away to start over")))?;
     state.findings_to_ns.get_or_insert(state.emitted_to_ns);
+    if state.version == 1 {
+        state.version = STATE_VERSION;
+    }
     if state.version != STATE_VERSION {
         return Err(bad(format!(
             "version {} where this analyze writes {STATE_VERSION}; move it away to start over",
@@ -789,7 +846,7 @@ fn load_state(cfg: &Config) -> Result<State, WatchError> {
         let now = wall_now_ns();
         for s in state.files.values().filter(|s| s.records > 0 && s.unreadable.is_none()) {
             let h = state.hosts.entry(host_of(&s.writer).to_owned()).or_default();
-            h.newest_ns = h.newest_ns.max(s.last_ns);
+            h.newest_ns = h.newest_ns.max(s.last_ns.min(now.saturating_add(CLOCK_AHEAD_MAX_NS)));
             h.seen_at_ns = now;
         }
     }

@@ -653,3 +653,29 @@ fn output_past_the_saved_state_is_cut_and_emitted_again_once() {
     assert!(plain.len() > 1000, "{}", String::from_utf8_lossy(&plain));
     assert_eq!(String::from_utf8_lossy(&crashed), String::from_utf8_lossy(&plain));
 }
+
+/// One forged record years ahead in a lone host's file does not keep that host out of the vote:
+/// it votes with its newest record that was not ahead of the analyzer's clock, so its honest
+/// later files move the report on (a review of the fix found the host silenced until the
+/// clock reached the forged time).
+#[test]
+fn a_forged_record_does_not_silence_its_host() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let col = tmp.path().join("collection");
+    let (state, output) = (tmp.path().join("s.json"), tmp.path().join("o.jsonl"));
+    let (state_s, output_s, col_s) =
+        (state.to_str().expect("utf-8"), output.to_str().expect("utf-8"), col.to_str().expect("utf-8"));
+    let minute = 60_000_000_000u64;
+    host_file(&col, "wq-h1", &[T0, now_ns() + 20 * 365 * 24 * 60 * minute]);
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(1), "the outlier is said: {}", String::from_utf8_lossy(&out.stderr));
+    for k in 1..=12u64 {
+        let f = host_file(&tmp.path().join("later"), "wq-h1", &[T0 + k * minute]);
+        std::fs::rename(&f, col.join("wq-h1").join(f.file_name().expect("name"))).expect("deliver");
+    }
+    let out = analyze(&watch_args(state_s, output_s, col_s, &["--once"]));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let emitted = emitted_to(&state);
+    assert!(emitted + GRACE_S * 1_000_000_000 > T0 + 11 * minute, "the honest files moved the report on: {emitted}");
+    assert_eq!(lines(&output).iter().filter(|l| l["type"] == "outlier").count(), 1);
+}

@@ -179,12 +179,14 @@ fn install_command(path: &str, len: usize, secret_group: Option<&str>) -> String
         ),
         None => ("022", String::new()),
     };
+    // Directories under 027 (the agent's group enters them), the file under its own umask.
     let script = format!(
         r#"set -eu
 f={path}
 d=$(dirname -- "$f")
-umask {umask}
+umask 027
 mkdir -p -- "$d"
+umask {umask}
 t="$d/.$(basename -- "$f").ctl-tmp.$$"
 trap 'rm -f -- "$t"' EXIT
 cat > "$t"
@@ -335,6 +337,31 @@ mod tests {
         assert!(String::from_utf8_lossy(&out.stderr).contains("received 12 of 100 bytes"));
         assert_eq!(std::fs::read(&target).unwrap(), body);
         assert_eq!(std::fs::read_dir(target.parent().unwrap()).unwrap().count(), 1);
+    }
+
+    /// The key file's install creates its directory 0750 (the agent's group enters it) and the
+    /// file 0640 with the named group: a directory made under the file's umask 077 was 0700,
+    /// and the agent could read neither the keys nor the pinglist pushed after them.
+    #[test]
+    fn the_key_install_makes_a_directory_the_agents_group_can_enter() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("new/etc/fleet-keys.toml");
+        let group = String::from_utf8(std::process::Command::new("id").arg("-gn").output().unwrap().stdout).unwrap();
+        let body = b"version = 1\n";
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(install_command(&target.display().to_string(), body.len(), Some(group.trim())))
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), body).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(target.parent().unwrap()), 0o750);
+        assert_eq!(mode(&target), 0o640);
     }
 
     #[test]

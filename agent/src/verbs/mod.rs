@@ -964,12 +964,16 @@ impl Transport for VerbsTransport {
         })
     }
 
-    fn binding_to(&self, to: &VerbsAddr, probe: bool) -> Binding {
-        binding_to(to, probe)
+    fn binding_to(&self, to: &VerbsAddr, _probe: bool) -> Binding {
+        binding_to(to)
     }
 
-    fn binding_at(&self, _at: u8, probe: bool) -> Binding {
-        binding_at(self.cfg.bind, self.qpn().unwrap_or(0), probe)
+    fn binding_at(&self, _at: u8, _probe: bool) -> Binding {
+        binding_at(self.cfg.bind)
+    }
+
+    fn reaches_without_state(&self, to: &VerbsAddr, flow_label: u32) -> bool {
+        self.res.as_ref().is_some_and(|r| r.ahs.contains_key(&(to.gid, flow_label)))
     }
 
     fn answers_from(&self, probed: &VerbsAddr, from: &VerbsAddr) -> bool {
@@ -1025,18 +1029,17 @@ impl Transport for VerbsTransport {
     }
 }
 
-/// The end a sealed packet to `to` binds: a probe goes to a target's GID and RDMA CM service
-/// port, an answer to the prober's GID and QPN (what the completion names; `port` is 0 there).
-fn binding_to(to: &VerbsAddr, probe: bool) -> Binding {
-    if probe { Binding::new(to.gid, u32::from(to.port), 1) } else { Binding::new(to.gid, to.qpn, 2) }
+/// The end a sealed packet to `to` binds: its GID. A verbs shard is its RNIC's GID (the config
+/// gives each shard its own address), whatever port or QPN names its QP: a pinglist may name a
+/// target's QPN and leave its RDMA CM port to a default, and an answer names the prober by the
+/// QPN its completion carried.
+fn binding_to(to: &VerbsAddr) -> Binding {
+    Binding::new(to.gid, 0, 1)
 }
 
-/// The end a sealed packet received by the shard bound to `bind`, with UD QP `qpn`, binds: as
-/// its peers name it ([`binding_to`]): the GID of `bind`'s address, and its service port for
-/// a probe or its QPN for an answer.
-fn binding_at(bind: SocketAddr, qpn: u32, probe: bool) -> Binding {
-    let gid = gid_bytes(bind.ip());
-    if probe { Binding::new(gid, u32::from(bind.port()), 1) } else { Binding::new(gid, qpn, 2) }
+/// The end a sealed packet received by the shard bound to `bind` binds ([`binding_to`]).
+fn binding_at(bind: SocketAddr) -> Binding {
+    Binding::new(gid_bytes(bind.ip()), 0, 1)
 }
 
 /// Targets of a verbs shard: the pinglist's address as a GID; its QPN if the pinglist gives one,
@@ -1062,24 +1065,23 @@ impl crate::shard::Resolve<VerbsAddr> for VerbsResolver {
 mod tests {
     use super::*;
     use std::net::Ipv6Addr;
+    use std::path::Path;
 
-    /// What a prober seals a probe for (the target as its pinglist names it) is what the
-    /// target checks it against, and what the target seals an answer for (the completion's
-    /// GID and QPN) is what the prober checks; another port, QPN or address is not.
+    /// What a prober seals a probe for (the target as its pinglist names it, by port or QPN)
+    /// is what the target checks it against, and what the target seals an answer for (the
+    /// completion's GID and QPN) is what the prober checks; another address is not.
     #[test]
     fn both_ends_agree_on_the_binding_of_probes_and_answers() {
         let (prober, target): (SocketAddr, SocketAddr) =
             ("10.0.0.1:18515".parse().expect("addr"), "10.0.1.7:18515".parse().expect("addr"));
-        let pinglist_target = VerbsAddr { gid: gid_bytes(target.ip()), qpn: 0, port: target.port() };
-        assert_eq!(binding_to(&pinglist_target, true), binding_at(target, 4711, true));
+        let by_port = VerbsAddr { gid: gid_bytes(target.ip()), qpn: 0, port: target.port() };
+        let by_qpn = VerbsAddr { gid: gid_bytes(target.ip()), qpn: 4711, port: 9999 };
+        assert_eq!(binding_to(&by_port), binding_at(target));
+        assert_eq!(binding_to(&by_qpn), binding_at(target), "a QPN and a default port");
         let completion_sender = VerbsAddr { gid: gid_bytes(prober.ip()), qpn: 99, port: 0 };
-        assert_eq!(binding_to(&completion_sender, false), binding_at(prober, 99, false));
-        assert_ne!(binding_to(&completion_sender, false), binding_at(prober, 98, false), "another QPN");
-        assert_ne!(binding_to(&pinglist_target, true), binding_at(prober, 4711, true), "another address");
-        let other_port = VerbsAddr { port: 18516, ..pinglist_target };
-        assert_ne!(binding_to(&other_port, true), binding_at(target, 4711, true), "another service port");
+        assert_eq!(binding_to(&completion_sender), binding_at(prober));
+        assert_ne!(binding_to(&by_port), binding_at(prober), "another address");
     }
-    use std::path::Path;
 
     fn fake_sysfs(state: &str) -> tempfile::TempDir {
         let root = tempfile::tempdir().expect("tempdir");
