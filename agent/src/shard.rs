@@ -845,7 +845,7 @@ impl<T: Transport> Shard<T> {
                             t4_ns: ts,
                         };
                         let mut b = [0u8; PACKET_BYTES];
-                        self.auth.encode(&ack2, &mut b, now, &self.transport.binding_to(&pa.to, false));
+                        self.auth.encode(&ack2, &mut b, now, &self.transport.binding_to(&pa.to));
                         self.enqueue(&pa.to, pa.flow_label, &b, false, NOT_A_PROBE)?;
                     }
                 }
@@ -872,11 +872,11 @@ impl<T: Transport> Shard<T> {
             let bytes = &self.rx.buf[i][..self.rx.len[i]];
             let p = match Packet::parse(bytes) {
                 Ok((p, _)) if p.kind == Kind::Refusal => {
-                    self.refused_by_peer(&p, &from);
+                    self.refused_by_peer(&p, &from, t6);
                     continue;
                 }
                 Ok((p, seal)) => {
-                    let me = self.transport.binding_at(self.rx.at[i], p.kind == Kind::Probe);
+                    let me = self.transport.binding_at(self.rx.at[i]);
                     match self.auth.admit(bytes, seal, t6, &me) {
                         Ok(()) => p,
                         Err(why) => {
@@ -952,7 +952,7 @@ impl<T: Transport> Shard<T> {
     /// REFUSAL (rate-limited), an ACK marks its probe refused.
     fn keyed_differently(&mut self, p: &Packet, from: &T::Addr, now: u64) -> Result<(), SegmentError> {
         if p.kind != Kind::Probe {
-            self.refused_by_peer(p, from);
+            self.refused_by_peer(p, from, now);
             return Ok(());
         }
         // The sender names the flow label: answering a new (address, label) on verbs would
@@ -983,13 +983,13 @@ impl<T: Transport> Shard<T> {
     /// has not answered us within a probe timeout: a keying difference refuses every probe of
     /// the pair, so a REFUSAL beside admitted answers is forged (or a roll-out's edge) and the
     /// probe's fate is the network's.
-    fn refused_by_peer(&mut self, p: &Packet, from: &T::Addr) {
+    fn refused_by_peer(&mut self, p: &Packet, from: &T::Addr, now: u64) {
         match self.slot_of(p.seq) {
             Some(slot) if self.transport.answers_from(&self.inflight_addr[slot], from) => {
                 let ti = self.inflight[slot].ti;
                 let heard_ns =
                     if ti & SERVICE_BIT == 0 { self.targets.get(ti as usize).map_or(0, |t| t.heard_ns) } else { 0 };
-                if heard_ns.saturating_add(self.timeout_ns) < now_ns() {
+                if heard_ns.saturating_add(self.timeout_ns) < now {
                     self.inflight[slot].auth_refused = true;
                 } else {
                     self.stats.auth_refusals_ignored += 1;
@@ -1021,7 +1021,7 @@ impl<T: Transport> Shard<T> {
             t4_ns: token,
         };
         let mut b = [0u8; PACKET_BYTES];
-        self.auth.encode(&ack1, &mut b, now, &self.transport.binding_to(&from, false));
+        self.auth.encode(&ack1, &mut b, now, &self.transport.binding_to(&from));
         self.enqueue(&from, p.flow_label, &b, true, NOT_A_PROBE)?;
         self.stats.answered += 1;
         if let Some(paths) = &mut self.paths
@@ -1076,7 +1076,7 @@ impl<T: Transport> Shard<T> {
             }
             let mut b = [0u8; PACKET_BYTES];
             let probe = Packet { kind: Kind::Probe, seq, flow_label: label, responder_epoch: 0, t3_ns: 0, t4_ns: 0 };
-            self.auth.encode(&probe, &mut b, now, &self.transport.binding_to(&addr, true));
+            self.auth.encode(&probe, &mut b, now, &self.transport.binding_to(&addr));
             let t1 = now_ns();
             self.stats.probes_sent += 1;
             // Marked sent now; a flush that could not send it takes the mark back and records

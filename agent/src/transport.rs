@@ -208,12 +208,12 @@ pub trait Transport {
     fn observe(&mut self, _to: &Self::Addr, _answered: bool) {}
 
     /// The end a sealed packet to `to` is bound to ([`crate::protocol::Binding`]): `to` as this
-    /// transport names it; `probe`: a probe, else an answer to one.
-    fn binding_to(&self, to: &Self::Addr, probe: bool) -> Binding;
+    /// transport names it, probe or answer alike (the kind is in the MAC already).
+    fn binding_to(&self, to: &Self::Addr) -> Binding;
 
     /// The end a sealed packet that arrived at this transport's end `at` ([`RxBatch::at`]) must
-    /// be bound to: that end as its peers name it; `probe`: a probe, else an answer.
-    fn binding_at(&self, at: u8, probe: bool) -> Binding;
+    /// be bound to: that end as its peers name it.
+    fn binding_at(&self, at: u8) -> Binding;
 
     /// Whether a packet to `to` with `flow_label` can be sent without creating state for it
     /// (verbs: an address handle already exists). REFUSALs answer unauthenticated packets,

@@ -272,13 +272,13 @@ impl Transport for UdpTransport {
         true
     }
 
-    fn binding_to(&self, to: &SocketAddr, _probe: bool) -> Binding {
+    fn binding_to(&self, to: &SocketAddr) -> Binding {
         Binding::of_socket(*to)
     }
 
     /// Socket `at` (0: the bound one, k: path socket k), on the bound address: the config
     /// refuses an unspecified address with `[auth]`, which peers could not name.
-    fn binding_at(&self, at: u8, _probe: bool) -> Binding {
+    fn binding_at(&self, at: u8) -> Binding {
         let port = match usize::from(at) {
             0 => self.local.port(),
             k => self.path_ports.get(k - 1).copied().unwrap_or(0),

@@ -225,6 +225,14 @@ pub struct Baseline {
     pub host_noise_threshold_ns: i64,
 }
 
+impl Baseline {
+    /// Samples a ToR (or a window pooled) needs to measure an RTT shift against this ToR-mesh
+    /// baseline ([`shift_min_samples`] of its log-RTT spread, which its robust p99 puts).
+    fn shift_min_samples(&self) -> usize {
+        shift_min_samples((self.rtt_ns_p99_robust / self.rtt_ns_p50).ln() / Z99)
+    }
+}
+
 /// A window in which the fleet's ToR-mesh RTT rose, and its slow thresholds with it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RttShift {
@@ -694,7 +702,7 @@ impl Baselines {
         let mut pooled: HashMap<(u32, usize), (Vec<f64>, usize)> = HashMap::new();
         for ((w, c, tor), mut v) in by {
             let Some(b) = self.by_code[c][0].as_ref() else { continue };
-            let min = shift_min_samples((b.rtt_ns_p99_robust / b.rtt_ns_p50).ln() / Z99);
+            let min = b.shift_min_samples();
             let p = pooled.entry((w, c)).or_default();
             p.1 = p.1.max(v.len());
             p.0.extend_from_slice(&v);
@@ -716,11 +724,7 @@ impl Baselines {
                 // more than half of it (then it would decide alone, as a single-ToR fabric's
                 // would: no shift there).
                 None => match self.by_code[key.1][0].as_ref() {
-                    Some(b)
-                        if 2 * most <= all.len()
-                            && all.len() >= shift_min_samples((b.rtt_ns_p99_robust / b.rtt_ns_p50).ln() / Z99)
-                            && b.rtt_ns_p25 > 0.0 =>
-                    {
+                    Some(b) if 2 * most <= all.len() && all.len() >= b.shift_min_samples() && b.rtt_ns_p25 > 0.0 => {
                         lower_quartile(&mut all) / b.rtt_ns_p25
                     }
                     _ => continue,
@@ -768,12 +772,7 @@ impl Baselines {
     /// The share of host-delay legs above the stall threshold in the fleet, the largest over
     /// the timestamp sources (1 without a sample: then no cluster is a stall).
     fn late_share(&self) -> f64 {
-        self.late_share
-            .iter()
-            .flatten()
-            .copied()
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-            .unwrap_or(1.0)
+        self.late_share.iter().flatten().copied().reduce(f64::max).unwrap_or(1.0)
     }
 
     /// Every baseline, in (source, scope) order.
@@ -943,9 +942,9 @@ fn robust_p99(v: &mut [f64]) -> f64 {
     (log_median + Z99 * sigma).exp()
 }
 
-/// The lower quartile of shares over hosts (element `(len - 1) / 4`, as the nulls over RNICs
-/// take it), reordering `v`; 0 when empty.
-fn lower_quartile_of_hosts(v: &mut [f64]) -> f64 {
+/// The lower quartile the nulls take of bad shares over RNICs or hosts (element
+/// `(len - 1) / 4` in order), reordering `v`; 0 when empty.
+fn null_quartile(v: &mut [f64]) -> f64 {
     let k = v.len().saturating_sub(1) / 4;
     order_statistic(v, k)
 }
@@ -1255,7 +1254,7 @@ impl NoiseScan {
             shares.entry(w).or_default().push(f64::from(c.delayed) / f64::from(c.legs));
         }
         let null: HashMap<u32, f64> =
-            shares.into_iter().map(|(w, mut v)| (w, lower_quartile_of_hosts(&mut v).max(BUSY_NULL))).collect();
+            shares.into_iter().map(|(w, mut v)| (w, null_quartile(&mut v).max(BUSY_NULL))).collect();
         for (key, c) in own {
             if !busy_host(c.delayed, c.legs, null.get(&key.1).copied().unwrap_or(BUSY_NULL)) {
                 continue;
@@ -1871,10 +1870,8 @@ impl Blamer {
             .filter(|c| c.1 >= NULL_MIN_PROBES)
             .map(|(bad, total)| f64::from(bad) / f64::from(total))
             .collect();
-        rnic_shares.sort_by(f64::total_cmp);
-        let lower_quartile = rnic_shares.get(rnic_shares.len().saturating_sub(1) / 4).copied().unwrap_or(0.0);
         let floor = if mode == Mode::Slow { opts.slow_null_floor } else { opts.loss_null_floor };
-        lower_quartile.max(floor)
+        null_quartile(&mut rnic_shares).max(floor)
     }
 }
 

@@ -57,7 +57,7 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use rocemesh_formats::inventory::Inventory;
-use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader};
+use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader, name_first_ms};
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::{self, Fields, FileProblem};
@@ -322,20 +322,13 @@ fn fleet_time(newest: &mut [u64]) -> Option<Vote> {
 
 /// The time a `ctl collect` date directory's name (`YYYY-MM-DD`) ends, Unix ns.
 fn date_dir_end_ns(name: &str) -> Option<u64> {
-    let b = name.as_bytes();
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| name.get(r)?.parse::<i64>().ok();
-    let days = rocemesh_formats::time::days_from_civil(num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
+    let days = rocemesh_formats::time::parse_utc_date(name)?;
     u64::try_from(days + 1).ok().and_then(|d| d.checked_mul(86_400_000_000_000))
 }
 
-/// The first record's time a segment's name carries (its leading Unix milliseconds), ns.
+/// The first record's time a segment's name carries ([`name_first_ms`]), ns.
 fn name_time_ns(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let ms = name.split('-').next()?;
-    (ms.len() == 13 && ms.bytes().all(|b| b.is_ascii_digit())).then(|| ms.parse::<u64>().ok())?.map(|ms| ms * 1_000_000)
+    name_first_ms(path.file_name()?.to_str()?)?.checked_mul(1_000_000)
 }
 
 /// The analyzer's clock, Unix ns.

@@ -331,7 +331,7 @@ fn sealed_collection(s: &rocemesh_formats::scenario::Scenario, dir: &Path) -> Pa
     assert!(!files.is_empty(), "the simulator wrote no segment");
     std::fs::create_dir_all(&col).expect("mkdir");
     for f in files {
-        let sealed = rocemesh_formats::segment::seal(&f, 1).expect("seal").sealed_path;
+        let sealed = common::seal_closed(&f, 1);
         let to = col.join(sealed.file_name().expect("name"));
         std::fs::rename(&sealed, &to).expect("move into the collection");
     }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader};
+use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader, name_first_ms};
 
 use crate::remote::{RemotePath, Ssh, run_parallel, sh_quote};
 
@@ -196,15 +196,13 @@ fn list(host: &str, dir: &str, ssh: &Ssh) -> Result<Vec<Listed>, String> {
 /// `OUT/<date>/<host>/<rel>`, the date from the file name's leading Unix milliseconds.
 pub fn local_path(out: &Path, host: &str, rel: &str) -> PathBuf {
     let name = rel.rsplit('/').next().unwrap_or(rel);
-    let date =
-        name.split('-').next().and_then(|ms| ms.parse::<u64>().ok()).map_or_else(|| "undated".to_owned(), date_of_ms);
+    let date = name_first_ms(name).map_or_else(|| "undated".to_owned(), date_of_ms);
     out.join(date).join(host).join(rel)
 }
 
 /// UTC calendar date of Unix milliseconds, `YYYY-MM-DD`.
 fn date_of_ms(ms: u64) -> String {
-    let c = rocemesh_formats::time::civil_utc((ms / 1_000) as i64);
-    format!("{:04}-{:02}-{:02}", c.year, c.month, c.day)
+    rocemesh_formats::time::utc_date((ms / 1_000) as i64)
 }
 
 /// First-record time (Unix s) of the newest file of `host` in the collection.
@@ -218,7 +216,7 @@ fn newest_collected_s(out: &Path, host: &str) -> Option<u64> {
             .flatten()
             .flatten()
             .flat_map(|shard| std::fs::read_dir(shard.path()).into_iter().flatten().flatten())
-            .filter_map(|f| f.file_name().to_string_lossy().split('-').next().and_then(|ms| ms.parse::<u64>().ok()))
+            .filter_map(|f| name_first_ms(&f.file_name().to_string_lossy()))
             .max();
         if let Some(ms) = newest {
             return Some(ms / 1_000);

@@ -392,15 +392,22 @@ mod tests {
         assert!(e.to_string().contains("version"), "{e}");
     }
 
+    /// A key file of one key in `dir`, mode `mode`; its path and keys.
+    fn key_file(dir: &Path, mode: u32) -> (std::path::PathBuf, FleetKeys) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(FILE_NAME);
+        let mut keys = FleetKeys::new();
+        keys.rotate(1, 0, A).expect("key");
+        std::fs::write(&path, keys.to_toml_string().expect("toml")).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        (path, keys)
+    }
+
     #[test]
     fn a_key_file_others_can_read_is_refused_with_the_chmod_that_fixes_it() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(FILE_NAME);
-        let mut keys = FleetKeys::new();
-        keys.rotate(1, 0, A).expect("key");
-        std::fs::write(&path, keys.to_toml_string().expect("toml")).expect("write");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let (path, keys) = key_file(dir.path(), 0o644);
         let e = FleetKeys::load(&path).expect_err("world-readable");
         assert!(e.fix.starts_with("chmod 600"), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).expect("chmod");
@@ -425,13 +432,8 @@ mod tests {
     #[test]
     #[ignore = "needs root: chowns a file to another user"]
     fn loading_a_key_file_owned_by_another_user_fails() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(FILE_NAME);
-        let mut keys = FleetKeys::new();
-        keys.rotate(1, 0, A).expect("key");
-        std::fs::write(&path, keys.to_toml_string().expect("toml")).expect("write");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let (path, keys) = key_file(dir.path(), 0o600);
         assert_eq!(FleetKeys::load(&path).expect("root's own"), keys);
         std::os::unix::fs::chown(&path, Some(65534), None).expect("chown to nobody");
         let e = FleetKeys::load(&path).expect_err("nobody's");

@@ -35,6 +35,22 @@ pub fn civil_utc(unix_s: i64) -> CivilUtc {
     CivilUtc { year, month, day, hour: secs / 3_600, minute: secs % 3_600 / 60, second: secs % 60 }
 }
 
+/// The UTC date of `unix_s` as `YYYY-MM-DD`: the name of `ctl collect`'s date directories.
+pub fn utc_date(unix_s: i64) -> String {
+    let c = civil_utc(unix_s);
+    format!("{:04}-{:02}-{:02}", c.year, c.month, c.day)
+}
+
+/// Days since the Unix epoch of a `YYYY-MM-DD` name ([`utc_date`]); `None` for another name.
+pub fn parse_utc_date(name: &str) -> Option<i64> {
+    let b = name.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| name.get(r)?.parse::<u32>().ok();
+    Some(days_from_civil(i64::from(num(0..4)?), num(5..7)?, num(8..10)?))
+}
+
 /// Days since the Unix epoch of the UTC date `year-month-day` (month 1-12, day 1-31): the
 /// inverse of [`civil_utc`]'s date (Howard Hinnant's days_from_civil).
 pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
@@ -67,5 +83,15 @@ mod tests {
             assert_eq!(days_from_civil(c.year, c.month as u32, c.day as u32), days, "{c:?}");
         }
         assert_eq!(days_from_civil(2023, 11, 14), 1_700_000_000 / 86_400);
+    }
+
+    #[test]
+    fn date_names_round_trip() {
+        assert_eq!(utc_date(1_700_000_000), "2023-11-14");
+        assert_eq!(parse_utc_date("2023-11-14"), Some(1_700_000_000 / 86_400));
+        assert_eq!(parse_utc_date(&utc_date(951_782_400)), Some(951_782_400 / 86_400));
+        for bad in ["damaged", "undated", "2023-1-14", "2023/11/14", "x023-11-14"] {
+            assert_eq!(parse_utc_date(bad), None, "{bad}");
+        }
     }
 }

@@ -964,11 +964,11 @@ impl Transport for VerbsTransport {
         })
     }
 
-    fn binding_to(&self, to: &VerbsAddr, _probe: bool) -> Binding {
+    fn binding_to(&self, to: &VerbsAddr) -> Binding {
         binding_to(to)
     }
 
-    fn binding_at(&self, _at: u8, _probe: bool) -> Binding {
+    fn binding_at(&self, _at: u8) -> Binding {
         binding_at(self.cfg.bind)
     }
 

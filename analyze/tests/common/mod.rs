@@ -132,8 +132,7 @@ fn write_fleet(dir: &Path, services: bool) -> Vec<Vec<PathBuf>> {
             seq += 1;
             t1 += step_ns;
         }
-        let mut files: Vec<PathBuf> =
-            w.finish().expect("finish").iter().map(|p| seal(p, 3).expect("seal").sealed_path).collect();
+        let mut files: Vec<PathBuf> = w.finish().expect("finish").iter().map(|p| seal_closed(p, 3)).collect();
         files.sort();
         out.push(files);
     }
@@ -176,5 +175,22 @@ pub fn host_file(dir: &Path, host: &str, t1s: &[u64]) -> PathBuf {
     }
     let files = w.finish().expect("finish");
     assert_eq!(files.len(), 1, "one segment");
-    seal(&files[0], 3).expect("seal").sealed_path
+    seal_closed(&files[0], 3)
+}
+
+/// Seals a segment its writer has closed; returns the sealed path. Another test of the binary
+/// spawning a process at that moment holds a copy of the closed file's descriptor, and with it
+/// the writer's lock, from its fork until its exec: seal then refuses the file as "still being
+/// written", so that refusal is waited out (a second at most) rather than failing the test.
+pub fn seal_closed(path: &Path, zstd_level: i32) -> PathBuf {
+    for _ in 0..100 {
+        match seal(path, zstd_level) {
+            Ok(r) => return r.sealed_path,
+            Err(rocemesh_formats::segment::SegmentError::Config(m)) if m.contains("still being written") => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("seal {}: {e}", path.display()),
+        }
+    }
+    panic!("{}: still locked after a second", path.display())
 }

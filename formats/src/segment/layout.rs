@@ -14,6 +14,14 @@ pub const OPEN_SUFFIX: &str = ".rseg";
 /// File name suffix of a sealed (zstd) segment.
 pub const SEALED_SUFFIX: &str = ".rseg.zst";
 
+/// The first record's time a segment's file name carries: its leading Unix milliseconds, up to
+/// the first `-` (the writer names a file `<ms, 13 digits>-<host>-<device>-<epoch>-<n>.rseg`).
+/// `None` for a name that does not start so. `ctl collect` dates its directories by it, and
+/// `analyze watch` dates the files it has forgotten.
+pub fn name_first_ms(file_name: &str) -> Option<u64> {
+    file_name.split('-').next()?.parse().ok()
+}
+
 /// Where the writer identity starts inside the header page.
 pub(crate) const IDENTITY_OFFSET: usize = 48;
 /// The close block occupies the last 64 bytes of the header page.

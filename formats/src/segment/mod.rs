@@ -34,7 +34,7 @@ mod writer;
 
 use std::path::PathBuf;
 
-pub use layout::{FORMAT_VERSION, FrameKind, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, WriterIdentity};
+pub use layout::{FORMAT_VERSION, FrameKind, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, WriterIdentity, name_first_ms};
 pub use reader::{Damage, DamageKind, SegmentReader};
 pub use seal::{Eviction, SealReport, enforce_quota, seal};
 pub use summary::{
