@@ -558,12 +558,29 @@ impl AgentConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
+        self.validate_host_and_shard_count()?;
+        self.validate_metrics()?;
+        self.validate_auth()?;
+        self.validate_view()?;
+        self.validate_shards()?;
+        self.validate_path_tracing()?;
+        self.validate_service_tracing()?;
+        self.validate_timing_and_segments()
+    }
+
+    /// The two things without which nothing else means anything: a host name and a shard.
+    fn validate_host_and_shard_count(&self) -> Result<(), String> {
         if self.host.is_empty() {
             return Err("`host` is empty: set it to this host's inventory name".into());
         }
         if self.shards.is_empty() {
             return Err("no [[shard]]: add one per RNIC (UDP: per local address)".into());
         }
+        Ok(())
+    }
+
+    /// `[metrics]`: the RNIC counters' prefix must itself be a metric name.
+    fn validate_metrics(&self) -> Result<(), String> {
         let p = &self.metrics.infiniband_prefix;
         let metric_char = |(i, c): (usize, char)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit());
         if p.is_empty() || !p.chars().enumerate().all(metric_char) {
@@ -572,6 +589,11 @@ impl AgentConfig {
                  (e.g. \"node_infiniband\" or \"rocemesh_infiniband\")"
             ));
         }
+        Ok(())
+    }
+
+    /// `[auth]`: the clock window and the replay table's size.
+    fn validate_auth(&self) -> Result<(), String> {
         let a = &self.auth;
         if !(10..=600_000).contains(&a.window_ms) {
             return Err(format!(
@@ -585,6 +607,11 @@ impl AgentConfig {
                 a.replay_slots
             ));
         }
+        Ok(())
+    }
+
+    /// `[view]`: the allow list, the window, the readers and the port.
+    fn validate_view(&self) -> Result<(), String> {
         let v = &self.view;
         v.prefixes()?;
         if !(1..=3600).contains(&v.window_s) {
@@ -596,61 +623,74 @@ impl AgentConfig {
         if v.port == 0 {
             return Err("view.port = 0: name the port collectors connect to (default 18601)".into());
         }
+        Ok(())
+    }
+
+    /// Every `[[shard]]`, in order: the first shard with a problem is the one reported.
+    fn validate_shards(&self) -> Result<(), String> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         for (i, s) in self.shards.iter().enumerate() {
-            if s.device.is_empty() || s.device.contains('/') {
-                return Err(format!("shard[{i}].device {:?}: must be a non-empty name without '/'", s.device));
-            }
-            if let Some(j) = self.shards[..i].iter().position(|o| o.device == s.device) {
-                return Err(format!("shard[{i}].device {:?} is also shard[{j}]'s: devices must be unique", s.device));
-            }
-            if let Some(j) = self.shards[..i].iter().position(|o| o.bind == s.bind) {
-                return Err(format!(
-                    "shard[{i}].bind {} is also shard[{j}]'s: give each shard its own address",
-                    s.bind
-                ));
-            }
-            if s.core >= cores {
-                return Err(format!(
-                    "shard[{i}].core = {} but this host has {cores} cores (0..{}): pick an existing core",
-                    s.core,
-                    cores - 1
-                ));
-            }
-            if s.transport == TransportKind::Verbs && s.ib_port == 0 {
-                return Err(format!("shard[{i}].ib_port = 0: device ports are numbered from 1"));
-            }
-            if s.transport == TransportKind::Verbs && s.bind.port() == 0 {
-                return Err(format!(
-                    "shard[{i}].bind {}: a verbs shard needs a fixed port (peers resolve its QPN there)",
-                    s.bind
-                ));
-            }
-            if self.auth.keys.is_some() && s.bind.ip().is_unspecified() {
-                return Err(format!(
-                    "shard[{i}].bind {}: with [auth] keys, bind the address peers probe this shard at (every \
-                     sealed packet binds its receiver's address, and an unspecified one names none)",
-                    s.bind
-                ));
-            }
-            if s.source_ports > crate::udp::MAX_SOURCE_PORTS {
-                return Err(format!(
-                    "shard[{i}].source_ports = {}: use 0 to {}",
-                    s.source_ports,
-                    crate::udp::MAX_SOURCE_PORTS
-                ));
-            }
-            if s.ignore_probe_fraction != 0.0 && !test_hooks_allowed() {
-                return Err(format!(
-                    "shard[{i}].ignore_probe_fraction = {}: a test hook that drops probes on purpose (its peers \
-                     would report a fault that is not there); remove it from this config (tests set {TEST_HOOKS_ENV}=1)",
-                    s.ignore_probe_fraction
-                ));
-            }
-            if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
-                return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
-            }
+            self.validate_shard(i, s, cores)?;
         }
+        Ok(())
+    }
+
+    /// Shard `i` alone and against the shards before it (unique devices and addresses).
+    fn validate_shard(&self, i: usize, s: &ShardConfig, cores: usize) -> Result<(), String> {
+        if s.device.is_empty() || s.device.contains('/') {
+            return Err(format!("shard[{i}].device {:?}: must be a non-empty name without '/'", s.device));
+        }
+        if let Some(j) = self.shards[..i].iter().position(|o| o.device == s.device) {
+            return Err(format!("shard[{i}].device {:?} is also shard[{j}]'s: devices must be unique", s.device));
+        }
+        if let Some(j) = self.shards[..i].iter().position(|o| o.bind == s.bind) {
+            return Err(format!("shard[{i}].bind {} is also shard[{j}]'s: give each shard its own address", s.bind));
+        }
+        if s.core >= cores {
+            return Err(format!(
+                "shard[{i}].core = {} but this host has {cores} cores (0..{}): pick an existing core",
+                s.core,
+                cores - 1
+            ));
+        }
+        if s.transport == TransportKind::Verbs && s.ib_port == 0 {
+            return Err(format!("shard[{i}].ib_port = 0: device ports are numbered from 1"));
+        }
+        if s.transport == TransportKind::Verbs && s.bind.port() == 0 {
+            return Err(format!(
+                "shard[{i}].bind {}: a verbs shard needs a fixed port (peers resolve its QPN there)",
+                s.bind
+            ));
+        }
+        if self.auth.keys.is_some() && s.bind.ip().is_unspecified() {
+            return Err(format!(
+                "shard[{i}].bind {}: with [auth] keys, bind the address peers probe this shard at (every \
+                 sealed packet binds its receiver's address, and an unspecified one names none)",
+                s.bind
+            ));
+        }
+        if s.source_ports > crate::udp::MAX_SOURCE_PORTS {
+            return Err(format!(
+                "shard[{i}].source_ports = {}: use 0 to {}",
+                s.source_ports,
+                crate::udp::MAX_SOURCE_PORTS
+            ));
+        }
+        if s.ignore_probe_fraction != 0.0 && !test_hooks_allowed() {
+            return Err(format!(
+                "shard[{i}].ignore_probe_fraction = {}: a test hook that drops probes on purpose (its peers \
+                 would report a fault that is not there); remove it from this config (tests set {TEST_HOOKS_ENV}=1)",
+                s.ignore_probe_fraction
+            ));
+        }
+        if !(0.0..1.0).contains(&s.ignore_probe_fraction) {
+            return Err(format!("shard[{i}].ignore_probe_fraction must be in [0, 1)"));
+        }
+        Ok(())
+    }
+
+    /// `[path_tracing]`: the refresh and retrace intervals, the trace rate and the TTL range.
+    fn validate_path_tracing(&self) -> Result<(), String> {
         let pt = &self.path_tracing;
         if !(1..=86_400).contains(&pt.refresh_s) {
             return Err(format!("path_tracing.refresh_s = {}: use 1 to 86400 (a day)", pt.refresh_s));
@@ -669,6 +709,11 @@ impl AgentConfig {
                 rocemesh_formats::record::MAX_HOPS
             ));
         }
+        Ok(())
+    }
+
+    /// `[service_tracing]`: the probe rate, the targets per shard and the intake rates.
+    fn validate_service_tracing(&self) -> Result<(), String> {
         let st = &self.service_tracing;
         if !(st.probe_pps > 0.0 && st.probe_pps <= 1_000.0) {
             return Err(format!("service_tracing.probe_pps = {}: use a rate in (0, 1000]", st.probe_pps));
@@ -688,6 +733,11 @@ impl AgentConfig {
         if !(st.max_events_per_s >= 1.0 && st.max_events_per_s <= 1_000_000.0) {
             return Err(format!("service_tracing.max_events_per_s = {}: use 1 to 1000000", st.max_events_per_s));
         }
+        Ok(())
+    }
+
+    /// The top-level knobs: event coalescing, flushing, and the segments' size, age, level and quota.
+    fn validate_timing_and_segments(&self) -> Result<(), String> {
         if self.event_coalesce_us > MAX_EVENT_COALESCE_US {
             return Err(format!(
                 "event_coalesce_us = {}: use 0 to {MAX_EVENT_COALESCE_US} (it adds up to that much to host delays)",

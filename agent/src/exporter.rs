@@ -27,6 +27,7 @@ use prometheus_client::registry::Registry;
 
 use crate::hwcounters::{HwCounters, PFC_PREFIX, PortSample};
 use crate::live::{AgentCounters, BOUNDS_NS, CLASSES, HistogramSnapshot, LiveShard};
+use crate::stats::ShardStats;
 use crate::transport::{DropReason, TRANSPORT_ERROR_KINDS};
 
 /// Longest a client may take to send its whole request (not each read: a client that trickles a
@@ -136,23 +137,44 @@ fn l(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect()
 }
 
+/// A counter family named `rocemesh_{n}`.
+fn counter_family(n: &str, help: &'static str) -> Family<f64> {
+    Family::new(format!("rocemesh_{n}"), help, MetricType::Counter)
+}
+
+/// A gauge family named `rocemesh_{n}`.
+fn gauge_family(n: &str, help: &'static str) -> Family<f64> {
+    Family::new(format!("rocemesh_{n}"), help, MetricType::Gauge)
+}
+
 impl Collector for AgentCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        use MetricType::{Counter, Gauge};
-        let c = |n: &str, h: &'static str| Family::<f64>::new(format!("rocemesh_{n}"), h, Counter);
-        let g = |n: &str, h: &'static str| Family::<f64>::new(format!("rocemesh_{n}"), h, Gauge);
+        let agent_families = self.agent_families();
+        let shards = self.shard_families();
+        for f in agent_families.iter().chain(shards.scalars()) {
+            write_family(&mut enc, f)?;
+        }
+        write_histograms(&mut enc, &shards.rtt)?;
+        write_histograms(&mut enc, &shards.delay)?;
+        self.encode_hw_counters(&mut enc)?;
+        write_family(&mut enc, &self.requests_family())
+    }
+}
 
-        let mut info = g("agent_info", "The agent's host, version and mode; always 1.");
+impl AgentCollector {
+    /// The agent-wide families (identity, start time, watcher and sealer counters), one sample each.
+    fn agent_families(&self) -> [Family<f64>; 10] {
+        let mut info = gauge_family("agent_info", "The agent's host, version and mode; always 1.");
         info.add(l(&[("host", &self.src.host), ("version", env!("CARGO_PKG_VERSION")), ("mode", &self.src.mode)]), 1.0);
-        let mut start = g("agent_start_timestamp_seconds", "When the agent started, Unix seconds.");
+        let mut start = gauge_family("agent_start_timestamp_seconds", "When the agent started, Unix seconds.");
         start.add(Vec::new(), self.started_unix_s);
         let a = &self.src.agent;
         let agent_counter = |n: &str, h: &'static str, v: &AtomicU64| {
-            let mut f = c(n, h);
+            let mut f = counter_family(n, h);
             f.add(Vec::new(), v.load(Ordering::Relaxed) as f64);
             f
         };
-        let agent_families = [
+        [
             info,
             start,
             agent_counter(
@@ -183,149 +205,223 @@ impl Collector for AgentCollector {
                 "Bytes of sealed segments evicted by the disk quota.",
                 &a.evicted_bytes,
             ),
-        ];
+        ]
+    }
 
-        let mut probes = c("probes", "Probes by target ToR and outcome; loss ratio = lost / (ok + partial + lost).");
-        let mut rtt = Family::new(
-            "rocemesh_probe_rtt_seconds",
-            "Network RTT of ok probes (six-timestamp: host delays removed), by target ToR.",
-            MetricType::Histogram,
-        );
-        let mut delay = Family::new(
-            "rocemesh_probe_host_delay_seconds",
-            "Host delays of ok probes: this prober's, and its responders'.",
-            MetricType::Histogram,
-        );
-        let mut sent = c("probes_sent", "Probes handed to the transport.");
-        let mut answered = c("probes_answered", "Other agents' probes answered.");
-        let mut ignored = c("packets_ignored", "Received packets that were no answer to a probe in flight, by reason.");
-        let mut refused = c(
-            "auth_refused",
-            "Packets refused by probe authentication, by reason: never matched to a probe; a probe refused \
-             for its keying alone (unauthenticated, unknown_key) gets a REFUSAL.",
-        );
-        let mut refusals = c(
-            "auth_refusals",
-            "REFUSALs sent to probers keyed otherwise (result=sent), and those the rate limit held back (held).",
-        );
-        let mut auth_refused_probes = c(
-            "probes_auth_refused",
-            "This shard's probes recorded auth_refused: the target is alive but keyed otherwise (a key push \
-             missed one of the two hosts); never counted as loss.",
-        );
-        let mut send_key =
-            g("auth_send_key_id", "Id of the fleet key this shard seals packets with; -1: unauthenticated.");
-        let mut drops = c("local_drops", "Probes that never left this host, by reason (never counted as loss).");
-        let mut errors = c("errors", "Errors the shard survived, by kind (each also logged with its message).");
-        let mut dropped =
-            c("records_dropped", "Probe records the segment writer could not store (disk full, I/O error).");
-        let mut generation = g("pinglist_generation", "Generation of the pinglist in force.");
-        let mut generated = g("pinglist_generated_timestamp_seconds", "When ctl generated the pinglist in force.");
-        let mut loaded = g("pinglist_loaded_timestamp_seconds", "When this shard loaded the pinglist in force.");
-        let mut targets = g("pinglist_targets", "Targets the pinglist in force gives this shard.");
-        let mut up = g("device_up", "1 while the shard's device is usable (verbs: present, QP working).");
-        let mut store = g("segment_store_bytes", "Bytes of this shard's segment files on disk (open and sealed).");
-        let mut services = g("service_targets", "Traced service connections probed now.");
+    /// Every shard's samples, shard by shard in configuration order.
+    fn shard_families(&self) -> ShardFamilies {
+        let mut families = ShardFamilies::new();
         for (live, dir) in &self.src.shards {
-            let (dev, tor) = (live.device.as_str(), live.tor.as_str());
-            let base = || l(&[("device", dev), ("tor", tor)]);
-            let with = |k: &'static str, v: &str| {
-                let mut b = base();
-                b.push((k, v.to_owned()));
-                b
-            };
-            for t in live.tors() {
-                for (i, class) in CLASSES.iter().enumerate() {
-                    let mut lab = with("target_tor", &t.name);
-                    lab.push(("outcome", class.name().to_owned()));
-                    probes.add(lab, t.outcomes[i] as f64);
-                }
-                rtt.add(with("target_tor", &t.name), t.rtt);
-            }
-            let [pd, rd] = live.host_delays();
-            delay.add(with("side", "prober"), pd);
-            delay.add(with("side", "responder"), rd);
-            let s = live.stats();
-            sent.add(base(), s.probes_sent as f64);
-            answered.add(base(), s.answered as f64);
-            for (reason, v) in [
-                ("malformed", s.malformed),
-                ("unknown", s.unknown),
-                ("late", s.late),
-                ("trace_arrival", s.trace_arrivals),
-                ("duplicate_ack", s.duplicate_acks),
-                ("refusal_ignored", s.auth_refusals_ignored),
-            ] {
-                ignored.add(with("reason", reason), v as f64);
-            }
-            for (reason, v) in crate::auth::AuthRefusal::NAMES.iter().zip(s.auth_refused) {
-                refused.add(with("reason", reason), v as f64);
-            }
-            refusals.add(with("result", "sent"), s.refusals_sent as f64);
-            refusals.add(with("result", "held"), s.refusals_held as f64);
-            auth_refused_probes.add(base(), s.probes_auth_refused as f64);
-            send_key.add(base(), s.send_key_id.map_or(-1.0, f64::from));
-            for (reason, v) in DropReason::NAMES.iter().zip(s.local_drops) {
-                drops.add(with("reason", reason), v as f64);
-            }
-            for (kind, v) in [
-                ("recv", s.recv_errors),
-                ("tx_timestamps", s.tx_stamp_errors),
-                ("segment_write", s.write_errors),
-                ("ack_not_sent", s.acks_not_sent),
-            ] {
-                errors.add(with("kind", kind), v as f64);
-            }
-            for (kind, v) in TRANSPORT_ERROR_KINDS.iter().zip(s.transport_errors) {
-                errors.add(with("kind", kind), v as f64);
-            }
-            dropped.add(base(), s.records_dropped as f64);
-            let p = live.pinglist();
-            generation.add(base(), p.generation as f64);
-            generated.add(base(), p.generated_unix_ns as f64 / 1e9);
-            loaded.add(base(), p.loaded_unix_ns as f64 / 1e9);
-            targets.add(base(), p.targets as f64);
-            up.add(base(), if live.device_up() { 1.0 } else { 0.0 });
-            store.add(base(), dir_bytes(dir) as f64);
-            services.add(base(), s.services.active as f64);
+            families.add_shard(live, dir);
         }
+        families
+    }
 
-        for f in agent_families.iter().chain([
-            &probes,
-            &sent,
-            &answered,
-            &ignored,
-            &refused,
-            &refusals,
-            &auth_refused_probes,
-            &send_key,
-            &drops,
-            &errors,
-            &dropped,
-            &generation,
-            &generated,
-            &loaded,
-            &targets,
-            &up,
-            &store,
-            &services,
-        ]) {
-            write_family(&mut enc, f)?;
-        }
-        write_histograms(&mut enc, &rtt)?;
-        write_histograms(&mut enc, &delay)?;
-
+    /// The RNICs' hardware and PFC counters, read at this scrape.
+    fn encode_hw_counters(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let ports = self.hw.lock().unwrap_or_else(std::sync::PoisonError::into_inner).read();
         for f in hw_families(&ports, &self.src.infiniband_prefix) {
-            write_family(&mut enc, &f)?;
+            write_family(enc, &f)?;
         }
+        Ok(())
+    }
 
-        let mut req = c("metrics_requests", "Requests to this endpoint, by HTTP status (400: malformed or too slow).");
+    /// `rocemesh_metrics_requests_total`, read last of all: it counts the requests answered so far.
+    fn requests_family(&self) -> Family<f64> {
+        let mut req = counter_family(
+            "metrics_requests",
+            "Requests to this endpoint, by HTTP status (400: malformed or too slow).",
+        );
         for (code, n) in CODES.iter().zip(self.requests.iter()) {
             req.add(l(&[("code", code)]), n.load(Ordering::Relaxed) as f64);
         }
-        write_family(&mut enc, &req)
+        req
     }
+}
+
+/// The per-shard families: every shard adds its samples, then they are written in the order
+/// [`ShardFamilies::scalars`] gives, the histograms after them.
+struct ShardFamilies {
+    probes: Family<f64>,
+    rtt: Family<HistogramSnapshot>,
+    delay: Family<HistogramSnapshot>,
+    sent: Family<f64>,
+    answered: Family<f64>,
+    ignored: Family<f64>,
+    refused: Family<f64>,
+    refusals: Family<f64>,
+    auth_refused_probes: Family<f64>,
+    send_key: Family<f64>,
+    drops: Family<f64>,
+    errors: Family<f64>,
+    dropped: Family<f64>,
+    generation: Family<f64>,
+    generated: Family<f64>,
+    loaded: Family<f64>,
+    targets: Family<f64>,
+    up: Family<f64>,
+    store: Family<f64>,
+    services: Family<f64>,
+}
+
+impl ShardFamilies {
+    /// The families, still empty, with the names and help texts `deploy/README.md` lists.
+    fn new() -> Self {
+        let (c, g) = (counter_family, gauge_family);
+        Self {
+            probes: c("probes", "Probes by target ToR and outcome; loss ratio = lost / (ok + partial + lost)."),
+            rtt: Family::new(
+                "rocemesh_probe_rtt_seconds",
+                "Network RTT of ok probes (six-timestamp: host delays removed), by target ToR.",
+                MetricType::Histogram,
+            ),
+            delay: Family::new(
+                "rocemesh_probe_host_delay_seconds",
+                "Host delays of ok probes: this prober's, and its responders'.",
+                MetricType::Histogram,
+            ),
+            sent: c("probes_sent", "Probes handed to the transport."),
+            answered: c("probes_answered", "Other agents' probes answered."),
+            ignored: c("packets_ignored", "Received packets that were no answer to a probe in flight, by reason."),
+            refused: c(
+                "auth_refused",
+                "Packets refused by probe authentication, by reason: never matched to a probe; a probe refused \
+                 for its keying alone (unauthenticated, unknown_key) gets a REFUSAL.",
+            ),
+            refusals: c(
+                "auth_refusals",
+                "REFUSALs sent to probers keyed otherwise (result=sent), and those the rate limit held back (held).",
+            ),
+            auth_refused_probes: c(
+                "probes_auth_refused",
+                "This shard's probes recorded auth_refused: the target is alive but keyed otherwise (a key push \
+                 missed one of the two hosts); never counted as loss.",
+            ),
+            send_key: g("auth_send_key_id", "Id of the fleet key this shard seals packets with; -1: unauthenticated."),
+            drops: c("local_drops", "Probes that never left this host, by reason (never counted as loss)."),
+            errors: c("errors", "Errors the shard survived, by kind (each also logged with its message)."),
+            dropped: c("records_dropped", "Probe records the segment writer could not store (disk full, I/O error)."),
+            generation: g("pinglist_generation", "Generation of the pinglist in force."),
+            generated: g("pinglist_generated_timestamp_seconds", "When ctl generated the pinglist in force."),
+            loaded: g("pinglist_loaded_timestamp_seconds", "When this shard loaded the pinglist in force."),
+            targets: g("pinglist_targets", "Targets the pinglist in force gives this shard."),
+            up: g("device_up", "1 while the shard's device is usable (verbs: present, QP working)."),
+            store: g("segment_store_bytes", "Bytes of this shard's segment files on disk (open and sealed)."),
+            services: g("service_targets", "Traced service connections probed now."),
+        }
+    }
+
+    /// The non-histogram families in exposition order.
+    fn scalars(&self) -> [&Family<f64>; 18] {
+        [
+            &self.probes,
+            &self.sent,
+            &self.answered,
+            &self.ignored,
+            &self.refused,
+            &self.refusals,
+            &self.auth_refused_probes,
+            &self.send_key,
+            &self.drops,
+            &self.errors,
+            &self.dropped,
+            &self.generation,
+            &self.generated,
+            &self.loaded,
+            &self.targets,
+            &self.up,
+            &self.store,
+            &self.services,
+        ]
+    }
+
+    /// Adds one shard's samples to every family, reading its live state in a fixed order.
+    fn add_shard(&mut self, live: &LiveShard, dir: &Path) {
+        self.add_probe_figures(live);
+        let s = live.stats();
+        self.add_shard_counters(live, &s);
+        self.add_pinglist_and_health(live, dir, &s);
+    }
+
+    /// Outcomes and RTTs per target ToR, and the host delay histograms.
+    fn add_probe_figures(&mut self, live: &LiveShard) {
+        for t in live.tors() {
+            for (i, class) in CLASSES.iter().enumerate() {
+                let mut lab = shard_labels_with(live, "target_tor", &t.name);
+                lab.push(("outcome", class.name().to_owned()));
+                self.probes.add(lab, t.outcomes[i] as f64);
+            }
+            self.rtt.add(shard_labels_with(live, "target_tor", &t.name), t.rtt);
+        }
+        let [pd, rd] = live.host_delays();
+        self.delay.add(shard_labels_with(live, "side", "prober"), pd);
+        self.delay.add(shard_labels_with(live, "side", "responder"), rd);
+    }
+
+    /// The counters the shard last published: traffic, refusals, drops and errors.
+    fn add_shard_counters(&mut self, live: &LiveShard, s: &ShardStats) {
+        let base = || shard_labels(live);
+        let with = |k: &'static str, v: &str| shard_labels_with(live, k, v);
+        self.sent.add(base(), s.probes_sent as f64);
+        self.answered.add(base(), s.answered as f64);
+        for (reason, v) in [
+            ("malformed", s.malformed),
+            ("unknown", s.unknown),
+            ("late", s.late),
+            ("trace_arrival", s.trace_arrivals),
+            ("duplicate_ack", s.duplicate_acks),
+            ("refusal_ignored", s.auth_refusals_ignored),
+        ] {
+            self.ignored.add(with("reason", reason), v as f64);
+        }
+        for (reason, v) in crate::auth::AuthRefusal::NAMES.iter().zip(s.auth_refused) {
+            self.refused.add(with("reason", reason), v as f64);
+        }
+        self.refusals.add(with("result", "sent"), s.refusals_sent as f64);
+        self.refusals.add(with("result", "held"), s.refusals_held as f64);
+        self.auth_refused_probes.add(base(), s.probes_auth_refused as f64);
+        self.send_key.add(base(), s.send_key_id.map_or(-1.0, f64::from));
+        for (reason, v) in DropReason::NAMES.iter().zip(s.local_drops) {
+            self.drops.add(with("reason", reason), v as f64);
+        }
+        for (kind, v) in [
+            ("recv", s.recv_errors),
+            ("tx_timestamps", s.tx_stamp_errors),
+            ("segment_write", s.write_errors),
+            ("ack_not_sent", s.acks_not_sent),
+        ] {
+            self.errors.add(with("kind", kind), v as f64);
+        }
+        for (kind, v) in TRANSPORT_ERROR_KINDS.iter().zip(s.transport_errors) {
+            self.errors.add(with("kind", kind), v as f64);
+        }
+        self.dropped.add(base(), s.records_dropped as f64);
+    }
+
+    /// The pinglist in force, the device's state, the segment store and the traced services.
+    fn add_pinglist_and_health(&mut self, live: &LiveShard, dir: &Path, s: &ShardStats) {
+        let base = || shard_labels(live);
+        let p = live.pinglist();
+        self.generation.add(base(), p.generation as f64);
+        self.generated.add(base(), p.generated_unix_ns as f64 / 1e9);
+        self.loaded.add(base(), p.loaded_unix_ns as f64 / 1e9);
+        self.targets.add(base(), p.targets as f64);
+        self.up.add(base(), if live.device_up() { 1.0 } else { 0.0 });
+        self.store.add(base(), dir_bytes(dir) as f64);
+        self.services.add(base(), s.services.active as f64);
+    }
+}
+
+/// A shard's own labels: its device and ToR.
+fn shard_labels(live: &LiveShard) -> Vec<(&'static str, String)> {
+    l(&[("device", live.device.as_str()), ("tor", live.tor.as_str())])
+}
+
+/// A shard's own labels and one more after them.
+fn shard_labels_with(live: &LiveShard, k: &'static str, v: &str) -> Vec<(&'static str, String)> {
+    let mut b = shard_labels(live);
+    b.push((k, v.to_owned()));
+    b
 }
 
 /// The RNIC counters as families: one per name, every (device, port) in it.

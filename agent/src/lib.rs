@@ -33,6 +33,7 @@ pub mod protocol;
 pub mod runtime;
 pub mod service;
 pub mod shard;
+pub mod stats;
 pub mod tracer;
 pub mod transport;
 pub mod udp;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use rocemesh_formats::record::Class;
 
-use crate::shard::ShardStats;
+use crate::stats::ShardStats;
 
 /// Upper bounds (ns) of the RTT and host-delay histogram buckets, a 1-2-5 series from 2 µs to
 /// 100 ms. The SLA's RTT p99 bound (500 µs, `deploy/sla.toml`) is one of them, so the alert

@@ -22,7 +22,8 @@ use crate::clock::now_ns;
 use crate::config::{AgentConfig, Mode, ShardConfig, TransportKind};
 use crate::live::{AgentCounters, LiveShard};
 use crate::service::ServiceEvent;
-use crate::shard::{AddError, Resolve, Shard, ShardParams, ShardStats, UdpResolver};
+use crate::shard::{AddError, Resolve, Shard, ShardParams, UdpResolver};
+use crate::stats::ShardStats;
 use crate::transport::{DropReason, Transport};
 use crate::udp::{UdpTransport, unspecified_like};
 use crate::verbs::{VerbsAddr, VerbsConfig, VerbsResolver, VerbsTransport};
@@ -158,6 +159,63 @@ pub fn check_limits() -> Result<()> {
 pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardReport>> {
     check_limits()?;
     install_signal_handlers()?;
+    let control = load_control(cfg)?;
+    let epoch = random_u32();
+    tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
+
+    // Privileged setup first, in this thread: path tracing's raw sockets (CAP_NET_RAW) and the
+    // service tracer's thread, which loads its eBPF programs (CAP_BPF, CAP_PERFMON) and then
+    // drops its own capabilities. Then this thread drops its own, before it starts any other
+    // thread, so that the shards, glommio's helpers, the sealer, the watcher and the metrics
+    // thread hold only CAP_IPC_LOCK, and that only when verbs shards may register memory again.
+    let mut path_tracers: Vec<Option<crate::pathtrace::PathTracer>> =
+        cfg.shards.iter().map(|sc| if cfg.path_tracing.enabled { open_path_tracer(cfg, sc) } else { None }).collect();
+    let (mut service_rx, tracer) = start_service_tracer(cfg)?;
+    drop_capabilities(cfg);
+
+    let counters = Arc::new(AgentCounters::default());
+    let lives: Vec<Arc<LiveShard>> = cfg.shards.iter().map(|s| Arc::new(LiveShard::new(&s.device, &s.tor))).collect();
+    // Bound before anything runs: a taken port is a start-up error, not a silent agent.
+    let _metrics = start_metrics(cfg, &lives, &counters)?;
+    let (mut views, view) = start_view(cfg, epoch)?;
+    let (seal_tx, sealer) = start_sealer(cfg, &counters)?;
+    let mut watched = vec![Watched::Pinglist(cfg.pinglist.clone())];
+    watched.extend(cfg.auth.keys.clone().map(Watched::Keys));
+    spawn_watcher(watched, control.clone(), counters.clone())?;
+
+    let mut handles = Vec::new();
+    for i in 0..cfg.shards.len() {
+        let ctx = OwnedShardContext {
+            cfg: cfg.clone(),
+            sc: cfg.shards[i].clone(),
+            control: control.clone(),
+            seal_tx: seal_tx.clone(),
+            services: service_rx[i].take(),
+            live: lives[i].clone(),
+            path_tracer: path_tracers[i].take(),
+            view: views[i].take(),
+        };
+        handles.push(spawn_shard(i, ctx, shard_params(cfg, i, epoch))?);
+    }
+    drop(seal_tx);
+
+    let reports = wait_for_shards(&control, handles, duration);
+    tracer.signal_stop();
+    view.signal_stop();
+    view.join("view");
+    tracer.join("service tracer");
+    if sealer.join().is_err() {
+        tracing::error!("the sealer thread panicked");
+    }
+    for r in &reports {
+        log_stats(&r.device, &r.stats, true);
+    }
+    Ok(reports)
+}
+
+/// The pinglist and the fleet keys the configuration names, loaded and checked, as the shared
+/// state the shards and the watcher start from.
+fn load_control(cfg: &AgentConfig) -> Result<Arc<Control>> {
     let pinglist = match Pinglist::load(&cfg.pinglist) {
         Ok(p) => p,
         Err(e) => bail!("{e}\n(the agent will not start on an invalid pinglist; `agent check-config` shows the same)"),
@@ -173,7 +231,7 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         },
         None => None,
     };
-    let control = Arc::new(Control {
+    Ok(Arc::new(Control {
         stop: AtomicBool::new(false),
         ready: std::sync::atomic::AtomicUsize::new(0),
         failed: AtomicBool::new(false),
@@ -182,22 +240,39 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
         shards: cfg.shards.len(),
         keys: Mutex::new(keys),
         keys_generation: AtomicU64::new(1),
-    });
-    let epoch = random_u32();
-    tracing::info!(host = %cfg.host, epoch = format_args!("{epoch:08x}"), shards = cfg.shards.len(), mode = ?cfg.mode, "agent starting");
+    }))
+}
 
-    // Privileged setup first, in this thread: path tracing's raw sockets (CAP_NET_RAW) and the
-    // service tracer's thread, which loads its eBPF programs (CAP_BPF, CAP_PERFMON) and then
-    // drops its own capabilities. Then this thread drops its own, before it starts any other
-    // thread, so that the shards, glommio's helpers, the sealer, the watcher and the metrics
-    // thread hold only CAP_IPC_LOCK, and that only when verbs shards may register memory again.
-    let mut path_tracers: Vec<Option<crate::pathtrace::PathTracer>> =
-        cfg.shards.iter().map(|sc| if cfg.path_tracing.enabled { open_path_tracer(cfg, sc) } else { None }).collect();
-    // Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
-    // no queues, and shards do not look for events.
+/// An optional helper thread (the service tracer, the one-sided view) and the flag that stops it.
+struct Helper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Helper {
+    fn new() -> Helper {
+        Helper { stop: Arc::new(AtomicBool::new(false)), thread: None }
+    }
+
+    fn signal_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn join(self, what: &str) {
+        if let Some(t) = self.thread
+            && t.join().is_err()
+        {
+            tracing::error!("the {what} thread panicked");
+        }
+    }
+}
+
+/// Service tracing: one queue per shard, fed by the tracer thread. Without tracing there are
+/// no queues, and shards do not look for events.
+fn start_service_tracer(cfg: &AgentConfig) -> Result<(Vec<Option<mpsc::Receiver<ServiceEvent>>>, Helper)> {
     let mut service_rx: Vec<Option<mpsc::Receiver<ServiceEvent>>> = cfg.shards.iter().map(|_| None).collect();
-    let tracer_stop = Arc::new(AtomicBool::new(false));
-    let tracer = if cfg.service_tracing.enabled {
+    let mut tracer = Helper::new();
+    if cfg.service_tracing.enabled {
         let mut links = Vec::new();
         for (sc, rx) in cfg.shards.iter().zip(&mut service_rx) {
             let (tx, r) = mpsc::sync_channel(crate::tracer::SHARD_QUEUE);
@@ -206,12 +281,15 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             let gid = rocemesh_formats::gid::gid_bytes(sc.bind.ip());
             links.push(crate::tracer::ShardLink { device: sc.device.clone(), gid, tx });
         }
-        let (st, stop) = (cfg.service_tracing.clone(), tracer_stop.clone());
-        Some(crate::tracer::spawn(st, links, stop, cfg.stats_interval_s)?)
-    } else {
-        None
-    };
+        let (st, stop) = (cfg.service_tracing.clone(), tracer.stop.clone());
+        tracer.thread = Some(crate::tracer::spawn(st, links, stop, &STOP_SIGNAL, cfg.stats_interval_s)?);
+    }
+    Ok((service_rx, tracer))
+}
 
+/// This thread's capabilities, dropped after the privileged setup: all but CAP_IPC_LOCK, and that
+/// only when verbs shards may register memory again.
+fn drop_capabilities(cfg: &AgentConfig) {
     let keep = if cfg.shards.iter().any(|s| s.transport == TransportKind::Verbs) {
         1u64 << crate::caps::CAP_IPC_LOCK
     } else {
@@ -219,33 +297,32 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
     };
     crate::caps::drop_or_say("main", keep);
     tracing::info!(kept = ?crate::caps::names(keep), "capabilities dropped after setup");
+}
 
-    let counters = Arc::new(AgentCounters::default());
-    let lives: Vec<Arc<LiveShard>> = cfg.shards.iter().map(|s| Arc::new(LiveShard::new(&s.device, &s.tor))).collect();
-    // Bound before anything runs: a taken port is a start-up error, not a silent agent.
-    let _metrics = match cfg.metrics.listen {
-        Some(listen) => Some(crate::exporter::spawn(
-            listen,
-            crate::exporter::Sources {
-                host: cfg.host.clone(),
-                mode: match cfg.mode {
-                    Mode::Event => "event".into(),
-                    Mode::BusyPoll => "busy_poll".into(),
-                },
-                shards: lives
-                    .iter()
-                    .zip(&cfg.shards)
-                    .map(|(l, s)| (l.clone(), cfg.segment_dir.join(&s.device)))
-                    .collect(),
-                agent: counters.clone(),
-                sysfs: cfg.metrics.sysfs.clone(),
-                infiniband_prefix: cfg.metrics.infiniband_prefix.clone(),
-            },
-        )?),
-        None => None,
+/// The /metrics endpoint, when `[metrics] listen` is set: bound here, served by its own thread.
+fn start_metrics(
+    cfg: &AgentConfig,
+    lives: &[Arc<LiveShard>],
+    counters: &Arc<AgentCounters>,
+) -> Result<Option<crate::exporter::Endpoint>> {
+    let Some(listen) = cfg.metrics.listen else { return Ok(None) };
+    let sources = crate::exporter::Sources {
+        host: cfg.host.clone(),
+        mode: match cfg.mode {
+            Mode::Event => "event".into(),
+            Mode::BusyPoll => "busy_poll".into(),
+        },
+        shards: lives.iter().zip(&cfg.shards).map(|(l, s)| (l.clone(), cfg.segment_dir.join(&s.device))).collect(),
+        agent: counters.clone(),
+        sysfs: cfg.metrics.sysfs.clone(),
+        infiniband_prefix: cfg.metrics.infiniband_prefix.clone(),
     };
-    // The shards' live views and the thread that serves them (verbs shards; `[view]`).
-    let mut views: Vec<Option<crate::view::ViewPublisher>> = cfg
+    Ok(Some(crate::exporter::spawn(listen, sources)?))
+}
+
+/// The shards' live views and the thread that serves them (verbs shards; `[view]`).
+fn start_view(cfg: &AgentConfig, epoch: u32) -> Result<(Vec<Option<crate::view::ViewPublisher>>, Helper)> {
+    let views: Vec<Option<crate::view::ViewPublisher>> = cfg
         .shards
         .iter()
         .enumerate()
@@ -260,8 +337,8 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
             tracing::warn!(device = %s.device, "[view] is for verbs shards: this UDP shard has no view");
         }
     }
-    let view_stop = Arc::new(AtomicBool::new(false));
-    let view_thread = if views.iter().any(Option::is_some) {
+    let mut view = Helper::new();
+    if views.iter().any(Option::is_some) {
         let served = views
             .iter()
             .zip(&cfg.shards)
@@ -273,86 +350,112 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
                 })
             })
             .collect();
-        Some(
-            crate::verbs::view::spawn(served, &cfg.view, view_stop.clone(), cfg.stats_interval_s)
+        view.thread = Some(
+            crate::verbs::view::spawn(served, &cfg.view, view.stop.clone(), &STOP_SIGNAL, cfg.stats_interval_s)
                 .map_err(|e| anyhow::anyhow!("[view]: {e} (remove [view] allow to run without a view)"))?,
-        )
-    } else {
-        None
-    };
+        );
+    }
+    Ok((views, view))
+}
+
+/// The sealer thread, and the channel shards hand their closed segments to; segments a previous
+/// run left open or unsealed are queued first.
+fn start_sealer(
+    cfg: &AgentConfig,
+    counters: &Arc<AgentCounters>,
+) -> Result<(mpsc::Sender<PathBuf>, std::thread::JoinHandle<()>)> {
     let (seal_tx, seal_rx) = mpsc::channel::<PathBuf>();
-    let sealer = {
-        // Each shard writes into its own sub-directory and gets an equal share of the quota, so
-        // that one busy shard cannot evict another's data.
-        let share = (cfg.segment_quota_mib << 20) / cfg.shards.len() as u64;
-        let level = cfg.zstd_level;
-        let counters = counters.clone();
-        std::thread::Builder::new()
-            .name("sealer".into())
-            .spawn(move || sealer_loop(&seal_rx, share, level, &counters))?
-    };
+    // Each shard writes into its own sub-directory and gets an equal share of the quota, so
+    // that one busy shard cannot evict another's data.
+    let share = (cfg.segment_quota_mib << 20) / cfg.shards.len() as u64;
+    let level = cfg.zstd_level;
+    let counters = counters.clone();
+    let sealer = std::thread::Builder::new()
+        .name("sealer".into())
+        .spawn(move || sealer_loop(&seal_rx, share, level, &counters))?;
     for s in &cfg.shards {
         recover_leftovers(&cfg.segment_dir.join(&s.device), &seal_tx);
     }
-    let mut watched = vec![Watched::Pinglist(cfg.pinglist.clone())];
-    watched.extend(cfg.auth.keys.clone().map(Watched::Keys));
-    spawn_watcher(watched, control.clone(), counters.clone())?;
+    Ok((seal_tx, sealer))
+}
 
-    let mut handles = Vec::new();
-    for (i, sc) in cfg.shards.iter().enumerate() {
-        let (cfg, sc, control, seal_tx) = (cfg.clone(), sc.clone(), control.clone(), seal_tx.clone());
-        let services = service_rx[i].take();
-        let live = lives[i].clone();
-        let path_tracer = path_tracers[i].take();
-        let view = views[i].take();
-        let params = ShardParams {
-            host: cfg.host.clone(),
-            device: sc.device.clone(),
-            tor: sc.tor.clone(),
-            addr: if sc.bind.ip().is_unspecified() { [0; 16] } else { rocemesh_formats::gid::gid_bytes(sc.bind.ip()) },
-            epoch: shard_epoch(epoch, i),
-            default_port: sc.bind.port(),
-            flush_interval_ns: cfg.flush_interval_ms * 1_000_000,
-            ignore_probe_fraction: sc.ignore_probe_fraction,
-            send_ahead_ns: match cfg.mode {
-                Mode::Event => EVENT_SEND_AHEAD_NS,
-                Mode::BusyPoll => 0,
-            },
-            service_max_targets: cfg.service_tracing.max_targets_per_shard,
-            service_new_per_s: cfg.service_tracing.max_new_targets_per_s,
-            service_interval_ns: (1e9 / cfg.service_tracing.probe_pps) as u64,
-            auth: cfg.auth.params(),
-        };
-        let (device, core) = (sc.device.clone(), sc.core);
-        let shards = cfg.shards.len();
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
-            .name(&format!("shard-{i}"))
-            .io_memory(GLOMMIO_IO_MEMORY_BYTES)
-            .spawn(move || async move {
-                let ctx = ShardContext {
-                    cfg: &cfg,
-                    sc: &sc,
-                    control: &control,
-                    seal_tx: &seal_tx,
-                    shards,
-                    services,
-                    live,
-                    path_tracer,
-                    view,
-                };
-                let r = shard_main(ctx, params).await;
-                if r.is_err() {
-                    control.failed.store(true, Ordering::SeqCst);
-                }
-                r
-            })
-            .map_err(|e| anyhow::anyhow!("starting the executor of shard {device} on core {core}: {e}"))?;
-        handles.push(handle);
+/// What shard `i` is told at start, from the agent's and its own configuration.
+fn shard_params(cfg: &AgentConfig, i: usize, epoch: u32) -> ShardParams {
+    let sc = &cfg.shards[i];
+    ShardParams {
+        host: cfg.host.clone(),
+        device: sc.device.clone(),
+        tor: sc.tor.clone(),
+        addr: if sc.bind.ip().is_unspecified() { [0; 16] } else { rocemesh_formats::gid::gid_bytes(sc.bind.ip()) },
+        epoch: shard_epoch(epoch, i),
+        default_port: sc.bind.port(),
+        flush_interval_ns: cfg.flush_interval_ms * 1_000_000,
+        ignore_probe_fraction: sc.ignore_probe_fraction,
+        send_ahead_ns: match cfg.mode {
+            Mode::Event => EVENT_SEND_AHEAD_NS,
+            Mode::BusyPoll => 0,
+        },
+        service_max_targets: cfg.service_tracing.max_targets_per_shard,
+        service_new_per_s: cfg.service_tracing.max_new_targets_per_s,
+        service_interval_ns: (1e9 / cfg.service_tracing.probe_pps) as u64,
+        auth: cfg.auth.params(),
     }
-    drop(seal_tx);
+}
 
+/// What a shard's executor owns, moved into it at start ([`ShardContext`] borrows from it).
+struct OwnedShardContext {
+    cfg: AgentConfig,
+    sc: ShardConfig,
+    control: Arc<Control>,
+    seal_tx: mpsc::Sender<PathBuf>,
+    services: Option<mpsc::Receiver<ServiceEvent>>,
+    live: Arc<LiveShard>,
+    path_tracer: Option<crate::pathtrace::PathTracer>,
+    view: Option<crate::view::ViewPublisher>,
+}
+
+/// Shard `i`'s glommio executor, pinned to its core, running [`shard_main`].
+fn spawn_shard(
+    i: usize,
+    own: OwnedShardContext,
+    params: ShardParams,
+) -> Result<glommio::ExecutorJoinHandle<Result<ShardReport>>> {
+    let (device, core) = (own.sc.device.clone(), own.sc.core);
+    LocalExecutorBuilder::new(Placement::Fixed(core))
+        .name(&format!("shard-{i}"))
+        .io_memory(GLOMMIO_IO_MEMORY_BYTES)
+        .spawn(move || async move {
+            let OwnedShardContext { cfg, sc, control, seal_tx, services, live, path_tracer, view } = own;
+            let shards = cfg.shards.len();
+            let ctx = ShardContext {
+                cfg: &cfg,
+                sc: &sc,
+                control: &control,
+                seal_tx: &seal_tx,
+                shards,
+                services,
+                live,
+                path_tracer,
+                view,
+            };
+            let r = shard_main(ctx, params).await;
+            if r.is_err() {
+                control.failed.store(true, Ordering::SeqCst);
+            }
+            r
+        })
+        .map_err(|e| anyhow::anyhow!("starting the executor of shard {device} on core {core}: {e}"))
+}
+
+/// Waits until the agent is asked to stop (a signal, `control.stop()`, `duration`), stops the
+/// shards and collects their reports; a failed shard is logged, the others report.
+fn wait_for_shards(
+    control: &Control,
+    handles: Vec<glommio::ExecutorJoinHandle<Result<ShardReport>>>,
+    duration: Option<Duration>,
+) -> Vec<ShardReport> {
     let started = std::time::Instant::now();
-    let reports = loop {
+    loop {
         if duration.is_some_and(|d| started.elapsed() >= d) {
             control.stop();
         }
@@ -366,29 +469,10 @@ pub fn run(cfg: &AgentConfig, duration: Option<Duration>) -> Result<Vec<ShardRep
                     Err(e) => tracing::error!("shard executor failed: {e}"),
                 }
             }
-            break reports;
+            return reports;
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    tracer_stop.store(true, Ordering::SeqCst);
-    view_stop.store(true, Ordering::SeqCst);
-    if let Some(t) = view_thread
-        && t.join().is_err()
-    {
-        tracing::error!("the view thread panicked");
     }
-    if let Some(t) = tracer
-        && t.join().is_err()
-    {
-        tracing::error!("the service tracer thread panicked");
-    }
-    if sealer.join().is_err() {
-        tracing::error!("the sealer thread panicked");
-    }
-    for r in &reports {
-        log_stats(&r.device, &r.stats, true);
-    }
-    Ok(reports)
 }
 
 /// Shard `i`'s epoch: distinct per shard, as shards of one agent start their counters together

@@ -262,9 +262,15 @@ fn pid_alive(pid: u32) -> bool {
     std::path::Path::new("/proc").join(pid.to_string()).exists()
 }
 
-/// Run the tracer until `stop`. Without the tracer (no capability, no kernel support) it logs
+/// Run the tracer until `stop` or `signal` (the process-wide SIGINT or SIGTERM). Without the tracer (no capability, no kernel support) it logs
 /// why, once, and returns: the agent goes on probing its pinglist.
-pub fn run(cfg: &ServiceTracing, shards: Vec<ShardLink>, stop: &AtomicBool, stats_interval_s: u64) {
+pub fn run(
+    cfg: &ServiceTracing,
+    shards: Vec<ShardLink>,
+    stop: &AtomicBool,
+    signal: &AtomicBool,
+    stats_interval_s: u64,
+) {
     let loaded = Tracer::load();
     // Loading needed CAP_BPF and CAP_PERFMON; reading the ring buffer and maps needs only the
     // descriptors.
@@ -282,7 +288,7 @@ pub fn run(cfg: &ServiceTracing, shards: Vec<ShardLink>, stop: &AtomicBool, stat
     let stats_every_ns = stats_interval_s * 1_000_000_000;
     let mut next_stats = now_ns() + stats_every_ns;
     let mut poll_errors = ErrorLog::new("service-tracer", ["ring_buffer_poll"]);
-    while !stop.load(Ordering::Relaxed) && !crate::runtime::stop_signalled() {
+    while !stop.load(Ordering::Relaxed) && !signal.load(Ordering::Relaxed) {
         if let Err(e) = tracer.poll(POLL, &mut |ev| router.event(ev, now_ns())) {
             poll_errors.record(0, now_ns(), format_args!("polling the tracer's ring buffer failed: {e}"));
             std::thread::sleep(POLL);
@@ -334,9 +340,12 @@ pub fn spawn(
     cfg: ServiceTracing,
     shards: Vec<ShardLink>,
     stop: Arc<AtomicBool>,
+    signal: &'static AtomicBool,
     stats_interval_s: u64,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("service-tracer".into()).spawn(move || run(&cfg, shards, &stop, stats_interval_s))
+    std::thread::Builder::new()
+        .name("service-tracer".into())
+        .spawn(move || run(&cfg, shards, &stop, signal, stats_interval_s))
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use rocemesh_formats::view::{
 };
 
 use crate::live::{CLASSES, LiveShard, MAX_TORS};
-use crate::shard::ShardStats;
+use crate::stats::ShardStats;
 
 const _: () = assert!(CLASSES.len() == OUTCOMES.len() && crate::live::BUCKETS == BUCKETS);
 

@@ -86,8 +86,8 @@ pub struct ReportArgs {
 pub struct RangeArgs {
     /// Records held in memory at once, at most: the input is read in ranges of whole windows
     /// that hold this many (a window is never split, however many records it holds). Lower it
-    /// on a smaller machine: peak memory measured 4.4, 6.0 and 10.9 GB at 4, 16 and 64 Mi over
-    /// 10^8 records (see ARCHITECTURE.md).
+    /// on a smaller machine: peak memory follows this, not the input's length (measured figures:
+    /// docs/PERFORMANCE.md#bench-analyze).
     #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub range_records: u64,
 }

@@ -346,7 +346,7 @@ impl Names {
             UInt32Chunked::from_iter_values(SERVICE_COLUMNS[i].into(), cols.iter().map(|c| f(&c.1))).into_column()
         };
         // Written only when the input defines a service: a mesh-only export (the usual one)
-        // would spend ~10% of its time writing nine columns of nulls (ARCHITECTURE.md, Spark).
+        // would spend ~10% of its time writing nine columns of nulls (docs/design/analysis.md#export).
         let service_columns = if cols.is_empty() {
             Vec::new()
         } else {

@@ -17,7 +17,8 @@ use crate::ingest::{NO_TOR, Plan, Probes, Rnic, UNKNOWN_RNIC};
 use crate::inspect::utc;
 use crate::localize::ServiceImpact;
 use crate::probe::Class;
-use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span, nearest_rank_index};
+use crate::quantile::nearest_rank_index;
+use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
 pub const MAX_HEATMAP_AXIS: usize = 256;
@@ -398,14 +399,26 @@ pub fn render(
     findings: Option<&[FindingRow]>,
     services: Option<&[ServiceImpact]>,
 ) -> Result<String, ReportError> {
-    let m = &report.meta;
     let mut h = String::with_capacity(1 << 16);
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
     h.push_str("<title>rocemesh report</title>\n<style>");
     h.push_str(CSS);
     h.push_str("</style></head><body>\n<h1>rocemesh fabric report</h1>\n");
 
-    // Summary.
+    render_summary(&mut h, report);
+    render_findings(&mut h, findings);
+    render_services(&mut h, services);
+    let maps = render_heatmaps(&mut h, report);
+    render_violations(&mut h, report);
+    // Data for the heatmaps: `<` is escaped so that no name can close the script element.
+    let data = serde_json::to_string(&maps)?.replace('<', "\\u003c");
+    let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
+    Ok(h)
+}
+
+/// The summary section: the range read, the SLA, the input problems, how probes count.
+fn render_summary(h: &mut String, report: &HtmlReport) {
+    let m = &report.meta;
     let range = report.range_ns.map_or_else(|| "no records".into(), |(a, b)| format!("{} to {}", utc(a), utc(b)));
     let _ = write!(
         h,
@@ -442,8 +455,10 @@ pub fn render(
          the timestamp source column says which clocks stamped them (mixed(...) when several were pooled).</p>\
          </section>\n",
     );
+}
 
-    // Findings.
+/// The findings table, or why there is none.
+fn render_findings(h: &mut String, findings: Option<&[FindingRow]>) {
     h.push_str("<section><h2>Findings</h2>");
     match findings {
         None => h.push_str("<p>findings: run <code>analyze localize</code></p>"),
@@ -467,9 +482,11 @@ pub fn render(
         }
     }
     h.push_str("</section>\n");
-    render_services(&mut h, services);
+}
 
-    // Heatmaps.
+/// The ToR and RNIC heatmap sections; returns their data, which the page's script draws.
+fn render_heatmaps(h: &mut String, report: &HtmlReport) -> Vec<Heatmap> {
+    let m = &report.meta;
     let mut maps = Vec::new();
     for (id, title, rows, what) in
         [("tor", "ToR × ToR", &report.tor_pairs, "ToRs"), ("rnic", "RNIC × RNIC", &report.rnic_pairs, "RNICs")]
@@ -496,8 +513,11 @@ pub fn render(
         );
         maps.push(map);
     }
+    maps
+}
 
-    // Violations.
+/// The SLA violations table, capped at [`MAX_VIOLATION_ROWS`] rows.
+fn render_violations(h: &mut String, report: &HtmlReport) {
     h.push_str("<section><h2>SLA violations per window</h2>");
     if report.violations.is_empty() {
         h.push_str("<p>None: every window of every cluster, ToR pair, ToR and RNIC row is within the SLA.</p>");
@@ -539,11 +559,6 @@ pub fn render(
         h.push_str("</table>");
     }
     h.push_str("</section>\n<div id=\"tip\"></div>\n");
-
-    // Data for the heatmaps: `<` is escaped so that no name can close the script element.
-    let data = serde_json::to_string(&maps)?.replace('<', "\\u003c");
-    let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
-    Ok(h)
 }
 
 /// The "Services" section: traced connections ranked by impact, with the findings on their path.

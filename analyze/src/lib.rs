@@ -13,6 +13,7 @@ pub mod ingest;
 pub mod inspect;
 pub mod localize;
 pub mod probe;
+pub mod quantile;
 pub mod report;
 pub mod watch;
 

@@ -19,8 +19,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum What {
     /// Say which RNIC, ToR, link or spine is at fault, window by window, and which hosts were too
-    /// noisy to count as evidence (the method: ARCHITECTURE.md, "Localisation", and the module
-    /// documentation of analyze/src/localize.rs). Probes dropped on the prober's own host are
+    /// noisy to count as evidence (the method: docs/design/localisation.md, and the module
+    /// documentation of analyze/src/localize/mod.rs). Probes dropped on the prober's own host are
     /// never evidence; RTTs are judged against the fleet baseline of their own timestamp source.
     /// Traced service connections (jobs' RDMA QPs) are then ranked by how the findings on their
     /// path and their own probes say they were hurt.
@@ -28,15 +28,15 @@ enum What {
     /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair, traced service
     /// connection): probe counts, loss ratio and delay quantiles; rows breaking the SLA first.
     ///
-    /// Every row counts probes, ok, lost, partial (only ACK2 missing), invalid, refused,
-    /// local_drop (never left the prober's host: not loss) and unreachable (a dead peer);
-    /// loss_ratio = lost / (ok + partial + lost). Its ts_source column names the timestamp
+    /// Every row counts probes, ok, lost, partial, invalid, refused, local_drop and unreachable,
+    /// and a loss ratio; what each record counts as:
+    /// docs/design/analysis.md#what-a-probe-counts-as. Its ts_source column names the timestamp
     /// sources of its delay quantiles: nic, host_poll, kernel_software or kernel_hardware, or
     /// mixed(a+b) when samples of several sources were pooled (their delays are not comparable).
     Report(rocemesh_analyze::cli::ReportArgs),
     /// Report continuously over a collection directory: each window's report rows as JSON
-    /// lines, once the window is complete (every live writer has written past it and the
-    /// fleet's newest record is --grace-s past it); late and damaged files are said; the
+    /// lines, once the window is complete (the fleet's time, the newest record more than a quarter
+    /// of the live hosts wrote, is --grace-s past it); late and damaged files are said; the
     /// position survives restarts (--state). The rows are `report`'s, number for number.
     Watch(rocemesh_analyze::cli::WatchArgs),
     /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.

@@ -3,29 +3,11 @@
 //! thresholds with their breach test. `analyze report`, `html`, `export` and `localize` all
 //! classify through this module, so an outcome means the same in every output.
 //!
-//! Per record, from the outcome byte and the arrival bitmap ([`Class::of`], defined in
-//! `formats::record` so that the agent's live metrics classify with the same function):
-//!
-//! | outcome | arrived | class | loss ratio | RTT sample |
-//! |---|---|---|---|---|
-//! | 0 ok | any | `ok` | denominator | yes |
-//! | 1 lost | no ACK1 | `lost` | numerator and denominator | no |
-//! | 1 lost | ACK1 | `partial` (only ACK2 missing: path and responder proven alive) | denominator | no |
-//! | 2 invalid | any | `invalid` | neither | no |
-//! | 3 refused | any | `refused` (host up, agent down) | neither | no |
-//! | 4 local_drop | any | `local_drop` (never left the prober's host) | neither | no |
-//! | 5 auth_refused | any | `refused` (the peer is alive but keyed otherwise) | neither | no |
-//! | 6-255 | any | `unknown` (a newer agent's byte): counted in `probes` only | neither | no |
-//!
-//! `lost` includes a verbs target that could not be resolved over the network (`arrived`
-//! without PROBE_SENT) and older agents' send errors, which were written as lost too: the
-//! network may have lost them. A local drop is never network evidence (localisation ignores it)
-//! and never unreachable.
-//!
-//! Per (window, prober, target): with no ok and no partial but some lost, the pair is
-//! *unreachable* (Pingmesh: a dead peer is not packet loss) and its lost probes count as
-//! `unreachable`, not `lost` ([`split_unreachable`]), before any roll-up. Then
-//! loss_ratio = lost / (ok + partial + lost), null when that is 0 ([`loss_ratio`]).
+//! The rule itself, per record ([`Class::of`], defined in `formats::record` so that the agent's
+//! live metrics classify with the same function), per pair (the unreachable rule,
+//! [`split_unreachable`]) and for the loss ratio ([`loss_ratio`]), is written once, with why each
+//! class counts as it does: docs/design/analysis.md#what-a-probe-counts-as. This module is its
+//! code; change both together.
 //!
 //! Timestamp sources ([`TsSources`]): delays are only comparable within one source (a
 //! host-poll stamp includes the poll loop's latency, a NIC stamp does not), so a set of samples

@@ -1,6 +1,6 @@
 //! Issue 17: the smallest fault each window size can show for a given probe rate, computed by
 //! `localize::smallest_detectable` with the default options, and checked against the table in
-//! ARCHITECTURE.md ("Localisation"), so that the table is computed, never guessed, and stays
+//! docs/design/localisation.md#the-smallest-fault-a-window-can-show, so that the table is computed, never guessed, and stays
 //! true when a default changes. On a mismatch the test prints the table to paste.
 
 use std::path::PathBuf;
@@ -51,14 +51,18 @@ fn table() -> String {
 fn the_detectability_table_in_architecture_md_is_the_computed_one() {
     let path = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-        .join("../ARCHITECTURE.md");
+        .join("../docs/design/localisation.md");
     let doc = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (begin, end) = ("<!-- detectability:begin -->\n", "<!-- detectability:end -->");
     let at = doc.find(begin).unwrap_or_else(|| panic!("{}: no {begin:?} marker", path.display())) + begin.len();
     let len = doc[at..].find(end).unwrap_or_else(|| panic!("{}: no {end:?} marker", path.display()));
     let computed = table();
     println!("{computed}");
-    assert_eq!(&doc[at..at + len], computed, "ARCHITECTURE.md's table is stale: paste the one printed above");
+    assert_eq!(
+        &doc[at..at + len],
+        computed,
+        "docs/design/localisation.md's table is stale: paste the one printed above"
+    );
 }
 
 #[test]

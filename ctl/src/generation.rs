@@ -73,7 +73,7 @@ pub struct GenOptions {
     /// Labels per ToR-mesh target (one ToR, one path: 1 unless the ToR has bonded uplinks).
     pub tor_mesh_flow_labels: usize,
     /// Responder port written into every target: the agent's UDP port, and the RDMA CM service
-    /// port it resolves the UD QPN through (see ARCHITECTURE.md, "ctl and agent restarts").
+    /// port it resolves the UD QPN through (see docs/design/agent.md#ctl-and-agent-restarts).
     pub probe_port: Option<u16>,
     pub timeout_ms: u32,
     /// Probe between rails of a rail-optimised fabric as if it were one plane.
@@ -214,143 +214,14 @@ impl Generator {
     /// Indexes `inventory` (already validated by the format) and checks `opts`.
     pub fn new(inventory: &Inventory, opts: &GenOptions) -> Result<Generator, Error> {
         check_options(opts)?;
-        let (ecmp_paths, from_spines) = match opts.ecmp_paths {
-            Some(m) => (m, false),
-            None if !inventory.spines.is_empty() => (inventory.spines.len() as u32, true),
-            None => (DEFAULT_ECMP_PATHS, false),
-        };
-        let inter_tor_labels = labels_for_coverage(ecmp_paths, opts.coverage_probability);
-        if inter_tor_labels > MAX_DISTINCT_PATH_LABELS {
-            return Err(Error::invalid(
-                format!(
-                    "{ecmp_paths} ECMP paths at p = {} need {inter_tor_labels} flow labels; only {MAX_DISTINCT_PATH_LABELS} give distinct UDP source ports",
-                    opts.coverage_probability
-                ),
-                "lower --coverage-probability or --ecmp-paths",
-            ));
-        }
-
-        let tor_ids: HashMap<&str, usize> =
-            inventory.tors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
-        let mut tors: Vec<TorInfo> = inventory
-            .tors
-            .iter()
-            .map(|t| TorInfo {
-                name: t.name.clone(),
-                name_hash: rng::name_hash(&t.name),
-                rnics: Vec::new(),
-                ring: None,
-            })
-            .collect();
+        let (ecmp_paths, from_spines) = resolve_ecmp_paths(inventory, opts);
+        let inter_tor_labels = inter_tor_flow_labels(ecmp_paths, opts)?;
+        let mut tors = tor_infos(inventory);
         let mut rnics = Vec::new();
-        let mut hosts = Vec::with_capacity(inventory.hosts.len());
-        for host in &inventory.hosts {
-            if let Some(problem) = host_name_problem(&host.name) {
-                return Err(Error::invalid(
-                    problem,
-                    "rename the host in the inventory (`ctl inventory check` lists all)",
-                ));
-            }
-            let mut own = Vec::with_capacity(host.rnics.len());
-            for r in &host.rnics {
-                let Some(&tor) = tor_ids.get(r.tor.as_str()) else {
-                    return Err(Error::invalid(
-                        format!(
-                            "{}/{} is under ToR {:?}, which the inventory does not declare",
-                            host.name, r.device, r.tor
-                        ),
-                        "load the inventory with Inventory::load, which refuses this",
-                    ));
-                };
-                let name = Inventory::rnic_name(&host.name, &r.device);
-                let gid = r.gid_or_mapped();
-                // The address the agent probes: the IP, unless an explicit GID is not the one
-                // RoCEv2 derives from it (then only the GID reaches the port).
-                let addr = if gid == rocemesh_formats::gid::gid_of(r.ip) { r.ip } else { IpAddr::V6(gid) };
-                own.push(rnics.len());
-                tors[tor].rnics.push(rnics.len());
-                rnics.push(RnicInfo {
-                    device: r.device.clone(),
-                    name_mix: rng::mix(rng::name_hash(&name)),
-                    name,
-                    addr,
-                    tor,
-                    pos: 0,
-                });
-            }
-            own.sort_by(|&a, &b| natural_cmp(&rnics[a].device, &rnics[b].device));
-            hosts.push((host.name.clone(), own));
-        }
-        hosts.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-        for tor in &mut tors {
-            tor.rnics.sort_by(|&a, &b| natural_cmp(&rnics[a].name, &rnics[b].name));
-            for (pos, &r) in tor.rnics.iter().enumerate() {
-                rnics[r].pos = pos;
-            }
-        }
-
-        // Planes: one per rail, or one for all; ToRs in name order before the seeded shuffle,
-        // so that the ring does not depend on the order of the inventory file.
-        let mut by_plane: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
-        let per_rail =
-            !opts.cross_rail && inventory.tors.iter().all(|t| t.rail.is_some()) && !inventory.tors.is_empty();
-        for (i, t) in inventory.tors.iter().enumerate() {
-            if !tors[i].rnics.is_empty() {
-                by_plane.entry(if per_rail { t.rail } else { None }).or_default().push(i);
-            }
-        }
-        let mut planes = Vec::new();
-        let mut plane_coverage = Vec::new();
-        for (rail, mut ring) in by_plane {
-            ring.sort_by(|&a, &b| natural_cmp(&inventory.tors[a].name, &inventory.tors[b].name));
-            let plane_key = rail.map_or(u64::MAX, u64::from);
-            let mut shuffle = SplitMix64::new(rng::derive(&[opts.seed, TAG_TOR_RING, plane_key]));
-            for i in (1..ring.len()).rev() {
-                ring.swap(i, shuffle.below(i as u64 + 1) as usize);
-            }
-            let t = ring.len();
-            let k = opts.inter_tor_peers.min(t.saturating_sub(1));
-            let half = t / 2;
-            let blocks = if k == 0 { Vec::new() } else { distance_blocks(t, half, k) };
-            let min_rnics = ring.iter().map(|&x| tors[x].rnics.len()).min().unwrap_or(0);
-            let generations = if blocks.is_empty() {
-                0
-            } else {
-                ring.iter().map(|&x| blocks.len().div_ceil(tors[x].rnics.len()) as u64).max().unwrap_or(0)
-            };
-            let phase = rng::derive(&[opts.seed, TAG_PHASE, plane_key]);
-            for (pos, &x) in ring.iter().enumerate() {
-                tors[x].ring = Some((planes.len(), pos));
-            }
-            plane_coverage.push(PlaneCoverage {
-                rail,
-                tors: t,
-                peers_per_rnic: k,
-                blocks: blocks.len(),
-                min_rnics_per_tor: min_rnics,
-                generations,
-            });
-            planes.push(Plane { ring, blocks, phase });
-        }
-
-        let mut max_rnic_rate_pps: f64 = 0.0;
-        for (host, own) in &hosts {
-            let mut targets = 0;
-            for &r in own {
-                let tor = &tors[rnics[r].tor];
-                let mesh = tor.rnics.len() - 1;
-                let inter = tor.ring.map_or(0, |(p, _)| planes[p].blocks.first().map_or(0, Vec::len));
-                targets += mesh + inter;
-                let rate = mesh as f64 * opts.tor_mesh_rate_pps + inter as f64 * opts.inter_tor_rate_pps;
-                max_rnic_rate_pps = max_rnic_rate_pps.max(rate);
-            }
-            if targets > MAX_TARGETS {
-                return Err(Error::invalid(
-                    format!("host {host:?} would have {targets} targets; a pinglist holds at most {MAX_TARGETS}"),
-                    "lower --inter-tor-peers, or split the host's ToR",
-                ));
-            }
-        }
+        let hosts = index_hosts(inventory, &mut tors, &mut rnics)?;
+        rank_tor_rnics(&mut tors, &mut rnics);
+        let (planes, plane_coverage) = build_planes(inventory, opts, &mut tors);
+        let max_rnic_rate_pps = check_targets_and_max_rate(&hosts, &rnics, &tors, &planes, opts)?;
         let generations_to_cover = plane_coverage.iter().map(|p| p.generations).max().unwrap_or(0);
         let coverage = Coverage {
             ecmp_paths,
@@ -633,6 +504,191 @@ fn flow_labels_into(seed: u64, n: usize, labels: &mut Vec<u32>) {
             labels.push(label);
         }
     }
+}
+
+/// m, and whether it came from the inventory's spines: the option, else the spine count, else
+/// [`DEFAULT_ECMP_PATHS`].
+fn resolve_ecmp_paths(inventory: &Inventory, opts: &GenOptions) -> (u32, bool) {
+    match opts.ecmp_paths {
+        Some(m) => (m, false),
+        None if !inventory.spines.is_empty() => (inventory.spines.len() as u32, true),
+        None => (DEFAULT_ECMP_PATHS, false),
+    }
+}
+
+/// n for inter-ToR targets; refused when more labels are needed than give distinct source ports.
+fn inter_tor_flow_labels(ecmp_paths: u32, opts: &GenOptions) -> Result<usize, Error> {
+    let inter_tor_labels = labels_for_coverage(ecmp_paths, opts.coverage_probability);
+    if inter_tor_labels > MAX_DISTINCT_PATH_LABELS {
+        return Err(Error::invalid(
+            format!(
+                "{ecmp_paths} ECMP paths at p = {} need {inter_tor_labels} flow labels; only {MAX_DISTINCT_PATH_LABELS} give distinct UDP source ports",
+                opts.coverage_probability
+            ),
+            "lower --coverage-probability or --ecmp-paths",
+        ));
+    }
+    Ok(inter_tor_labels)
+}
+
+/// The inventory's ToRs in its order, without RNICs or ring places yet.
+fn tor_infos(inventory: &Inventory) -> Vec<TorInfo> {
+    inventory
+        .tors
+        .iter()
+        .map(|t| TorInfo { name: t.name.clone(), name_hash: rng::name_hash(&t.name), rnics: Vec::new(), ring: None })
+        .collect()
+}
+
+/// Appends every host's RNICs to `rnics` and to their ToRs' lists; returns the hosts in output
+/// order, each with its RNICs in device order.
+fn index_hosts(
+    inventory: &Inventory,
+    tors: &mut [TorInfo],
+    rnics: &mut Vec<RnicInfo>,
+) -> Result<Vec<(String, Vec<usize>)>, Error> {
+    let tor_ids: HashMap<&str, usize> = inventory.tors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+    let mut hosts = Vec::with_capacity(inventory.hosts.len());
+    for host in &inventory.hosts {
+        if let Some(problem) = host_name_problem(&host.name) {
+            return Err(Error::invalid(problem, "rename the host in the inventory (`ctl inventory check` lists all)"));
+        }
+        let mut own = Vec::with_capacity(host.rnics.len());
+        for r in &host.rnics {
+            let Some(&tor) = tor_ids.get(r.tor.as_str()) else {
+                return Err(Error::invalid(
+                    format!(
+                        "{}/{} is under ToR {:?}, which the inventory does not declare",
+                        host.name, r.device, r.tor
+                    ),
+                    "load the inventory with Inventory::load, which refuses this",
+                ));
+            };
+            let name = Inventory::rnic_name(&host.name, &r.device);
+            let gid = r.gid_or_mapped();
+            // The address the agent probes: the IP, unless an explicit GID is not the one
+            // RoCEv2 derives from it (then only the GID reaches the port).
+            let addr = if gid == rocemesh_formats::gid::gid_of(r.ip) { r.ip } else { IpAddr::V6(gid) };
+            own.push(rnics.len());
+            tors[tor].rnics.push(rnics.len());
+            rnics.push(RnicInfo {
+                device: r.device.clone(),
+                name_mix: rng::mix(rng::name_hash(&name)),
+                name,
+                addr,
+                tor,
+                pos: 0,
+            });
+        }
+        own.sort_by(|&a, &b| natural_cmp(&rnics[a].device, &rnics[b].device));
+        hosts.push((host.name.clone(), own));
+    }
+    hosts.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+    Ok(hosts)
+}
+
+/// Puts each ToR's RNICs in name order and gives every RNIC its index there
+/// ([`RnicInfo::pos`]).
+fn rank_tor_rnics(tors: &mut [TorInfo], rnics: &mut [RnicInfo]) {
+    for tor in tors.iter_mut() {
+        tor.rnics.sort_by(|&a, &b| natural_cmp(&rnics[a].name, &rnics[b].name));
+        for (pos, &r) in tor.rnics.iter().enumerate() {
+            rnics[r].pos = pos;
+        }
+    }
+}
+
+/// The planes of the ToRs with RNICs, each a seeded ring, and what each covers; every such ToR
+/// learns its plane and ring position.
+fn build_planes(inventory: &Inventory, opts: &GenOptions, tors: &mut [TorInfo]) -> (Vec<Plane>, Vec<PlaneCoverage>) {
+    // Planes: one per rail, or one for all; ToRs in name order before the seeded shuffle,
+    // so that the ring does not depend on the order of the inventory file.
+    let mut by_plane: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
+    let per_rail = !opts.cross_rail && inventory.tors.iter().all(|t| t.rail.is_some()) && !inventory.tors.is_empty();
+    for (i, t) in inventory.tors.iter().enumerate() {
+        if !tors[i].rnics.is_empty() {
+            by_plane.entry(if per_rail { t.rail } else { None }).or_default().push(i);
+        }
+    }
+    let mut planes = Vec::new();
+    let mut plane_coverage = Vec::new();
+    for (rail, mut ring) in by_plane {
+        ring.sort_by(|&a, &b| natural_cmp(&inventory.tors[a].name, &inventory.tors[b].name));
+        let plane_key = rail.map_or(u64::MAX, u64::from);
+        let mut shuffle = SplitMix64::new(rng::derive(&[opts.seed, TAG_TOR_RING, plane_key]));
+        for i in (1..ring.len()).rev() {
+            ring.swap(i, shuffle.below(i as u64 + 1) as usize);
+        }
+        let (plane, coverage) = plane_on_ring(rail, plane_key, ring, planes.len(), opts, tors);
+        plane_coverage.push(coverage);
+        planes.push(plane);
+    }
+    (planes, plane_coverage)
+}
+
+/// Plane number `index` over `ring` (ToRs in ring order): its distance blocks and phase, and what
+/// it covers; marks each of its ToRs with its ring position.
+fn plane_on_ring(
+    rail: Option<u16>,
+    plane_key: u64,
+    ring: Vec<usize>,
+    index: usize,
+    opts: &GenOptions,
+    tors: &mut [TorInfo],
+) -> (Plane, PlaneCoverage) {
+    let t = ring.len();
+    let k = opts.inter_tor_peers.min(t.saturating_sub(1));
+    let half = t / 2;
+    let blocks = if k == 0 { Vec::new() } else { distance_blocks(t, half, k) };
+    let min_rnics = ring.iter().map(|&x| tors[x].rnics.len()).min().unwrap_or(0);
+    let generations = if blocks.is_empty() {
+        0
+    } else {
+        ring.iter().map(|&x| blocks.len().div_ceil(tors[x].rnics.len()) as u64).max().unwrap_or(0)
+    };
+    let phase = rng::derive(&[opts.seed, TAG_PHASE, plane_key]);
+    for (pos, &x) in ring.iter().enumerate() {
+        tors[x].ring = Some((index, pos));
+    }
+    let coverage = PlaneCoverage {
+        rail,
+        tors: t,
+        peers_per_rnic: k,
+        blocks: blocks.len(),
+        min_rnics_per_tor: min_rnics,
+        generations,
+    };
+    (Plane { ring, blocks, phase }, coverage)
+}
+
+/// Refuses a host with more targets than a pinglist holds; returns the highest probe rate one
+/// RNIC sends, over all its targets.
+fn check_targets_and_max_rate(
+    hosts: &[(String, Vec<usize>)],
+    rnics: &[RnicInfo],
+    tors: &[TorInfo],
+    planes: &[Plane],
+    opts: &GenOptions,
+) -> Result<f64, Error> {
+    let mut max_rnic_rate_pps: f64 = 0.0;
+    for (host, own) in hosts {
+        let mut targets = 0;
+        for &r in own {
+            let tor = &tors[rnics[r].tor];
+            let mesh = tor.rnics.len() - 1;
+            let inter = tor.ring.map_or(0, |(p, _)| planes[p].blocks.first().map_or(0, Vec::len));
+            targets += mesh + inter;
+            let rate = mesh as f64 * opts.tor_mesh_rate_pps + inter as f64 * opts.inter_tor_rate_pps;
+            max_rnic_rate_pps = max_rnic_rate_pps.max(rate);
+        }
+        if targets > MAX_TARGETS {
+            return Err(Error::invalid(
+                format!("host {host:?} would have {targets} targets; a pinglist holds at most {MAX_TARGETS}"),
+                "lower --inter-tor-peers, or split the host's ToR",
+            ));
+        }
+    }
+    Ok(max_rnic_rate_pps)
 }
 
 fn check_options(opts: &GenOptions) -> Result<(), Error> {

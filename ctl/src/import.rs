@@ -362,6 +362,22 @@ fn trim_zeros(digits: &[u8]) -> &[u8] {
 /// Builds the inventory. The result has passed [`Inventory::parse`]; `out` is the path it
 /// will be written to, named in errors.
 pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Result<Imported, Error> {
+    let by_host = description_files(described)?;
+    let rail_devices = rail_device_order(described, opts)?;
+    let mut draft = Draft::from_base(opts.base.as_ref());
+    let mut new_tors: BTreeMap<String, Option<u16>> = BTreeMap::new();
+    let (added, replaced) = draft.add_described_hosts(described, opts, &rail_devices, &by_host, &mut new_tors)?;
+    draft.add_new_tors(new_tors, opts.base.as_ref())?;
+    draft.add_spines_and_links(opts)?;
+    check_unique_addresses(&draft.hosts, &draft.host_source)?;
+    let notes = notes(described, &rail_devices, &draft.hosts, &draft.tors);
+    let inventory = draft.into_inventory();
+    check_as_written(&inventory, out)?;
+    Ok(Imported { inventory, rail_devices, added, replaced, notes })
+}
+
+/// Each described host's file; a host described twice is refused, naming both files.
+fn description_files(described: &[Described]) -> Result<HashMap<&str, &Path>, Error> {
     let mut by_host: HashMap<&str, &Path> = HashMap::new();
     for d in described {
         if let Some(first) = by_host.insert(&d.description.host, &d.file) {
@@ -376,80 +392,99 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
             ));
         }
     }
-    let rail_devices = rail_device_order(described, opts)?;
+    Ok(by_host)
+}
 
-    let mut tors: Vec<Tor> = Vec::new();
-    let mut tor_index: HashMap<String, usize> = HashMap::new();
-    let mut spines: Vec<Spine> = Vec::new();
-    let mut links: Vec<Link> = Vec::new();
-    let mut hosts: Vec<Host> = Vec::new();
-    let mut host_source: Vec<String> = Vec::new();
-    if let Some(base) = &opts.base {
-        for t in &base.tors {
-            tor_index.insert(t.name.clone(), tors.len());
-            tors.push(t.clone());
+/// The inventory while it is assembled: the base's switches and hosts, then the described hosts
+/// and the ToRs they bring.
+struct Draft {
+    tors: Vec<Tor>,
+    /// Position of each ToR in `tors`, by name.
+    tor_index: HashMap<String, usize>,
+    spines: Vec<Spine>,
+    links: Vec<Link>,
+    hosts: Vec<Host>,
+    /// Where each host of `hosts` came from (a description file, or the base), for errors.
+    host_source: Vec<String>,
+}
+
+impl Draft {
+    /// Everything the base inventory declares; empty without a base.
+    fn from_base(base: Option<&Inventory>) -> Draft {
+        let mut draft = Draft {
+            tors: Vec::new(),
+            tor_index: HashMap::new(),
+            spines: Vec::new(),
+            links: Vec::new(),
+            hosts: Vec::new(),
+            host_source: Vec::new(),
+        };
+        if let Some(base) = base {
+            for t in &base.tors {
+                draft.tor_index.insert(t.name.clone(), draft.tors.len());
+                draft.tors.push(t.clone());
+            }
+            draft.spines = base.spines.clone();
+            draft.links = base.links.clone();
+            draft.hosts = base.hosts.clone();
+            draft.host_source = base.hosts.iter().map(|_| "the base inventory".to_owned()).collect();
         }
-        spines = base.spines.clone();
-        links = base.links.clone();
-        hosts = base.hosts.clone();
-        host_source = base.hosts.iter().map(|_| "the base inventory".to_owned()).collect();
+        draft
     }
-    let base_rails = opts.base.as_ref().and_then(|b| b.tors.first()).map(|t| t.rail.is_some());
 
-    let mut sorted: Vec<&Described> = described.iter().collect();
-    sorted.sort_by(|a, b| natural_cmp(&a.description.host, &b.description.host));
-    let (mut added, mut replaced) = (0, 0);
-    let mut new_tors: BTreeMap<String, Option<u16>> = BTreeMap::new();
-    for d in sorted {
+    /// Adds the described hosts in natural name order, each replacing the base's host of its name;
+    /// returns how many were added and how many replaced. ToRs the base lacks go to `new_tors`.
+    fn add_described_hosts(
+        &mut self,
+        described: &[Described],
+        opts: &ImportOptions,
+        rail_devices: &[String],
+        by_host: &HashMap<&str, &Path>,
+        new_tors: &mut BTreeMap<String, Option<u16>>,
+    ) -> Result<(usize, usize), Error> {
+        let mut sorted: Vec<&Described> = described.iter().collect();
+        sorted.sort_by(|a, b| natural_cmp(&a.description.host, &b.description.host));
+        let (mut added, mut replaced) = (0, 0);
+        for d in sorted {
+            let rnics = self.described_rnics(d, opts, rail_devices, by_host, new_tors)?;
+            let host = Host { name: d.description.host.clone(), rnics };
+            match self.hosts.iter().position(|h| h.name == d.description.host) {
+                Some(i) => {
+                    self.hosts[i] = host;
+                    self.host_source[i] = d.file.display().to_string();
+                    replaced += 1;
+                }
+                None => {
+                    self.hosts.push(host);
+                    self.host_source.push(d.file.display().to_string());
+                    added += 1;
+                }
+            }
+        }
+        Ok((added, replaced))
+    }
+
+    /// One described host's RNICs, each placed under its ToR; ToRs the base lacks go to `new_tors`.
+    fn described_rnics(
+        &self,
+        d: &Described,
+        opts: &ImportOptions,
+        rail_devices: &[String],
+        by_host: &HashMap<&str, &Path>,
+        new_tors: &mut BTreeMap<String, Option<u16>>,
+    ) -> Result<Vec<Rnic>, Error> {
         let desc = &d.description;
         let mut rnics = Vec::with_capacity(desc.rnics.len());
         for r in &desc.rnics {
-            let (tor, rail) = place(d, &r.device, opts, &rail_devices)?;
-            if let Some(problem) = name_problem(&tor) {
-                return Err(Error::invalid(
-                    format!("the ToR name for {}/{} is unusable: {problem}", desc.host, r.device),
-                    format!("change the ToR map or --tor-name: {NAME_FIX}"),
-                ));
-            }
-            if by_host.contains_key(tor.as_str()) || hosts.iter().any(|h| h.name == tor) {
-                return Err(Error::invalid(
-                    format!("the ToR name {tor:?} for {}/{} is also the name of a host", desc.host, r.device),
-                    "tor and host names share one namespace: change the ToR map or --tor-name",
-                ));
-            }
+            let (tor, rail) = place(d, &r.device, opts, rail_devices)?;
+            self.check_tor_name(&tor, &desc.host, &r.device, by_host)?;
             if opts.rail_optimised && rail.is_none() {
                 return Err(Error::invalid(
                     format!("--rail-optimised, but the ToR map gives no rail for {}/{}", desc.host, r.device),
                     "add a rail column to the ToR map (`host,device,tor,rail`)",
                 ));
             }
-            match tor_index.get(&tor) {
-                Some(&i) if tors[i].rail != rail => {
-                    return Err(Error::invalid(
-                        format!(
-                            "ToR {tor:?} is on rail {} in the base inventory but {}/{} puts it on rail {}",
-                            show(tors[i].rail),
-                            desc.host,
-                            r.device,
-                            show(rail)
-                        ),
-                        "make the ToR map or rail order agree with the base inventory",
-                    ));
-                }
-                Some(_) => {}
-                None => match new_tors.get(&tor) {
-                    Some(other) if *other != rail => {
-                        return Err(Error::invalid(
-                            format!("ToR {tor:?} would be on rail {} and on rail {}", show(*other), show(rail)),
-                            "with --rail-optimised, --tor-name must contain {rail} (one ToR per rail)",
-                        ));
-                    }
-                    Some(_) => {}
-                    None => {
-                        new_tors.insert(tor.clone(), rail);
-                    }
-                },
-            }
+            self.check_tor_rail(&tor, rail, &desc.host, &r.device, new_tors)?;
             rnics.push(Rnic {
                 device: r.device.clone(),
                 tor,
@@ -461,70 +496,135 @@ pub fn import(described: &[Described], opts: &ImportOptions, out: &Path) -> Resu
                 gid_index: r.gid_index,
             });
         }
-        let host = Host { name: desc.host.clone(), rnics };
-        match hosts.iter().position(|h| h.name == desc.host) {
-            Some(i) => {
-                hosts[i] = host;
-                host_source[i] = d.file.display().to_string();
-                replaced += 1;
-            }
-            None => {
-                hosts.push(host);
-                host_source.push(d.file.display().to_string());
-                added += 1;
-            }
-        }
-    }
-    let mut new_tors: Vec<(String, Option<u16>)> = new_tors.into_iter().collect();
-    new_tors.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-    if let (Some(base_has), Some((name, rail))) = (base_rails, new_tors.first())
-        && base_has != rail.is_some()
-    {
-        return Err(Error::invalid(
-            format!(
-                "the base inventory's ToRs {} rails, but the new ToR {name:?} {}",
-                if base_has { "have" } else { "have no" },
-                if rail.is_some() { "has one" } else { "has none" }
-            ),
-            "either every ToR has a rail or none does: match --rail-optimised / the map's rail column to the base",
-        ));
-    }
-    for (name, rail) in new_tors {
-        tor_index.insert(name.clone(), tors.len());
-        tors.push(Tor { name, rail, addrs: Vec::new() });
+        Ok(rnics)
     }
 
-    if opts.spines > 0 {
-        if !spines.is_empty() {
+    /// Refuses a ToR name (for `host`/`device`) that is unusable, or that a host has too.
+    fn check_tor_name(&self, tor: &str, host: &str, device: &str, by_host: &HashMap<&str, &Path>) -> Result<(), Error> {
+        if let Some(problem) = name_problem(tor) {
             return Err(Error::invalid(
-                format!("--spines {} but the base inventory already declares {} spines", opts.spines, spines.len()),
-                "drop --spines, or declare the spines in one place",
+                format!("the ToR name for {host}/{device} is unusable: {problem}"),
+                format!("change the ToR map or --tor-name: {NAME_FIX}"),
             ));
         }
-        spines = (0..opts.spines).map(|i| Spine { name: format!("spine{i}"), addrs: Vec::new() }).collect();
+        if by_host.contains_key(tor) || self.hosts.iter().any(|h| h.name == tor) {
+            return Err(Error::invalid(
+                format!("the ToR name {tor:?} for {host}/{device} is also the name of a host"),
+                "tor and host names share one namespace: change the ToR map or --tor-name",
+            ));
+        }
+        Ok(())
     }
-    if opts.link_all {
-        let existing: BTreeSet<(String, String)> =
-            links.iter().flat_map(|l| [(l.a.clone(), l.b.clone()), (l.b.clone(), l.a.clone())]).collect();
-        for t in &tors {
-            for s in &spines {
-                if !existing.contains(&(t.name.clone(), s.name.clone())) {
-                    links.push(Link { a: t.name.clone(), b: s.name.clone() });
+
+    /// Refuses a rail for `tor` other than the base's or an earlier RNIC's; a ToR the base lacks
+    /// is noted in `new_tors` with its rail.
+    fn check_tor_rail(
+        &self,
+        tor: &str,
+        rail: Option<u16>,
+        host: &str,
+        device: &str,
+        new_tors: &mut BTreeMap<String, Option<u16>>,
+    ) -> Result<(), Error> {
+        match self.tor_index.get(tor) {
+            Some(&i) if self.tors[i].rail != rail => {
+                return Err(Error::invalid(
+                    format!(
+                        "ToR {tor:?} is on rail {} in the base inventory but {host}/{device} puts it on rail {}",
+                        show(self.tors[i].rail),
+                        show(rail)
+                    ),
+                    "make the ToR map or rail order agree with the base inventory",
+                ));
+            }
+            Some(_) => {}
+            None => match new_tors.get(tor) {
+                Some(other) if *other != rail => {
+                    return Err(Error::invalid(
+                        format!("ToR {tor:?} would be on rail {} and on rail {}", show(*other), show(rail)),
+                        "with --rail-optimised, --tor-name must contain {rail} (one ToR per rail)",
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    new_tors.insert(tor.to_owned(), rail);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Appends the ToRs the described hosts brought, in natural name order, once their rails
+    /// agree with the base's: either every ToR has a rail or none does.
+    fn add_new_tors(&mut self, new_tors: BTreeMap<String, Option<u16>>, base: Option<&Inventory>) -> Result<(), Error> {
+        let base_rails = base.and_then(|b| b.tors.first()).map(|t| t.rail.is_some());
+        let mut new_tors: Vec<(String, Option<u16>)> = new_tors.into_iter().collect();
+        new_tors.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        if let (Some(base_has), Some((name, rail))) = (base_rails, new_tors.first())
+            && base_has != rail.is_some()
+        {
+            return Err(Error::invalid(
+                format!(
+                    "the base inventory's ToRs {} rails, but the new ToR {name:?} {}",
+                    if base_has { "have" } else { "have no" },
+                    if rail.is_some() { "has one" } else { "has none" }
+                ),
+                "either every ToR has a rail or none does: match --rail-optimised / the map's rail column to the base",
+            ));
+        }
+        for (name, rail) in new_tors {
+            self.tor_index.insert(name.clone(), self.tors.len());
+            self.tors.push(Tor { name, rail, addrs: Vec::new() });
+        }
+        Ok(())
+    }
+
+    /// `--spines` (refused when the base declares spines too) and `--link-all` (each ToR-spine
+    /// link the base lacks, in either direction).
+    fn add_spines_and_links(&mut self, opts: &ImportOptions) -> Result<(), Error> {
+        if opts.spines > 0 {
+            if !self.spines.is_empty() {
+                return Err(Error::invalid(
+                    format!(
+                        "--spines {} but the base inventory already declares {} spines",
+                        opts.spines,
+                        self.spines.len()
+                    ),
+                    "drop --spines, or declare the spines in one place",
+                ));
+            }
+            self.spines = (0..opts.spines).map(|i| Spine { name: format!("spine{i}"), addrs: Vec::new() }).collect();
+        }
+        if opts.link_all {
+            let existing: BTreeSet<(String, String)> =
+                self.links.iter().flat_map(|l| [(l.a.clone(), l.b.clone()), (l.b.clone(), l.a.clone())]).collect();
+            for t in &self.tors {
+                for s in &self.spines {
+                    if !existing.contains(&(t.name.clone(), s.name.clone())) {
+                        self.links.push(Link { a: t.name.clone(), b: s.name.clone() });
+                    }
                 }
             }
         }
+        Ok(())
     }
 
-    check_unique_addresses(&hosts, &host_source)?;
-    let notes = notes(described, &rail_devices, &hosts, &tors);
-    let inventory = Inventory { version: inventory::VERSION, tors, spines, links, hosts };
+    /// The inventory, in the current format version.
+    fn into_inventory(self) -> Inventory {
+        let Draft { tors, spines, links, hosts, .. } = self;
+        Inventory { version: inventory::VERSION, tors, spines, links, hosts }
+    }
+}
+
+/// Writes `inventory` as TOML and parses it back as if loaded from `out`.
+fn check_as_written(inventory: &Inventory, out: &Path) -> Result<(), Error> {
     // The format's validation is the contract; anything it still refuses is reported as it
     // would be when the written file is loaded.
     let text = inventory
         .to_toml_string()
         .map_err(|e| Error::invalid(format!("cannot write the inventory as TOML: {e}"), "report this as a ctl bug"))?;
     Inventory::parse(&text, out)?;
-    Ok(Imported { inventory, rail_devices, added, replaced, notes })
+    Ok(())
 }
 
 fn rail_device_order(described: &[Described], opts: &ImportOptions) -> Result<Vec<String>, Error> {

@@ -3,7 +3,7 @@
 //! [`ProbeRecord`] is the row an agent hands to the segment writer once per probe. On disk,
 //! records are stored column-wise, one [`ProbeColumns`] per chunk (an rkyv archive of column
 //! arrays), because the reader that matters, `analyze`, wants columns: it can hand whole
-//! `&[u64]` slices to polars instead of transposing row by row (see ARCHITECTURE.md and the
+//! `&[u64]` slices to polars instead of transposing row by row (see docs/design/segments.md#the-probe-record and the
 //! `bench formats` numbers for the row layout measured against it).
 //!
 //! Identities are compact `u32` ids resolved through the segment's endpoint dictionary
@@ -12,7 +12,7 @@
 //!
 //! Delays are kept, not the six raw timestamps: `network_rtt_ns`, `prober_delay_ns` and
 //! `responder_delay_ns` are each computed inside one clock domain by the agent (rpingmesh's
-//! wall-vs-monotonic bug; ARCHITECTURE.md, "The probe record") and are exactly what analysis
+//! wall-vs-monotonic bug; docs/design/segments.md#the-probe-record) and are exactly what analysis
 //! needs; together with `t1_unix_ns` they give back T6-T1 = prober_delay + network_rtt +
 //! responder_delay and T5-T2.
 

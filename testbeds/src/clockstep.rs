@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::rxelab::{Check, read_records};
+use crate::harness::{Check, read_records};
 
 const AGENTS: usize = 2;
 const PPS: f64 = 50.0;
@@ -102,7 +102,7 @@ pub fn run(agent: &Path, dir: &Path) -> anyhow::Result<Vec<Check>> {
     step_realtime(STEP_S)?;
     std::thread::sleep(Duration::from_secs(4));
     step_realtime(-STEP_S)?;
-    let back_unix_ns = crate::rxelab::now_ns();
+    let back_unix_ns = crate::harness::now_ns();
     let back = std::time::Instant::now();
     let mut exits = Vec::new();
     for mut c in children {

@@ -33,7 +33,7 @@ use rocemesh_formats::record::Outcome;
 use rocemesh_formats::scenario::{Fault, FaultKind, Normal, Probing, Quantiles, Scenario, Topology, TsModel};
 use serde::Serialize;
 
-use crate::rxelab::{AGENT_PORT, Agents, Check, Phase, now_ns, read_records, spawn_agent};
+use crate::harness::{AGENT_PORT, Agents, Check, Phase, now_ns, read_records, spawn_agent};
 use crate::score::{self, Finding};
 use net::{DEVICE, Fabric, Plan};
 use traces::{HostPorts, Ports, TraceCheck};
@@ -473,7 +473,7 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     let inventory_addrs = net::write_inventory(&plan, &inventory)?;
     // Every RNIC probes one RNIC under each other ToR.
     let (mesh, inter) = (opts.tor_mesh_pps, opts.inter_tor_pps);
-    crate::rxelab::gen_pinglists(
+    crate::harness::gen_pinglists(
         &opts.bin.join("ctl"),
         &inventory,
         &out.join("pinglists"),
@@ -701,7 +701,7 @@ fn run_timeline(
 
 /// `analyze localize --format json` over the run's segments (kept in localize.json).
 fn localize(opts: &ClosOptions, out: &Path, inventory: &Path) -> anyhow::Result<Vec<Finding>> {
-    let r = crate::rxelab::localize(&opts.bin.join("analyze"), opts.window_s, inventory, out)?;
+    let r = crate::harness::localize(&opts.bin.join("analyze"), opts.window_s, inventory, out)?;
     if !r.status.success() {
         bail!("analyze localize failed ({}): {}", r.status, String::from_utf8_lossy(&r.stderr));
     }
@@ -772,7 +772,7 @@ fn around(entity: &str, t: u32, h: u32) -> bool {
 /// restarted or stalling host, nothing else blamed.
 fn verdicts(
     tl: &Timeline,
-    records: &[crate::rxelab::Rec],
+    records: &[crate::harness::Rec],
     findings: &[Finding],
     sc: &score::Score,
     window_ns: u64,

@@ -13,6 +13,8 @@
 pub mod clockstep;
 pub mod clos;
 mod fabric;
+pub mod harness;
+mod rxeagent;
 pub mod rxefabric;
 pub mod rxelab;
 pub mod rxemetrics;

@@ -12,21 +12,17 @@
 //! uplinks, so no probe can tell which uplink drops; a third ToR is the least that separates
 //! them. The inventory's single spine gives `analyze` the path without traces.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
-
-use anyhow::{Context, bail};
-use rocemesh_formats::record::Outcome;
-use rocemesh_formats::segment::SegmentReader;
-use serde::Serialize;
-
+use crate::harness::{AGENT_PORT, Agents, Check, Phase, Rec, gen_pinglists, localize, now_ns, read_records};
+use crate::rxeagent::{AgentSpec, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS, start_agent};
 use crate::rxefabric::{self, Layout};
 use crate::rxeservices;
-
-/// The agents' UDP/RDMA CM service port (perftest's tools use [`rxefabric::TOOL_PORT`]).
-pub const AGENT_PORT: u16 = 18_600;
+use anyhow::{Context, bail};
+use rocemesh_formats::record::Outcome;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -58,34 +54,6 @@ impl LabOptions {
             inter_tor_pps: 5.0,
             uplink_loss_percent: 20.0,
         }
-    }
-}
-
-/// A phase of the timeline, wall-clock ns.
-#[derive(Debug, Clone, Serialize)]
-pub struct Phase {
-    pub name: String,
-    /// The entity the fault is on (analyze's naming), empty for clean phases.
-    pub entity: String,
-    /// The finding kind expected for it, empty if none.
-    pub expect: String,
-    pub from_ns: u64,
-    pub to_ns: u64,
-}
-
-/// One check and how it came out.
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-}
-
-impl Check {
-    /// A check that passes when `found` is empty, and otherwise lists it.
-    pub(crate) fn none_of(name: &str, found: &[String]) -> Check {
-        let detail = if found.is_empty() { "none".into() } else { found.join(", ") };
-        Check { name: name.into(), ok: found.is_empty(), detail }
     }
 }
 
@@ -199,10 +167,6 @@ fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-}
-
 /// Sleep until the next multiple of `window_ns` (plus a small margin), return that boundary.
 fn align(window_ns: u64) -> u64 {
     let now = now_ns();
@@ -218,151 +182,8 @@ fn sleep_until(t_ns: u64) {
     }
 }
 
-/// One verbs agent of the lab: its configuration, written as `<dir>/<host>.toml`.
-pub(crate) struct AgentSpec<'a> {
-    pub(crate) host: &'a str,
-    pub(crate) device: &'a str,
-    pub(crate) tor: &'a str,
-    pub(crate) ip: std::net::IpAddr,
-    pub(crate) pinglist: &'a Path,
-    pub(crate) segments: &'a Path,
-    pub(crate) mode: &'a str,
-    pub(crate) core: usize,
-    pub(crate) stats_interval_s: u64,
-    pub(crate) flush_interval_ms: u64,
-    pub(crate) rust_log: &'a str,
-    pub(crate) duration_s: Option<u64>,
-    /// Load the eBPF service tracer (`[service_tracing]`).
-    pub(crate) service_tracing: bool,
-    /// `[view] allow` (one collector address): serve the live view.
-    pub(crate) view_allow: Option<&'a str>,
-}
-
-/// `[service_tracing]` of the lab's agents: the bounds the storm check holds them to.
-const SERVICE_PROBE_PPS: f64 = 5.0;
-const SERVICE_MAX_TARGETS: u64 = 64;
-const SERVICE_NEW_PER_S: f64 = 20.0;
 /// Hosts whose agents run without the tracer: the CPU baseline of the tracer's cost.
 const UNTRACED: [&str; 2] = ["tor1-h0", "tor2-h0"];
-
-/// Write the agent's configuration and start it in its host's namespace, logging to
-/// `<dir>/<host>.log`.
-pub(crate) fn start_agent(agent: &Path, s: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
-    let cfg = dir.join(format!("{}.toml", s.host));
-    let text = format!(
-        "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"{mode}\"\n\
-         stats_interval_s = {stats}\nflush_interval_ms = {flush}\nsegment_mib = 4\nsegment_quota_mib = 256\n\n\
-         [metrics]\nlisten = \"127.0.0.1:{metrics}\"\nsysfs = \"{sysfs}\"\n\n\
-         [[shard]]\ndevice = \"{dev}\"\ntransport = \"verbs\"\ntor = \"{tor}\"\nbind = \"{ip}:{AGENT_PORT}\"\ncore = {core}\n",
-        metrics = crate::rxemetrics::METRICS_PORT,
-        sysfs = crate::rxemetrics::HOST_SYSFS,
-        host = s.host,
-        pl = s.pinglist.display(),
-        seg = s.segments.display(),
-        mode = s.mode,
-        stats = s.stats_interval_s,
-        flush = s.flush_interval_ms,
-        dev = s.device,
-        tor = s.tor,
-        ip = s.ip,
-        core = s.core,
-    );
-    let text = if s.service_tracing {
-        format!(
-            "{text}\n[service_tracing]\nenabled = true\nprobe_pps = {SERVICE_PROBE_PPS}\n\
-             max_targets_per_shard = {SERVICE_MAX_TARGETS}\nmax_new_targets_per_s = {SERVICE_NEW_PER_S}\n"
-        )
-    } else {
-        text
-    };
-    let text = match s.view_allow {
-        Some(a) => format!("{text}\n[view]\nallow = [\"{a}\"]\n"),
-        None => text,
-    };
-    std::fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
-    let log = std::fs::File::create(dir.join(format!("{}.log", s.host)))?;
-    spawn_agent(agent, s.host, &cfg, log, s.rust_log, s.duration_s)
-        .with_context(|| format!("starting the agent of {}", s.host))
-}
-
-/// `agent run --config <cfg>` in network namespace `netns`, stdout and stderr to `log`.
-pub(crate) fn spawn_agent(
-    agent: &Path,
-    netns: &str,
-    cfg: &Path,
-    log: std::fs::File,
-    rust_log: &str,
-    duration_s: Option<u64>,
-) -> anyhow::Result<Child> {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", netns]).arg(agent).arg("run");
-    if let Some(d) = duration_s {
-        cmd.args(["--duration-s", &d.to_string()]);
-    }
-    Ok(cmd
-        .arg("--config")
-        .arg(cfg)
-        .env("RUST_LOG", rust_log)
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
-        .spawn()?)
-}
-
-/// Running agents by host name; killed when dropped.
-pub(crate) struct Agents {
-    pub(crate) children: Vec<(String, Child)>,
-}
-
-impl Agents {
-    /// SIGTERM to every agent, then wait up to 20 s for each (SIGKILL after that).
-    pub(crate) fn stop(&mut self) {
-        for (_, c) in &mut self.children {
-            // SAFETY: sending SIGTERM to a child we spawned (its pid is live until we wait).
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        for (host, c) in &mut self.children {
-            loop {
-                match c.try_wait() {
-                    Ok(Some(st)) => {
-                        if !st.success() {
-                            eprintln!("rxe-lab: the agent of {host} exited with {st}");
-                        }
-                        break;
-                    }
-                    Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-                    _ => {
-                        eprintln!("rxe-lab: the agent of {host} did not stop on SIGTERM; killing it");
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
-                }
-            }
-        }
-        self.children.clear();
-    }
-}
-
-impl Agents {
-    pub(crate) fn pid(&self, host: &str) -> Option<u32> {
-        self.children.iter().find(|(h, _)| h == host).map(|(_, c)| c.id())
-    }
-
-    /// CPU time of each agent so far, in clock ticks.
-    pub(crate) fn cpu_ticks(&self) -> anyhow::Result<Vec<(String, u64)>> {
-        self.children.iter().map(|(h, c)| Ok((h.clone(), rxeservices::cpu_ticks(c.id())?))).collect()
-    }
-}
-
-impl Drop for Agents {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Run the whole lab. Errors are setup failures; a run whose checks fail returns Ok with
 /// `passed() == false`.
@@ -561,98 +382,6 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let result = LabResult { phases, checks, records: records.len() as u64, findings, services, view };
     std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
     Ok(result)
-}
-
-/// `ctl gen-pinglists` from `inventory` into `out` (seed 7): each RNIC probes `inter_tor_peers`
-/// other ToRs, every target on [`AGENT_PORT`]; `extra` are more ctl flags.
-pub(crate) fn gen_pinglists(
-    ctl: &Path,
-    inventory: &Path,
-    out: &Path,
-    inter_tor_peers: u32,
-    tor_mesh_pps: f64,
-    inter_tor_pps: f64,
-    extra: &[&str],
-) -> anyhow::Result<()> {
-    let status = Command::new(ctl)
-        .args(["gen-pinglists", "--inventory"])
-        .arg(inventory)
-        .arg("--out")
-        .arg(out)
-        .args(["--seed", "7", "--inter-tor-peers", &inter_tor_peers.to_string()])
-        .args(extra)
-        .args(["--probe-port", &AGENT_PORT.to_string()])
-        .args(["--tor-mesh-rate-pps", &tor_mesh_pps.to_string()])
-        .args(["--inter-tor-rate-pps", &inter_tor_pps.to_string()])
-        .status()
-        .context("running ctl gen-pinglists")?;
-    if !status.success() {
-        bail!("ctl gen-pinglists failed ({status})");
-    }
-    Ok(())
-}
-
-/// `analyze localize --format json` over `<dir>/segments`; its stdout and stderr are kept as
-/// `<dir>/localize.json` and `<dir>/localize.stderr`.
-pub(crate) fn localize(analyze: &Path, window_s: u64, inventory: &Path, dir: &Path) -> anyhow::Result<Output> {
-    let out = Command::new(analyze)
-        .args(["localize", "--format", "json", "--window-s", &window_s.to_string(), "--inventory"])
-        .arg(inventory)
-        .arg(dir.join("segments"))
-        .output()
-        .context("running analyze localize")?;
-    std::fs::write(dir.join("localize.json"), &out.stdout)?;
-    std::fs::write(dir.join("localize.stderr"), &out.stderr)?;
-    Ok(out)
-}
-
-/// A probe, with names instead of file-local ids.
-#[derive(Debug, Clone)]
-pub struct Rec {
-    pub prober: String,
-    pub target: String,
-    pub t1_ns: u64,
-    pub outcome: u8,
-    pub rtt_ns: i32,
-}
-
-/// Every segment file (open or sealed) under `dir`, at any depth.
-pub fn segment_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().ends_with(".rseg") || p.to_string_lossy().ends_with(".rseg.zst") {
-                out.push(p);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Every probe record under `dir`.
-pub fn read_records(dir: &Path) -> anyhow::Result<Vec<Rec>> {
-    let mut out = Vec::new();
-    for p in segment_files(dir)? {
-        let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let names: Vec<String> = r.dictionary().iter().map(|e| e.name.clone()).collect();
-        for c in r.probe_chunks() {
-            for i in 0..c.len() {
-                let row = c.row(i);
-                out.push(Rec {
-                    prober: names.get(row.prober as usize).cloned().unwrap_or_default(),
-                    target: names.get(row.target as usize).cloned().unwrap_or_default(),
-                    t1_ns: row.t1_unix_ns,
-                    outcome: row.outcome,
-                    rtt_ns: row.network_rtt_ns,
-                });
-            }
-        }
-    }
-    Ok(out)
 }
 
 fn verdicts(

@@ -34,7 +34,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::rxelab::Check;
+use crate::harness::Check;
 
 /// Port of every lab agent's `/metrics`, on the loopback of its namespace.
 pub const METRICS_PORT: u16 = 9745;

@@ -15,7 +15,7 @@ use rocemesh_formats::record::{EndpointRole, Outcome};
 use rocemesh_formats::segment::SegmentReader;
 use serde::Serialize;
 
-use crate::rxelab::Check;
+use crate::harness::Check;
 
 /// The command the connections run (perftest's `ib_write_bw`), as the tracer reports it (`comm`).
 pub const COMM: &str = "ib_write_bw";
@@ -81,7 +81,7 @@ pub struct Probed {
 /// Service probes under `dir`, by dictionary name.
 pub fn probed(dir: &Path) -> anyhow::Result<BTreeMap<String, Probed>> {
     let mut out: BTreeMap<String, Probed> = BTreeMap::new();
-    for p in crate::rxelab::segment_files(dir)? {
+    for p in crate::harness::segment_files(dir)? {
         let r = SegmentReader::open(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
         let dict = r.dictionary();
         for c in r.probe_chunks() {
@@ -285,18 +285,6 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("{path} has no readable VmRSS line"))
 }
 
-/// CPU time (user + system) of a process, in clock ticks (`/proc/<pid>/stat`).
-pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    // Fields after the command (which may hold spaces) start after the last ')'; utime and
-    // stime are fields 14 and 15 of stat(5), so 11 and 12 counted from 0 after it.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    get(11).zip(get(12)).map(|(u, s)| u + s).with_context(|| format!("{path}: no utime and stime fields"))
-}
-
 /// The largest value of `key=` in the agent's "shard stats" lines.
 pub fn max_stat(log: &str, key: &str) -> u64 {
     log.lines()
@@ -339,6 +327,7 @@ pub fn storm_check(s: &StormResult, max_targets: u64, new_per_s: f64, probe_pps:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::cpu_ticks;
 
     #[test]
     fn log_fields_are_found() {

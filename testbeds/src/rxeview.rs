@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::harness::{Agents, Check, gen_pinglists};
+use crate::rxeagent::{AgentSpec, start_agent};
 use crate::rxefabric::{self, Layout};
-use crate::rxelab::{AgentSpec, Agents, Check, gen_pinglists, start_agent};
 
 /// The host the collector runs on; the other five run agents.
 const COLLECTOR: &str = "tor2-h1";

@@ -9,8 +9,7 @@
 //! directory is shared read-write at the same absolute path too, so paths to results are the same
 //! inside and outside. What runs inside, the testbed network, is [`crate::rxefabric`].
 //!
-//! Why each step is the way it is: each phase's module doc, and ARCHITECTURE.md, "The soft-RoCE
-//! testbed".
+//! Why each step is the way it is: each phase's module doc, and docs/design/testbeds.md#the-soft-roce-vm-testbeds-rxe-vm.
 
 pub mod boot;
 pub mod initramfs;

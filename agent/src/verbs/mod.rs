@@ -10,7 +10,7 @@
 //!   rdma-core 44, which only extended CQs with NIC stamps use;
 //! - address handles cached per (destination GID, flow label), bounded, created once;
 //! - an RDMA CM `RDMA_PS_UDP` listener on the shard's address and port: peers resolve this
-//!   shard's current QPN with a SIDR request (ARCHITECTURE.md, "ctl and agent restarts"), and the
+//!   shard's current QPN with a SIDR request (docs/design/agent.md#ctl-and-agent-restarts), and the
 //!   prober resolves its targets the same way, at run time, again when they stop answering;
 //! - recovery: device removal (`rdma link delete`), fatal device errors and port events tear the
 //!   resources down; the shard keeps running (its probes stay local, `DeviceGone`, while its

@@ -363,7 +363,7 @@ impl Resources {
         attr.port_num = self.info.port;
         attr.grh.dgid = ffi::ibv_gid { raw: gid };
         // Nonzero: with 0, some NICs pick one random UDP source port per AH, and the pair is
-        // stuck on one ECMP path (R-Pingmesh observed this; ARCHITECTURE.md, rxe pitfalls).
+        // stuck on one ECMP path (R-Pingmesh observed this; docs/design/verbs.md#rxe-pitfalls-avoided).
         attr.grh.flow_label = (label & 0xF_FFFF).max(1);
         attr.grh.sgid_index = self.info.gid_index;
         attr.grh.hop_limit = 64;

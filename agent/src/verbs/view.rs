@@ -370,12 +370,14 @@ impl Drop for Server {
     }
 }
 
-/// Start the view thread for `shards`. It runs until `stop`; a shard whose address or device is
+/// Start the view thread for `shards`. It runs until `stop` or `signal` (the process-wide SIGINT
+/// or SIGTERM); a shard whose address or device is
 /// not (yet) there is retried every second.
 pub fn spawn(
     shards: Vec<ViewShard>,
     cfg: &ViewConfig,
     stop: Arc<AtomicBool>,
+    signal: &'static AtomicBool,
     stats_interval_s: u64,
 ) -> Result<std::thread::JoinHandle<()>, String> {
     let allow = cfg.prefixes()?;
@@ -403,7 +405,7 @@ pub fn spawn(
             let fd = unsafe { (*server.channel).fd };
             let stats_every = Duration::from_secs(stats_interval_s.max(1));
             let mut next_stats = Instant::now() + stats_every;
-            while !stop.load(Ordering::Relaxed) && !crate::runtime::stop_signalled() {
+            while !stop.load(Ordering::Relaxed) && !signal.load(Ordering::Relaxed) {
                 let now_ns = crate::clock::now_ns();
                 server.open_due(now_ns);
                 let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };

@@ -49,19 +49,7 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
     let sealed_path = dir.join(format!("{stem}{SEALED_SUFFIX}"));
     let tmp_path = dir.join(format!("{stem}{SEALED_SUFFIX}.tmp"));
 
-    // A segment that a live writer still holds must not be sealed: the writer would go on
-    // appending to a file that is about to be deleted.
-    let lock = File::open(path).map_err(io_err(path, "open segment"))?;
-    if let Err(e) = lock_exclusive(&lock) {
-        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            SegmentError::Config(format!(
-                "{}: still being written by a live writer; seal it after the writer rotates it",
-                path.display()
-            ))
-        } else {
-            SegmentError::Io { path: path.to_path_buf(), op: "lock segment".into(), source: e }
-        });
-    }
+    let _lock = lock_for_sealing(path)?;
     let source = SegmentReader::open(path)?;
     if source.is_sealed() {
         return Err(SegmentError::Config(format!(
@@ -72,110 +60,20 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
     let carried: Vec<Damage> = source.damage().iter().filter(|d| d.kind == DamageKind::CorruptChunk).cloned().collect();
 
     if sealed_path.exists() {
-        // A crash between the rename and the removal of the original: the sealed copy was
-        // validated before the rename, so if it holds the same records, finish the job.
-        let existing = SegmentReader::open(&sealed_path)?;
-        if existing.records() == source.records() {
-            std::fs::remove_file(path).map_err(io_err(path, "remove sealed original"))?;
-            sync_dir(&dir)?;
-            let sealed_bytes = file_len(&sealed_path)?;
-            return Ok(SealReport {
-                sealed_path,
-                records: existing.records(),
-                raw_bytes: source.frames_end() as u64,
-                sealed_bytes,
-                damage: source.damage().to_vec(),
-            });
-        }
-        return Err(SegmentError::Config(format!(
-            "{} already exists with {} records while {} has {}: move one of them away by hand",
-            sealed_path.display(),
-            existing.records(),
-            path.display(),
-            source.records()
-        )));
+        return finish_interrupted_seal(path, &dir, &source, sealed_path);
     }
 
     let raw = source.raw();
     let end = source.frames_end();
-    let mut header = raw[..HEADER_BYTES].to_vec();
-    let (lo, hi) = source.time_range().unwrap_or((source.created_unix_ns(), source.created_unix_ns()));
-    encode_close(
-        &mut header,
-        &CloseBlock {
-            first_unix_ns: lo,
-            last_unix_ns: hi,
-            records: source.records(),
-            data_end: end as u64,
-            chunks: source.chunk_count() as u64,
-        },
-    );
+    let header = closed_header(&source);
 
     // What the sealed copy will hold, for planners that must not inflate it (`summary`): the
     // source's facts, with the damage a reader of the copy reports (a torn tail is not copied).
     let summary = SealedSummary::of(&source, carried.clone());
 
-    // A stale temporary is a previous seal that died before its rename: ours, incomplete.
-    let _ = std::fs::remove_file(&tmp_path);
-    let file = OpenOptions::new().write(true).create_new(true).open(&tmp_path).map_err(io_err(&tmp_path, "create"))?;
-    let write = || -> std::io::Result<File> {
-        let mut enc = zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), zstd_level)?;
-        enc.set_pledged_src_size(Some(end as u64))?;
-        enc.include_checksum(true)?;
-        enc.write_all(&header)?;
-        enc.write_all(&raw[HEADER_BYTES..end])?;
-        let mut out = enc.finish()?;
-        out.write_all(&summary.frame())?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        Ok(file)
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_file(&tmp_path);
-        return Err(SegmentError::Io { path: tmp_path, op: "write sealed segment".into(), source: e });
-    }
+    write_sealed(&tmp_path, &header, &raw[HEADER_BYTES..end], &summary, zstd_level)?;
 
-    // The other side of the write: read the sealed copy back and insist it holds exactly what
-    // the source held, before the source goes away.
-    // The summary too: found, agreeing with the header, and what the copy's own reader says.
-    let check = SegmentReader::open(&tmp_path);
-    let summary_back = read_summary(&tmp_path);
-    let verified = match (&check, &summary_back) {
-        (Ok(r), Ok(SummaryRead::Found(back))) => {
-            r.records() == source.records()
-                && r.is_closed()
-                && r.damage().iter().all(|d| d.kind == DamageKind::CorruptChunk)
-                && r.damage().len() == carried.len()
-                && r.dictionary() == source.dictionary()
-                && back.facts == summary
-                && back.facts == SealedSummary::of(r, r.damage().to_vec())
-                && back.identity == *r.identity()
-        }
-        _ => false,
-    };
-    if !verified {
-        let _ = std::fs::remove_file(&tmp_path);
-        return Err(SegmentError::BadSealed {
-            path: tmp_path,
-            reason: format!(
-                "read-back of the sealed copy does not match the source ({}): source kept",
-                match (check, summary_back) {
-                    (Ok(r), Ok(back)) => format!(
-                        "{} records vs {}, damage {:?}, summary {}",
-                        r.records(),
-                        source.records(),
-                        r.damage(),
-                        match back {
-                            SummaryRead::Found(_) => "found".to_owned(),
-                            SummaryRead::Absent => "absent".to_owned(),
-                            SummaryRead::Unusable(why) => why,
-                        }
-                    ),
-                    (Err(e), _) | (_, Err(e)) => e.to_string(),
-                }
-            ),
-        });
-    }
+    verify_sealed(&tmp_path, &source, &carried, &summary)?;
     std::fs::rename(&tmp_path, &sealed_path).map_err(io_err(&tmp_path, "rename sealed segment into place"))?;
     sync_dir(&dir)?;
     let report = SealReport {
@@ -189,6 +87,150 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
     std::fs::remove_file(path).map_err(io_err(path, "remove sealed original"))?;
     sync_dir(&dir)?;
     Ok(report)
+}
+
+/// The segment's lock, taken exclusively: a segment that a live writer still holds must not be
+/// sealed, since the writer would go on appending to a file that is about to be deleted.
+fn lock_for_sealing(path: &Path) -> Result<File, SegmentError> {
+    let lock = File::open(path).map_err(io_err(path, "open segment"))?;
+    if let Err(e) = lock_exclusive(&lock) {
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            SegmentError::Config(format!(
+                "{}: still being written by a live writer; seal it after the writer rotates it",
+                path.display()
+            ))
+        } else {
+            SegmentError::Io { path: path.to_path_buf(), op: "lock segment".into(), source: e }
+        });
+    }
+    Ok(lock)
+}
+
+/// A sealed copy already exists: a crash between the rename and the removal of the original.
+/// The copy was validated before the rename, so if it holds the same records, finish the job.
+fn finish_interrupted_seal(
+    path: &Path,
+    dir: &Path,
+    source: &SegmentReader,
+    sealed_path: PathBuf,
+) -> Result<SealReport, SegmentError> {
+    let existing = SegmentReader::open(&sealed_path)?;
+    if existing.records() == source.records() {
+        std::fs::remove_file(path).map_err(io_err(path, "remove sealed original"))?;
+        sync_dir(dir)?;
+        let sealed_bytes = file_len(&sealed_path)?;
+        return Ok(SealReport {
+            sealed_path,
+            records: existing.records(),
+            raw_bytes: source.frames_end() as u64,
+            sealed_bytes,
+            damage: source.damage().to_vec(),
+        });
+    }
+    Err(SegmentError::Config(format!(
+        "{} already exists with {} records while {} has {}: move one of them away by hand",
+        sealed_path.display(),
+        existing.records(),
+        path.display(),
+        source.records()
+    )))
+}
+
+/// The source's header page with a close block, which a crashed writer may not have written.
+fn closed_header(source: &SegmentReader) -> Vec<u8> {
+    let mut header = source.raw()[..HEADER_BYTES].to_vec();
+    let (lo, hi) = source.time_range().unwrap_or((source.created_unix_ns(), source.created_unix_ns()));
+    encode_close(
+        &mut header,
+        &CloseBlock {
+            first_unix_ns: lo,
+            last_unix_ns: hi,
+            records: source.records(),
+            data_end: source.frames_end() as u64,
+            chunks: source.chunk_count() as u64,
+        },
+    );
+    header
+}
+
+/// The compressed copy at `tmp_path`: header, frames and summary, fsync'd; removed on failure.
+fn write_sealed(
+    tmp_path: &Path,
+    header: &[u8],
+    frames: &[u8],
+    summary: &SealedSummary,
+    zstd_level: i32,
+) -> Result<(), SegmentError> {
+    // A stale temporary is a previous seal that died before its rename: ours, incomplete.
+    let _ = std::fs::remove_file(tmp_path);
+    let file = OpenOptions::new().write(true).create_new(true).open(tmp_path).map_err(io_err(tmp_path, "create"))?;
+    let write = || -> std::io::Result<File> {
+        let mut enc = zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), zstd_level)?;
+        enc.set_pledged_src_size(Some((header.len() + frames.len()) as u64))?;
+        enc.include_checksum(true)?;
+        enc.write_all(header)?;
+        enc.write_all(frames)?;
+        let mut out = enc.finish()?;
+        out.write_all(&summary.frame())?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(file)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(tmp_path);
+        return Err(SegmentError::Io { path: tmp_path.to_path_buf(), op: "write sealed segment".into(), source: e });
+    }
+    Ok(())
+}
+
+/// The other side of the write: the sealed copy read back must hold exactly what the source
+/// held, before the source goes away; the summary too: found, agreeing with the header, and
+/// what the copy's own reader says. A copy that does not is removed.
+fn verify_sealed(
+    tmp_path: &Path,
+    source: &SegmentReader,
+    carried: &[Damage],
+    summary: &SealedSummary,
+) -> Result<(), SegmentError> {
+    let check = SegmentReader::open(tmp_path);
+    let summary_back = read_summary(tmp_path);
+    let verified = match (&check, &summary_back) {
+        (Ok(r), Ok(SummaryRead::Found(back))) => {
+            r.records() == source.records()
+                && r.is_closed()
+                && r.damage().iter().all(|d| d.kind == DamageKind::CorruptChunk)
+                && r.damage().len() == carried.len()
+                && r.dictionary() == source.dictionary()
+                && back.facts == *summary
+                && back.facts == SealedSummary::of(r, r.damage().to_vec())
+                && back.identity == *r.identity()
+        }
+        _ => false,
+    };
+    if verified {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(tmp_path);
+    Err(SegmentError::BadSealed {
+        path: tmp_path.to_path_buf(),
+        reason: format!(
+            "read-back of the sealed copy does not match the source ({}): source kept",
+            match (check, summary_back) {
+                (Ok(r), Ok(back)) => format!(
+                    "{} records vs {}, damage {:?}, summary {}",
+                    r.records(),
+                    source.records(),
+                    r.damage(),
+                    match back {
+                        SummaryRead::Found(_) => "found".to_owned(),
+                        SummaryRead::Absent => "absent".to_owned(),
+                        SummaryRead::Unusable(why) => why,
+                    }
+                ),
+                (Err(e), _) | (_, Err(e)) => e.to_string(),
+            }
+        ),
+    })
 }
 
 /// What [`enforce_quota`] removed.

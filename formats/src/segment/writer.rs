@@ -622,7 +622,7 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     match rc {
         0 => Ok(()),
         // Filesystems without fallocate: fall back to a sparse file (the SIGBUS risk remains
-        // there and is documented in ARCHITECTURE.md).
+        // there and is documented in docs/design/segments.md#segments).
         libc::EOPNOTSUPP | libc::EINVAL => file.set_len(len),
         errno => Err(std::io::Error::from_raw_os_error(errno)),
     }

@@ -28,7 +28,7 @@ use rocemesh_formats::segment::SegmentReader;
 use serde::Serialize;
 
 use super::net::{DEVICE, Fabric, Plan};
-use crate::rxelab::segment_files;
+use crate::harness::segment_files;
 
 /// One traced inter-ToR path: who traced it, to where, on which label, what it found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,374 @@
+//! The plan: every file opened and validated once, its dictionary merged, and the input cut
+//! into ranges of whole windows that hold at most a budget of records ([`Plan`]), each read
+//! again when it is its turn; a file that changed between the plan and its read is a problem,
+//! not a wrong answer.
+
+use super::columns::{fill, planned_chunks, split, within};
+use super::damage_problem;
+use super::dict::{Merger, Remap, claim_services, unknown_ids_problem, writer_rnic};
+use super::model::{AgentFile, Dataset, Fields, FileProblem, Probes};
+use super::paths::PathTraces;
+use rayon::prelude::*;
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::record::Endpoint;
+use rocemesh_formats::segment::{SealedSummary, SegmentReader, SummaryRead, WriterIdentity, read_summary};
+use std::path::PathBuf;
+
+/// How a problem of a file the first pass read, and a range could not, begins.
+pub const READ_AGAIN_FAILED: &str = "could not be read again";
+
+/// A file [`Plan`] reads again for each time range it overlaps.
+#[derive(Debug)]
+pub(super) struct Planned {
+    pub(super) path: PathBuf,
+    pub(super) remap: Remap,
+    /// Smallest and largest T1.
+    pub(super) first_ns: u64,
+    pub(super) last_ns: u64,
+    pub(super) records: usize,
+    /// Entries and [`dictionary_hash`] of its dictionary.
+    pub(super) dictionary: (usize, u64),
+    /// A range could not read it as planned (said then): the later ones do not try again.
+    pub(super) left_out: bool,
+    /// Its first record's position in the whole input ([`Probes::index`]).
+    pub(super) offset: u64,
+    /// Its path traces were gathered ([`Plan::with_paths`]).
+    pub(super) traced: bool,
+}
+
+/// Ingest one time range at a time, for passes whose windows are independent (`analyze
+/// report`): memory follows the records of a range, not of the input. A first pass reads every
+/// file once, one reader per thread at a time, for what the whole input decides (dictionaries
+/// and so fleet-wide ids, services, each file's span and agent facts) and keeps none of its
+/// records; [`Plan::read`] then copies a range's records from the files that overlap it. The
+/// ids, RNICs, services and problems are those [`ingest_with`] gives for the same files; path
+/// traces are not read ([`Dataset::paths`] stays empty).
+#[derive(Debug)]
+pub struct Plan {
+    /// Everything but the probes ([`Dataset::probes`] stays empty).
+    pub ds: Dataset,
+    pub(super) files: Vec<Planned>,
+    pub(super) fields: Fields,
+    /// Unknown prober or target ids per file, summed over the ranges read.
+    pub(super) unknown_ids: Vec<u64>,
+    pub(super) window_ns: u64,
+    /// Readers of the files that went on past the last range read (see [`Plan::read`]).
+    pub(super) carried: Vec<(usize, SegmentReader)>,
+    /// Records per window index, over every file.
+    pub(super) per_window: std::collections::BTreeMap<u64, u64>,
+    /// Records the ranges read so far (a file that cannot be read again is not in it).
+    pub(super) read_records: usize,
+    /// Whether ranges carry each record's position in the whole input ([`Plan::with_index`]).
+    pub(super) indexed: bool,
+    /// Path traces gathered from the files the ranges opened ([`Plan::with_paths`]).
+    pub(super) traces: Option<PathTraces>,
+}
+
+/// What the first pass keeps of one file: its summary (`formats::segment::read_summary`) when
+/// it is sealed with one, so that it is not inflated, else the same facts from reading it whole.
+pub(super) struct Head {
+    pub(super) identity: WriterIdentity,
+    pub(super) facts: SealedSummary,
+    /// Why a summary the file has could not be used (it was read whole instead).
+    pub(super) unusable_summary: Option<String>,
+}
+
+impl Head {
+    /// `Err`: the file cannot be read, and why.
+    pub(super) fn of(path: &std::path::Path) -> Result<Head, String> {
+        let unusable_summary = match read_summary(path) {
+            Ok(SummaryRead::Found(s)) => {
+                return Ok(Head { identity: s.identity, facts: s.facts, unusable_summary: None });
+            }
+            Ok(SummaryRead::Unusable(why)) => Some(why),
+            // An error here is one `open` gives again, with its message.
+            Ok(SummaryRead::Absent) | Err(_) => None,
+        };
+        let r = SegmentReader::open(path).map_err(|e| e.to_string())?;
+        Ok(Head { identity: r.identity().clone(), facts: SealedSummary::of(&r, r.damage().to_vec()), unusable_summary })
+    }
+
+    /// Records per window index, ascending (a few dozen: a segment spans minutes).
+    pub(super) fn per_window(&self, window_ns: u64) -> Vec<(u64, u64)> {
+        // floor(t / (k s)) = floor(floor(t / 1 s) / k): seconds add up to whole windows.
+        let window_s = window_ns / 1_000_000_000;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &(s, n) in &self.facts.per_second {
+            let w = s / window_s;
+            match out.last_mut() {
+                Some((last, m)) if *last == w => *m += n,
+                _ => out.push((w, n)),
+            }
+        }
+        out
+    }
+}
+
+/// Whether `r` holds what the first pass planned `f` from: the same records and dictionary. An
+/// open segment may have grown since (its writer still appends: `analyze` run on a live agent's
+/// directory); a writer never rewrites, so its planned part must be unchanged.
+pub(super) fn as_planned(r: &SegmentReader, f: &Planned) -> bool {
+    let (entries, hash) = f.dictionary;
+    let d = r.dictionary();
+    if r.is_sealed() {
+        r.records() as usize == f.records && d.len() == entries && dictionary_hash(d) == hash
+    } else {
+        r.records() as usize >= f.records && d.len() >= entries && dictionary_hash(&d[..entries]) == hash
+    }
+}
+
+/// Tells a file's dictionary from another's, so that a file whose records are read is the one
+/// its first pass planned (a summary could be forged, a file replaced).
+pub(super) fn dictionary_hash(d: &[Endpoint]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    d.hash(&mut h);
+    h.finish()
+}
+
+/// See [`Plan`]: the first pass over `files`, for ranges of `window_ns` windows.
+pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, window_ns: u64) -> Plan {
+    assert!(window_ns > 0 && window_ns.is_multiple_of(1_000_000_000), "the CLI's windows are whole seconds");
+    // One reader per thread at a time: a reader holds its whole (decompressed) file.
+    let heads: Vec<(PathBuf, Result<Head, String>)> = files.par_iter().map(|p| (p.clone(), Head::of(p))).collect();
+    let mut ds = Dataset { files: files.len(), ..Dataset::default() };
+    let mut merger = Merger::new(inventory);
+    let mut kept = Vec::new();
+    let mut remaps = Vec::new();
+    for (path, head) in heads {
+        match head {
+            Err(problem) => ds.problems.push(FileProblem { path, problem, skipped: true }),
+            Ok(h) => {
+                if let Some(why) = &h.unusable_summary {
+                    ds.problems.push(FileProblem {
+                        path: path.clone(),
+                        problem: format!("its summary cannot be used ({why}): read whole to plan"),
+                        skipped: false,
+                    });
+                }
+                ds.problems.extend(h.facts.damage.iter().map(|d| damage_problem(&path, d)));
+                remaps.push(merger.add(&mut ds, &h.identity, &h.facts.dictionary));
+                kept.push((path, h));
+            }
+        }
+    }
+    let rnic_ids = merger.finish(&mut ds, &mut remaps, inventory);
+    let mut planned = Vec::new();
+    let mut offset = 0u64;
+    let mut per_window: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    for ((path, h), m) in kept.into_iter().zip(remaps) {
+        let first = h.facts.first_prober.map(|v| m.prober.get(v as usize).copied().unwrap_or(u32::MAX));
+        let rnic = writer_rnic(&h.identity, first, &rnic_ids);
+        claim_services(&mut ds, &m, rnic);
+        let (first_ns, last_ns) = h.facts.time_range.unwrap_or((0, 0));
+        for (w, n) in h.per_window(window_ns) {
+            *per_window.entry(w).or_default() += n;
+        }
+        let records = h.facts.records as usize;
+        let dictionary = (h.facts.dictionary.len(), dictionary_hash(&h.facts.dictionary));
+        ds.agents.push(AgentFile {
+            rnic,
+            agent_epoch: h.identity.agent_epoch,
+            first_ns,
+            last_ns,
+            records: h.facts.records,
+            long_gaps: h.facts.send_gaps.long,
+            median_gap_ns: h.facts.send_gaps.median_ns,
+        });
+        if h.facts.time_range.is_some() {
+            planned.push(Planned {
+                path,
+                remap: m,
+                first_ns,
+                last_ns,
+                records,
+                dictionary,
+                left_out: false,
+                offset,
+                traced: false,
+            });
+        }
+        offset += h.facts.records;
+    }
+    let unknown_ids = vec![0; planned.len()];
+    Plan {
+        ds,
+        files: planned,
+        fields,
+        unknown_ids,
+        window_ns,
+        carried: Vec::new(),
+        per_window,
+        read_records: 0,
+        indexed: false,
+        traces: None,
+    }
+}
+
+impl Plan {
+    /// Whether ranges read from now on carry each record's position in the whole input
+    /// ([`Probes::index`]: 8 B per record, so only while a reader needs it).
+    pub fn with_index(&mut self, on: bool) {
+        self.indexed = on;
+    }
+
+    /// The files that ranges open from now on give their path traces, placed into
+    /// [`Dataset::paths`] by [`Plan::place_paths`] once a pass over every range opened them all.
+    pub fn with_paths(&mut self) {
+        self.traces.get_or_insert_default();
+    }
+
+    /// Places the path traces gathered since [`Plan::with_paths`] (see [`place_paths`]); later
+    /// ranges gather none.
+    pub fn place_paths(&mut self) {
+        if let Some(t) = self.traces.take() {
+            t.place(&mut self.ds);
+        }
+    }
+
+    /// Starts another pass over the ranges: what [`Plan::records_read`] and the unknown-id
+    /// problems count is the next pass's, and no reader is carried into its first range.
+    pub fn rewind(&mut self) {
+        self.read_records = 0;
+        self.unknown_ids.iter_mut().for_each(|u| *u = 0);
+        self.carried.clear();
+    }
+
+    /// The start of every window that holds a record of the readable files, ascending.
+    pub fn windows_held(&self) -> impl Iterator<Item = u64> + '_ {
+        let window_ns = self.window_ns;
+        self.per_window.keys().map(move |&w| w.saturating_mul(window_ns))
+    }
+
+    /// Records in the readable files, as the first pass counted them.
+    pub fn records(&self) -> usize {
+        self.files.iter().map(|f| f.records).sum()
+    }
+
+    /// Records the ranges read so far: after every range, what the output counts (less than
+    /// [`Plan::records`] when a file could not be read again).
+    pub fn records_read(&self) -> usize {
+        self.read_records
+    }
+
+    /// Consecutive time ranges `[from, to)` of whole windows that together hold every record,
+    /// each holding at most `budget` records, or one window however many it holds (a window is
+    /// never split). A stretch without records between two ranges belongs to neither. A range
+    /// ending at `u64::MAX` includes it (a forged or corrupt T1 is still counted).
+    pub fn ranges(&self, budget: usize) -> Vec<(u64, u64)> {
+        let window_ns = self.window_ns;
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut held = 0u64;
+        for (&w, &n) in &self.per_window {
+            match ranges.last_mut() {
+                Some(r) if held + n <= budget as u64 => {
+                    r.1 = (w + 1).saturating_mul(window_ns);
+                    held += n;
+                }
+                _ => {
+                    ranges.push((w * window_ns, (w + 1).saturating_mul(window_ns)));
+                    held = n;
+                }
+            }
+        }
+        ranges
+    }
+
+    /// The records with T1 in `[from, to)`, read from the files whose span overlaps it.
+    pub fn read(&mut self, from: u64, to: u64) -> Probes {
+        // Readers of files that went on past the last range are kept for this one: a sealed
+        // file is decompressed whole, and is then not decompressed again for each range.
+        let mut readers: Vec<(usize, SegmentReader)> =
+            std::mem::take(&mut self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
+        let chosen: Vec<usize> = (0..self.files.len())
+            .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from && !self.files[i].left_out)
+            .filter(|i| !readers.iter().any(|(c, _)| c == i))
+            .collect();
+        let opened: Vec<Result<SegmentReader, String>> =
+            chosen.par_iter().map(|&i| SegmentReader::open(&self.files[i].path).map_err(|e| e.to_string())).collect();
+        for (&i, r) in chosen.iter().zip(opened) {
+            let f = &self.files[i];
+            match r {
+                Ok(r) if as_planned(&r, f) => readers.push((i, r)),
+                // Not what the first pass planned from: a summary that lied (a sealed file's
+                // plan comes from it), or another file put in its place since.
+                Ok(r) => self.left_out(i, FileProblem {
+                    path: f.path.clone(),
+                    problem: format!(
+                        "{READ_AGAIN_FAILED}: it holds {} records and {} dictionary entries where the first pass (its summary, when sealed) said {} and {}{}: left out",
+                        r.records(),
+                        r.dictionary().len(),
+                        f.records,
+                        f.dictionary.0,
+                        if r.dictionary().len() == f.dictionary.0 { " with other entries" } else { "" }
+                    ),
+                    skipped: false,
+                }),
+                // Read in the first pass, gone or changed since: its records of this range
+                // are not counted, and the outputs say so.
+                Err(problem) => self.left_out(i, FileProblem {
+                    path: f.path.clone(),
+                    problem: format!("{READ_AGAIN_FAILED}: {problem}"),
+                    skipped: false,
+                }),
+            }
+        }
+        if let Some(traces) = &mut self.traces {
+            for (i, r) in &readers {
+                let f = &mut self.files[*i];
+                if !f.traced {
+                    f.traced = true;
+                    traces.add(&mut self.ds, &f.path, r, &f.remap);
+                }
+            }
+        }
+        let files = &self.files;
+        let counts: Vec<usize> = readers.par_iter().map(|(i, r)| records_in(r, from, to, files[*i].records)).collect();
+        self.read_records += counts.iter().sum::<usize>();
+        let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
+        if self.indexed {
+            probes.index = vec![0; probes.len()];
+        }
+        let mut slices = split(&mut probes, &counts);
+        let (files, fields) = (&self.files, self.fields);
+        let unknown: Vec<u64> = readers
+            .par_iter()
+            .zip(slices.par_iter_mut())
+            .map(|((i, r), out)| {
+                let f = &files[*i];
+                fill(r, &f.remap, out, fields, Some((from, to)), f.offset, f.records)
+            })
+            .collect();
+        for ((i, _), u) in readers.iter().zip(unknown) {
+            self.unknown_ids[*i] += u;
+        }
+        // At most one file per writer goes on past a range: what is kept is bounded by the
+        // fleet, not by the input.
+        self.carried = readers.into_iter().filter(|(i, _)| self.files[*i].last_ns >= to).collect();
+        probes
+    }
+
+    /// Leaves file `i` out of every range from now on, said once.
+    pub(super) fn left_out(&mut self, i: usize, problem: FileProblem) {
+        self.files[i].left_out = true;
+        self.ds.problems.push(problem);
+    }
+
+    /// The dataset, with the problems only the ranges read could tell (taken: the plan is
+    /// spent).
+    pub fn finish(&mut self) -> Dataset {
+        for (f, &u) in self.files.iter().zip(&self.unknown_ids) {
+            self.ds.problems.extend(unknown_ids_problem(&f.path, u));
+        }
+        self.files.clear();
+        self.carried.clear();
+        std::mem::take(&mut self.ds)
+    }
+}
+
+/// Planned records of a file (see [`planned_chunks`]) with T1 in `[from, to)`.
+pub(super) fn records_in(reader: &SegmentReader, from: u64, to: u64, planned: usize) -> usize {
+    planned_chunks(reader, planned)
+        .map(|(c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
+        .sum()
+}
