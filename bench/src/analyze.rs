@@ -91,45 +91,92 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
             note: format!("{s:.1} s"),
         });
     }
-    let n = opt.records as f64;
-    let note_data = format!(
+    let note_data = data_note(opt, files, bytes);
+
+    let report_pq = opt.dir.join("analyze-report.parquet");
+    let report = time_report(opt, &segments, &report_pq)?;
+    let localize = measure_localize(opt, &segments, &mut out)?;
+    out.push(timed_figure(
+        "analyze report (cluster,tor,rnic), process wall time".into(),
+        opt.records as f64,
+        opt.runs,
+        &report,
+        &format!("; {note_data}"),
+    ));
+
+    if let Some((records, dir)) = &opt.scale {
+        measure_scale(opt, &segments, *records, dir, &report, &localize, &mut out)?;
+    }
+
+    let probes_pq = measure_export(opt, &segments, &mut out)?;
+
+    let script = opt.dir.join("duckdb_report.py");
+    std::fs::write(&script, DUCKDB_SCRIPT)?;
+    let duck_pq = opt.dir.join("duckdb-report.parquet");
+    let duck = match time_duckdb(opt, &python, &script, &probes_pq, &duck_pq) {
+        Ok(d) => d,
+        Err(e) => {
+            // DuckDB running out of memory is a result, not a reason to lose analyze's figures.
+            out.push(duckdb_failed(e));
+            return Ok(out);
+        }
+    };
+    out.extend(duckdb_figures(opt, &duck, &report));
+    out.push(compare_reports(&python, &script, &report_pq, &duck_pq)?);
+    Ok(out)
+}
+
+/// What the input is, for the note of `analyze report`'s figure.
+fn data_note(opt: &Options, files: usize, bytes: u64) -> String {
+    format!(
         "{} records, {} RNICs, {files} {} segment files, {:.2} GB, {:.1} B/record",
         opt.records,
         opt.rnics,
         if opt.sealed { "sealed" } else { "open" },
         bytes as f64 / 1e9,
-        bytes as f64 / n
-    );
+        bytes as f64 / opt.records as f64
+    )
+}
 
-    let report_pq = opt.dir.join("analyze-report.parquet");
+/// A timed run's peak RSS, GB.
+fn rss_gb(t: &Timed) -> f64 {
+    t.max_rss_kib as f64 / 1048576.0
+}
+
+/// `analyze report --scope cluster,tor,rnic` of `segments` into `output`, the median run.
+fn time_report(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
     let scopes = "cluster,tor,rnic";
     let window = opt.window_s.to_string();
-    let report_of = |segments: &Path, output: &Path| {
-        median_of(opt.runs, || {
-            run_timed(
-                Command::new(&opt.analyze_bin)
-                    .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
-                    .arg(output)
-                    .arg(segments),
-                "analyze report",
-            )
-        })
-    };
-    let report = report_of(&segments, &report_pq)?;
+    median_of(opt.runs, || {
+        run_timed(
+            Command::new(&opt.analyze_bin)
+                .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
+                .arg(output)
+                .arg(segments),
+            "analyze report",
+        )
+    })
+}
+
+/// `analyze localize` of `segments` with its JSON written to `json`, the median run.
+fn time_localize(opt: &Options, segments: &Path, json: &Path, range_records: Option<u64>) -> Result<Timed> {
+    let window = opt.window_s.to_string();
     // `--range-records` None: the default ranges; Some(n): ranges of n records.
-    let localize_of = |segments: &Path, json: &Path, range_records: Option<u64>| {
-        median_of(opt.runs, || {
-            let mut cmd = Command::new(&opt.analyze_bin);
-            cmd.args(["localize", "--window-s", &window, "--format", "table", "--json"]).arg(json);
-            if let Some(n) = range_records {
-                cmd.arg("--range-records").arg(n.to_string());
-            }
-            run_timed(cmd.arg(segments), "analyze localize")
-        })
-    };
+    median_of(opt.runs, || {
+        let mut cmd = Command::new(&opt.analyze_bin);
+        cmd.args(["localize", "--window-s", &window, "--format", "table", "--json"]).arg(json);
+        if let Some(n) = range_records {
+            cmd.arg("--range-records").arg(n.to_string());
+        }
+        run_timed(cmd.arg(segments), "analyze localize")
+    })
+}
+
+/// `analyze localize` over its ranges and over one range, which must agree; the ranged run.
+fn measure_localize(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<Timed> {
+    let n = opt.records as f64;
     let localize_json = opt.dir.join("analyze-localize.json");
-    let localize = localize_of(&segments, &localize_json, None)?;
-    let rss_gb = |t: &Timed| t.max_rss_kib as f64 / 1048576.0;
+    let localize = time_localize(opt, segments, &localize_json, None)?;
     out.push(timed_figure(
         "analyze localize (4 passes over ranges of whole windows), process wall time".into(),
         n,
@@ -140,7 +187,7 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
     // The same localisation with one range holding the whole input: what it cost before it
     // read ranges. Its output must be the same, byte for byte.
     let whole_json = opt.dir.join("analyze-localize-one-range.json");
-    let whole = localize_of(&segments, &whole_json, Some(1 << 40))?;
+    let whole = time_localize(opt, segments, &whole_json, Some(1 << 40))?;
     ensure!(
         std::fs::read(&whole_json)? == std::fs::read(&localize_json)?,
         "analyze localize: one range and the default ranges disagree ({} and {})",
@@ -161,67 +208,76 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
             whole.cpu_s
         ),
     });
+    Ok(localize)
+}
+
+/// `--scale`: report and localize on the longer input, and how their peak RSS grew.
+fn measure_scale(
+    opt: &Options,
+    segments: &Path,
+    records: u64,
+    dir: &Path,
+    report: &Timed,
+    localize: &Timed,
+    out: &mut Vec<Figure>,
+) -> Result<()> {
+    let n = opt.records as f64;
+    let big = Options { records, dir: dir.to_path_buf(), scale: None, ..opt.clone() };
+    let big_segments = dir.join(segments.file_name().context("segments directory")?);
+    std::fs::create_dir_all(dir)?;
+    ensure_data(&big, &big_segments)?;
+    let (big_files, big_bytes) = dir_size(&big_segments)?;
+    let big_report = time_report(opt, &big_segments, &dir.join("analyze-report.parquet"))?;
     out.push(timed_figure(
-        "analyze report (cluster,tor,rnic), process wall time".into(),
-        n,
+        format!("analyze report on {records} records (same fleet, longer)"),
+        records as f64,
         opt.runs,
-        &report,
-        &format!("; {note_data}"),
+        &big_report,
+        &format!("; {big_files} files, {:.2} GB", big_bytes as f64 / 1e9),
     ));
+    out.push(Figure {
+        what: format!("peak RSS ratio at {:.1}x the records", records as f64 / n),
+        value: rss_gb(&big_report) / rss_gb(report),
+        unit: "x",
+        note: format!(
+            "{:.2} GB against {:.2} GB (the issue asks at most 1.5x for 4x)",
+            rss_gb(&big_report),
+            rss_gb(report)
+        ),
+    });
+    let big_localize = time_localize(opt, &big_segments, &dir.join("analyze-localize.json"), None)?;
+    out.push(timed_figure(
+        format!("analyze localize on {records} records (same fleet, longer)"),
+        records as f64,
+        opt.runs,
+        &big_localize,
+        "",
+    ));
+    out.push(Figure {
+        what: format!("localize peak RSS ratio at {:.1}x the records", records as f64 / n),
+        value: rss_gb(&big_localize) / rss_gb(localize),
+        unit: "x",
+        note: format!("{:.2} GB against {:.2} GB", rss_gb(&big_localize), rss_gb(localize)),
+    });
+    Ok(())
+}
 
-    if let Some((records, dir)) = &opt.scale {
-        let big = Options { records: *records, dir: dir.clone(), scale: None, ..opt.clone() };
-        let big_segments = dir.join(segments.file_name().context("segments directory")?);
-        std::fs::create_dir_all(dir)?;
-        ensure_data(&big, &big_segments)?;
-        let (big_files, big_bytes) = dir_size(&big_segments)?;
-        let big_report = report_of(&big_segments, &dir.join("analyze-report.parquet"))?;
-        out.push(timed_figure(
-            format!("analyze report on {records} records (same fleet, longer)"),
-            *records as f64,
-            opt.runs,
-            &big_report,
-            &format!("; {big_files} files, {:.2} GB", big_bytes as f64 / 1e9),
-        ));
-        out.push(Figure {
-            what: format!("peak RSS ratio at {:.1}x the records", *records as f64 / n),
-            value: rss_gb(&big_report) / rss_gb(&report),
-            unit: "x",
-            note: format!(
-                "{:.2} GB against {:.2} GB (the issue asks at most 1.5x for 4x)",
-                rss_gb(&big_report),
-                rss_gb(&report)
-            ),
-        });
-        let big_localize = localize_of(&big_segments, &dir.join("analyze-localize.json"), None)?;
-        out.push(timed_figure(
-            format!("analyze localize on {records} records (same fleet, longer)"),
-            *records as f64,
-            opt.runs,
-            &big_localize,
-            "",
-        ));
-        out.push(Figure {
-            what: format!("localize peak RSS ratio at {:.1}x the records", *records as f64 / n),
-            value: rss_gb(&big_localize) / rss_gb(&localize),
-            unit: "x",
-            note: format!("{:.2} GB against {:.2} GB", rss_gb(&big_localize), rss_gb(&localize)),
-        });
-    }
-
+/// `analyze export --parquet` of the segments (DuckDB's input); returns the Parquet file.
+fn measure_export(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<PathBuf> {
+    let window = opt.window_s.to_string();
     let probes_pq = opt.dir.join(if opt.sealed { "probes-zstd.parquet" } else { "probes-uncompressed.parquet" });
     let compression = if opt.sealed { "zstd" } else { "uncompressed" };
     let export = run_timed(
         Command::new(&opt.analyze_bin)
             .args(["export", "--window-s", &window, "--compression", compression, "--parquet"])
             .arg(&probes_pq)
-            .arg(&segments),
+            .arg(segments),
         "analyze export",
     )?;
     let pq_bytes = std::fs::metadata(&probes_pq)?.len();
     out.push(Figure {
         what: "analyze export --parquet (input of DuckDB)".into(),
-        value: n / export.wall_s,
+        value: opt.records as f64 / export.wall_s,
         unit: "records/s",
         note: format!(
             "{:.2} s wall, {compression}, {:.2} GB, peak RSS {:.2} GB",
@@ -230,17 +286,18 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
             export.max_rss_kib as f64 / 1048576.0
         ),
     });
+    Ok(probes_pq)
+}
 
-    let script = opt.dir.join("duckdb_report.py");
-    std::fs::write(&script, DUCKDB_SCRIPT)?;
-    let duck_pq = opt.dir.join("duckdb-report.parquet");
-    let duck = median_of(opt.runs, || {
+/// DuckDB's query on the Parquet export, the median run, timed by the query alone.
+fn time_duckdb(opt: &Options, python: &Path, script: &Path, probes_pq: &Path, duck_pq: &Path) -> Result<Timed> {
+    median_of(opt.runs, || {
         let mut t = run_timed(
-            Command::new(&python)
-                .arg(&script)
+            Command::new(python)
+                .arg(script)
                 .args(["query", &(opt.window_s * 1_000_000_000).to_string()])
-                .arg(&probes_pq)
-                .arg(&duck_pq),
+                .arg(probes_pq)
+                .arg(duck_pq),
             "DuckDB",
         )?;
         // DuckDB's own query time, not the Python interpreter's start-up around it.
@@ -249,56 +306,61 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
         t.wall_s = query_s;
         t.stdout = version;
         Ok(t)
-    });
-    let duck = match duck {
-        Ok(d) => d,
-        Err(e) => {
-            // DuckDB running out of memory is a result, not a reason to lose analyze's figures.
-            let e = format!("{e:#}");
-            let tail = e.char_indices().rev().nth(300).map_or(&e[..], |(i, _)| &e[i..]);
-            out.push(Figure {
-                what: "DuckDB, same aggregation on the Parquet export".into(),
-                value: f64::NAN,
-                unit: "records/s",
-                note: format!("DuckDB failed, so no ratio and no row check: ...{}", tail.replace('\n', " ")),
-            });
-            return Ok(out);
-        }
-    };
-    let query_s = duck.wall_s;
-    out.push(Figure {
-        what: "DuckDB, same aggregation on the Parquet export".into(),
-        value: n / query_s,
-        unit: "records/s",
-        note: format!(
-            "duckdb {}, median of {} runs ({}): {query_s:.2} s query (read Parquet, write Parquet); process {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB",
-            duck.stdout.trim(),
-            opt.runs,
-            duck.spread,
-            duck.process_s,
-            duck.cpu_s,
-            duck.max_rss_kib as f64 / 1048576.0
-        ),
-    });
-    out.push(Figure {
-        what: "ratio analyze report / DuckDB (records/s)".into(),
-        value: query_s / report.wall_s,
-        unit: "x",
-        note: "analyze's time includes reading the segments; DuckDB's its Parquet scan; warm page cache for both"
-            .into(),
-    });
+    })
+}
 
+/// The figure that stands for DuckDB's when its query failed: the end of its error.
+fn duckdb_failed(e: anyhow::Error) -> Figure {
+    let e = format!("{e:#}");
+    let tail = e.char_indices().rev().nth(300).map_or(&e[..], |(i, _)| &e[i..]);
+    Figure {
+        what: "DuckDB, same aggregation on the Parquet export".into(),
+        value: f64::NAN,
+        unit: "records/s",
+        note: format!("DuckDB failed, so no ratio and no row check: ...{}", tail.replace('\n', " ")),
+    }
+}
+
+/// DuckDB's throughput, and analyze report's against it.
+fn duckdb_figures(opt: &Options, duck: &Timed, report: &Timed) -> [Figure; 2] {
+    let query_s = duck.wall_s;
+    [
+        Figure {
+            what: "DuckDB, same aggregation on the Parquet export".into(),
+            value: opt.records as f64 / query_s,
+            unit: "records/s",
+            note: format!(
+                "duckdb {}, median of {} runs ({}): {query_s:.2} s query (read Parquet, write Parquet); process {:.2} s wall, {:.2} s CPU, peak RSS {:.2} GB",
+                duck.stdout.trim(),
+                opt.runs,
+                duck.spread,
+                duck.process_s,
+                duck.cpu_s,
+                duck.max_rss_kib as f64 / 1048576.0
+            ),
+        },
+        Figure {
+            what: "ratio analyze report / DuckDB (records/s)".into(),
+            value: query_s / report.wall_s,
+            unit: "x",
+            note: "analyze's time includes reading the segments; DuckDB's its Parquet scan; warm page cache for both"
+                .into(),
+        },
+    ]
+}
+
+/// The two reports compared row by row, every count and quantile.
+fn compare_reports(python: &Path, script: &Path, report_pq: &Path, duck_pq: &Path) -> Result<Figure> {
     let check = run_timed(
-        Command::new(&python).arg(&script).arg("compare").arg(&report_pq).arg(&duck_pq),
+        Command::new(python).arg(script).arg("compare").arg(report_pq).arg(duck_pq),
         "comparison of the two reports",
     )?;
-    out.push(Figure {
+    Ok(Figure {
         what: "rows compared, every count and quantile equal".into(),
         value: check.stdout.trim().parse::<f64>().unwrap_or(0.0),
         unit: "rows",
         note: "cluster, tor and rnic rows of every window".into(),
-    });
-    Ok(out)
+    })
 }
 
 /// Seconds the generation took, or `None` when the data was already there.

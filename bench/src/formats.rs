@@ -97,9 +97,27 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 pub fn run(opt: &Options) -> Result<Report> {
     let n = opt.records;
     let records = ShardStream::new(42, 1_700_000_000_000_000_000).take_vec(n);
-    let row_bytes = n * size_of::<ArchivedProbeRecord>();
     let mut report = Report::default();
+    let memcpy = memcpy_baseline(&mut report, n);
+    let ser = rkyv_baseline(&mut report, &records, opt.chunk_records, n);
+    let tmp = tempfile::tempdir().context("temporary directory")?;
+    let closed = measure_appends(&mut report, &records, opt, tmp.path(), memcpy, ser)?;
+    // A read that fails would be timed as a fast one: the first failure of a timing is kept
+    // in `failure`, and the bench stops on it once that timing is done.
+    let mut failure: Option<anyhow::Error> = None;
+    let open_read = measure_open_read(&mut report, &closed, n, memcpy, &mut failure)?;
+    let (sealed, per_probe) = measure_seal(&mut report, &closed, n, opt.zstd_level)?;
+    measure_sealed_read(&mut report, &sealed, n, &mut failure)?;
+    measure_planning(&mut report, &sealed, &mut failure)?;
+    let row_chunks = measure_row_size(&mut report, &records, opt, per_probe)?;
+    measure_row_transpose(&mut report, &row_chunks, n, open_read, &mut failure)?;
+    report.kept = opt.keep.clone();
+    Ok(report)
+}
 
+/// Baseline 1: memcpy of the records' bytes; its rate, records/s.
+fn memcpy_baseline(report: &mut Report, n: usize) -> f64 {
+    let row_bytes = n * size_of::<ArchivedProbeRecord>();
     // Baseline 1: memcpy of the same number of bytes, into a pre-faulted buffer.
     let src = vec![0x5Au8; row_bytes];
     let mut dst = vec![0u8; row_bytes];
@@ -115,13 +133,17 @@ pub fn run(opt: &Options) -> Result<Report> {
         format!("{:.1} GB/s", row_bytes as f64 / memcpy_s / 1e9),
     );
     drop((src, dst));
+    memcpy
+}
 
+/// Baseline 2: rkyv serialisation of the records' columns alone; its rate, records/s.
+fn rkyv_baseline(report: &mut Report, records: &[ProbeRecord], chunk_records: usize, n: usize) -> f64 {
     // Baseline 2: rkyv serialisation alone, columns, into a reused buffer (no file, no crc).
-    let mut cols = ProbeColumns::with_capacity(opt.chunk_records);
+    let mut cols = ProbeColumns::with_capacity(chunk_records);
     let mut arena = Arena::new();
-    let mut buf = AlignedVec::<16>::with_capacity(ProbeColumns::archived_bound(opt.chunk_records));
+    let mut buf = AlignedVec::<16>::with_capacity(ProbeColumns::archived_bound(chunk_records));
     let ser_s = best_of(3, || {
-        for chunk in records.chunks(opt.chunk_records) {
+        for chunk in records.chunks(chunk_records) {
             cols.clear();
             for r in chunk {
                 cols.push(r);
@@ -138,17 +160,27 @@ pub fn run(opt: &Options) -> Result<Report> {
     });
     let ser = rate(n, ser_s);
     report.push("baseline: rkyv serialise columns alone", ser, "records/s", String::new());
+    ser
+}
 
+/// Appends through the real writer once per write mode; the default mode's closed segments.
+fn measure_appends(
+    report: &mut Report,
+    records: &[ProbeRecord],
+    opt: &Options,
+    tmp: &Path,
+    memcpy: f64,
+    ser: f64,
+) -> Result<Vec<PathBuf>> {
     // Append through the real writer into real files, rotation and closing included, once per
     // write mode; the default mode's segments go on to be read and sealed.
-    let tmp = tempfile::tempdir().context("temporary directory")?;
-    let dir = opt.keep.clone().unwrap_or_else(|| tmp.path().join("default"));
+    let dir = opt.keep.clone().unwrap_or_else(|| tmp.join("default"));
     let mut closed = Vec::new();
     for mode in [WriteMode::Mmap, WriteMode::Pwrite] {
         let is_default = mode == WriteMode::default();
-        let out = if is_default { dir.clone() } else { tmp.path().join(format!("{mode:?}")) };
-        let (paths, secs) = append_all(&records, &out, opt, mode)?;
-        let append = rate(n, secs);
+        let out = if is_default { dir.clone() } else { tmp.join(format!("{mode:?}")) };
+        let (paths, secs) = append_all(records, &out, opt, mode)?;
+        let append = rate(opt.records, secs);
         report.push(
             &format!("append: SegmentWriter, {mode:?} mode{}", if is_default { " (default)" } else { "" }),
             append,
@@ -161,16 +193,23 @@ pub fn run(opt: &Options) -> Result<Report> {
             std::fs::remove_dir_all(&out).with_context(|| format!("remove {}", out.display()))?;
         }
     }
+    Ok(closed)
+}
 
+/// Validated read of the open segments; its rate, records/s.
+fn measure_open_read(
+    report: &mut Report,
+    closed: &[PathBuf],
+    n: usize,
+    memcpy: f64,
+    failure: &mut Option<anyhow::Error>,
+) -> Result<f64> {
     // Validated read of the open-format segments (page cache warm, as right after writing).
-    // A read that fails would be timed as a fast one: the first failure of a timing is kept
-    // in `failure`, and the bench stops on it once that timing is done.
-    let mut failure: Option<anyhow::Error> = None;
-    let open_read_s = best_of(3, || match read_all(&closed) {
+    let open_read_s = best_of(3, || match read_all(closed) {
         Ok(sum) => _ = std::hint::black_box(sum),
         Err(e) => _ = failure.get_or_insert(e),
     });
-    stop_on(&mut failure, "validated read of the open segments")?;
+    stop_on(failure, "validated read of the open segments")?;
     let open_read = rate(n, open_read_s);
     report.push(
         "validated read: open segments (mmap, crc + bytecheck)",
@@ -178,36 +217,49 @@ pub fn run(opt: &Options) -> Result<Report> {
         "records/s",
         format!("{:.2}x memcpy; includes opening, validation and one pass over a column", open_read / memcpy),
     );
+    Ok(open_read)
+}
 
+/// Seals the closed segments; the sealed paths and the sealed bytes per probe.
+fn measure_seal(report: &mut Report, closed: &[PathBuf], n: usize, zstd_level: i32) -> Result<(Vec<PathBuf>, f64)> {
     // Seal: zstd, fsync, read-back verification, rename.
     let raw_bytes: u64 = closed.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
     let t = Instant::now();
     let mut sealed = Vec::new();
     let mut sealed_bytes = 0u64;
-    for p in &closed {
-        let rep = seal(p, opt.zstd_level)?;
+    for p in closed {
+        let rep = seal(p, zstd_level)?;
         sealed_bytes += rep.sealed_bytes;
         sealed.push(rep.sealed_path);
     }
     let seal_s = t.elapsed().as_secs_f64();
     report.push(
-        &format!("seal: zstd-{} + fsync + verify, input MB/s", opt.zstd_level),
+        &format!("seal: zstd-{zstd_level} + fsync + verify, input MB/s"),
         raw_bytes as f64 / seal_s / 1e6,
         "MB/s",
         format!("{:.1} M records/s", rate(n, seal_s) / 1e6),
     );
     let per_probe = sealed_bytes as f64 / n as f64;
+    Ok((sealed, per_probe))
+}
 
-    let sealed_read_s = best_of(3, || match read_all(&sealed) {
+/// Validated read of the sealed segments, beside the streaming inflate it replaced.
+fn measure_sealed_read(
+    report: &mut Report,
+    sealed: &[PathBuf],
+    n: usize,
+    failure: &mut Option<anyhow::Error>,
+) -> Result<()> {
+    let sealed_read_s = best_of(3, || match read_all(sealed) {
         Ok(sum) => _ = std::hint::black_box(sum),
         Err(e) => _ = failure.get_or_insert(e),
     });
-    stop_on(&mut failure, "validated read of the sealed segments")?;
+    stop_on(failure, "validated read of the sealed segments")?;
     // Baseline: how the reader inflated a sealed file before it did so in one call: a zstd
     // stream copied through a small buffer into a growing one, with no validation at all.
     let stream_s = best_of(3, || {
         let mut bytes = 0usize;
-        for p in &sealed {
+        for p in sealed {
             match stream_inflate(p) {
                 Ok(n) => bytes += n,
                 Err(e) => _ = failure.get_or_insert(e),
@@ -215,6 +267,7 @@ pub fn run(opt: &Options) -> Result<Report> {
         }
         std::hint::black_box(bytes);
     });
+    // A failure of this baseline stays in `failure`: the next stop (after planning) reports it.
     report.push(
         "baseline: stream-inflate sealed segments into a growing buffer (no validation)",
         rate(n, stream_s),
@@ -227,11 +280,15 @@ pub fn run(opt: &Options) -> Result<Report> {
         "records/s",
         format!("{:.2}x the streaming inflate alone", stream_s / sealed_read_s),
     );
+    Ok(())
+}
 
+/// Planning a read of the sealed files from their summaries against inflating them.
+fn measure_planning(report: &mut Report, sealed: &[PathBuf], failure: &mut Option<anyhow::Error>) -> Result<()> {
     // Planning a read of sealed files (analyze's first pass): from the summary each ends in,
     // against inflating the file for the same facts.
     let from_summary_s = best_of(3, || {
-        for p in &sealed {
+        for p in sealed {
             match read_summary(p) {
                 Ok(SummaryRead::Found(s)) => _ = std::hint::black_box(s),
                 Ok(other) => {
@@ -242,14 +299,14 @@ pub fn run(opt: &Options) -> Result<Report> {
         }
     });
     let inflated_s = best_of(3, || {
-        for p in &sealed {
+        for p in sealed {
             match SegmentReader::open(p) {
                 Ok(r) => _ = std::hint::black_box(SealedSummary::of(&r, r.damage().to_vec())),
                 Err(e) => _ = failure.get_or_insert(e.into()),
             }
         }
     });
-    stop_on(&mut failure, "reading back the sealed segments this run wrote")?;
+    stop_on(failure, "reading back the sealed segments this run wrote")?;
     report.push(
         "plan sealed segments: from their summaries",
         sealed.len() as f64 / from_summary_s,
@@ -260,8 +317,18 @@ pub fn run(opt: &Options) -> Result<Report> {
             sealed.len() as f64 / inflated_s
         ),
     );
+    Ok(())
+}
 
+/// The row layout's sealed size beside the columns'; the rows' rkyv chunks.
+fn measure_row_size(
+    report: &mut Report,
+    records: &[ProbeRecord],
+    opt: &Options,
+    per_probe: f64,
+) -> Result<Vec<AlignedVec<16>>> {
     // The alternative layout: rows. Same records, same chunking, same zstd level.
+    let n = opt.records;
     let mut row_chunks: Vec<AlignedVec<16>> = Vec::new();
     let mut row_sealed = 0usize;
     for chunk in records.chunks(opt.chunk_records) {
@@ -280,12 +347,23 @@ pub fn run(opt: &Options) -> Result<Report> {
             row_sealed as f64 / n as f64 / per_probe
         ),
     );
+    Ok(row_chunks)
+}
+
+/// What analyze must do with rows, validate and transpose, against reading columns.
+fn measure_row_transpose(
+    report: &mut Report,
+    row_chunks: &[AlignedVec<16>],
+    n: usize,
+    open_read: f64,
+    failure: &mut Option<anyhow::Error>,
+) -> Result<()> {
     // What analyze must do with rows: validate, then transpose into column vectors.
-    let transpose_s = best_of(3, || match transpose(&row_chunks, n) {
+    let transpose_s = best_of(3, || match transpose(row_chunks, n) {
         Ok(out) => _ = std::hint::black_box(out),
         Err(e) => _ = failure.get_or_insert(anyhow::anyhow!("{e}")),
     });
-    stop_on(&mut failure, "row layout: a chunk the bench wrote failed to validate or deserialize")?;
+    stop_on(failure, "row layout: a chunk the bench wrote failed to validate or deserialize")?;
     let transpose = rate(n, transpose_s);
     report.push(
         "row layout: validate + transpose into columns",
@@ -293,8 +371,7 @@ pub fn run(opt: &Options) -> Result<Report> {
         "records/s",
         format!("columns are read {:.1}x faster (zero-copy, no transposition)", open_read / transpose),
     );
-    report.kept = opt.keep.clone();
-    Ok(report)
+    Ok(())
 }
 
 /// Write `records` through a fresh writer into `dir`; the closed segments and the seconds taken.

@@ -17,6 +17,7 @@ use crate::rxeagent::{AgentSpec, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE
 use crate::rxefabric::{self, Layout};
 use crate::rxeservices;
 use anyhow::{Context, bail};
+use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::Outcome;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -189,6 +190,88 @@ const UNTRACED: [&str; 2] = ["tor1-h0", "tor2-h0"];
 /// `passed() == false`.
 pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let lab = &opts.lab;
+    let (inv, inventory) = prepare(opts)?;
+    load_fault_modules()?;
+    crate::rxemetrics::mount_host_sysfs()?;
+    let mut agents = start_agents(opts, &inv)?;
+
+    let w = opts.window_s * 1_000_000_000;
+    let mut tl = Timeline { w, fw: opts.fault_windows * w, phases: Vec::new() };
+    let (clean_from, mut scrapes, tracer_cpu) = clean_phase(&mut tl, opts, &agents, &inv)?;
+    rnic_killed_phase(&mut tl)?;
+    let rc = rc_start_gap(&mut tl)?;
+    let lossy = uplink_loss_phase(&mut tl, opts.uplink_loss_percent)?;
+    let (perftest, perftest_ended_ns) = rc_end_gap(&mut tl, rc);
+    let (removed, removed_rnic) = rdma_deleted_phase(&mut tl, opts, &mut scrapes)?;
+    let storm_run = storm_phase(&mut tl, opts, &agents)?;
+    agents.stop();
+    copy_tree(&local_segments(), &lab.join("segments"))?;
+
+    // Verdicts.
+    let records = read_records(&lab.join("segments"))?;
+    let findings = localize_findings(opts, &inventory)?;
+    let mut checks = verdicts(&tl.phases, &records, &findings, removed, &removed_rnic, w);
+    let lossy_link = format!("{lossy}|{}", rxefabric::SPINE);
+    checks.extend(rxeservices::connection_checks(
+        &lab.join("agents"),
+        &lab.join("segments"),
+        &findings,
+        &lossy_link,
+        perftest_ended_ns,
+    )?);
+    let storm = storm_result(lab, &records, &storm_run, clean_from, tl.fw)?;
+    checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
+    checks.extend(crate::rxemetrics::checks(&scrapes));
+    let (view_checks, view) = crate::rxeview::run(&opts.bin, &lab.join("view"))?;
+    checks.extend(view_checks);
+    // Last: it steps the guest's clock (and puts it back).
+    checks.extend(crate::clockstep::run(&opts.bin.join("agent"), &lab.join("clockstep"))?);
+    let services = ServicesRun { perftest, storm, tracer_cpu };
+    let result = LabResult { phases: tl.phases, checks, records: records.len() as u64, findings, services, view };
+    std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
+    Ok(result)
+}
+
+/// The timeline as it runs: the analysis window and a fault phase's length (ns), the phases so far.
+struct Timeline {
+    w: u64,
+    fw: u64,
+    phases: Vec<Phase>,
+}
+
+impl Timeline {
+    /// Records a phase that ran from `from` to `to` (wall clock, ns).
+    fn phase(&mut self, name: &str, entity: &str, expect: &str, from: u64, to: u64) {
+        self.phases.push(Phase {
+            name: name.into(),
+            entity: entity.into(),
+            expect: expect.into(),
+            from_ns: from,
+            to_ns: to,
+        });
+    }
+}
+
+/// The two RC connections that run through the uplink fault, and how long they run (s).
+struct RcPairs {
+    a: rxefabric::RcPair,
+    b: rxefabric::RcPair,
+    seconds: u64,
+}
+
+/// What the storm phase measured, for the storm's result.
+struct StormRun {
+    host: &'static str,
+    storm: rxefabric::storm::Storm,
+    rss_before: u64,
+    rss_after: u64,
+    from: u64,
+    to: u64,
+}
+
+/// Empty lab directories and local segments, the 3x2 fabric and its inventory, the pinglists.
+fn prepare(opts: &LabOptions) -> anyhow::Result<(Inventory, PathBuf)> {
+    let lab = &opts.lab;
     for sub in ["agents", "segments", "pinglists"] {
         let p = lab.join(sub);
         if p.exists() {
@@ -205,9 +288,8 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let inv = rxefabric::up(layout)?;
     let inventory = lab.join("inventory.toml");
     rxefabric::write_inventory(&inv, &inventory)?;
-    let bin = |name: &str| opts.bin.join(name);
     gen_pinglists(
-        &bin("ctl"),
+        &opts.bin.join("ctl"),
         &inventory,
         &lab.join("pinglists"),
         2,
@@ -215,6 +297,11 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         opts.inter_tor_pps,
         &["--timeout-ms", "1000"],
     )?;
+    Ok((inv, inventory))
+}
+
+/// Each fault injected and healed once, before the agents start, so that tc's modules are loaded.
+fn load_fault_modules() -> anyhow::Result<()> {
     // Inject each fault once before the agents start: the guest loads tc's modules (clsact,
     // flower, netem) on first use, and a module load under TCG freezes the whole VM for about a
     // second, which analyze rightly reads as every host stalling at once.
@@ -222,7 +309,12 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     rxefabric::rnic_heal("tor0-h1")?;
     rxefabric::uplink_loss("tor1", 1.0)?;
     rxefabric::uplink_heal("tor1")?;
-    crate::rxemetrics::mount_host_sysfs()?;
+    Ok(())
+}
+
+/// One verbs agent per host (the service tracer on all but `UNTRACED`), segments to the tmpfs.
+fn start_agents(opts: &LabOptions, inv: &Inventory) -> anyhow::Result<Agents> {
+    let lab = &opts.lab;
     let mut agents = Agents { children: Vec::new() };
     for (i, h) in inv.hosts.iter().enumerate() {
         let r = &h.rnics[0];
@@ -242,22 +334,21 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
             service_tracing: !UNTRACED.contains(&h.name.as_str()),
             view_allow: None,
         };
-        let child = start_agent(&bin("agent"), &spec, &lab.join("agents"))?;
+        let child = start_agent(&opts.bin.join("agent"), &spec, &lab.join("agents"))?;
         agents.children.push((h.name.clone(), child));
     }
+    Ok(agents)
+}
 
-    let w = opts.window_s * 1_000_000_000;
-    let fw = opts.fault_windows * w;
-    let mut phases = Vec::new();
-    let mut phase = |name: &str, entity: &str, expect: &str, from: u64, to: u64| {
-        phases.push(Phase {
-            name: name.into(),
-            entity: entity.into(),
-            expect: expect.into(),
-            from_ns: from,
-            to_ns: to,
-        });
-    };
+/// Warm-up, then the clean phase; its start, one agent's metrics around it, the tracer's CPU cost.
+fn clean_phase(
+    tl: &mut Timeline,
+    opts: &LabOptions,
+    agents: &Agents,
+    inv: &Inventory,
+) -> anyhow::Result<(u64, crate::rxemetrics::Scrapes, TracerCpu)> {
+    let (w, fw) = (tl.w, tl.fw);
+    let bin = |name: &str| opts.bin.join(name);
     // Warm-up: agents start, resolve each other's QPNs over RDMA CM.
     let t0 = align(w);
     let clean_from = t0 + w;
@@ -272,30 +363,50 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     sleep_until(clean_from + fw);
     let cpu_after = agents.cpu_ticks()?;
     scrapes.clean_to = crate::rxemetrics::scrape(&bin("testbeds"), &scrapes.clean.0)?;
-    phase("clean", "", "", clean_from, clean_from + fw);
+    tl.phase("clean", "", "", clean_from, clean_from + fw);
     let tracer_cpu = TracerCpu::new(&cpu_before, &cpu_after, (fw as f64) / 1e9);
+    Ok((clean_from, scrapes, tracer_cpu))
+}
 
+/// An RNIC dead (RoCEv2 dropped on arrival, the host alive) for a fault phase, then healed.
+fn rnic_killed_phase(tl: &mut Timeline) -> anyhow::Result<()> {
     let killed = "tor0-h1";
     let killed_rnic = format!("{killed}/{}", rxefabric::device_name(killed));
     let t = now_ns();
     rxefabric::rnic_kill(killed)?;
-    sleep_until(t + fw);
+    sleep_until(t + tl.fw);
     rxefabric::rnic_heal(killed)?;
-    phase("rnic_killed", &killed_rnic, "rnic", t, now_ns());
+    tl.phase("rnic_killed", &killed_rnic, "rnic", t, now_ns());
+    Ok(())
+}
+
+/// The first quiet gap, in which the two RC connections through the uplink fault start.
+fn rc_start_gap(tl: &mut Timeline) -> anyhow::Result<RcPairs> {
+    let (w, fw) = (tl.w, tl.fw);
     let gap_from = now_ns();
     // Two real RC connections through the uplink fault to come: A across the lossy uplink, B not.
     let rc_s = (2 * w + fw) / 1_000_000_000 + 5;
     let pair_a = rxefabric::start_rc("tor0-h0", "tor1-h1", rxefabric::TOOL_PORT, rc_s)?;
     let pair_b = rxefabric::start_rc("tor0-h1", "tor2-h1", rxefabric::TOOL_PORT + 1, rc_s)?;
     sleep_until(gap_from + 2 * w);
-    phase("gap1", "", "", gap_from, now_ns());
+    tl.phase("gap1", "", "", gap_from, now_ns());
+    Ok(RcPairs { a: pair_a, b: pair_b, seconds: rc_s })
+}
 
+/// Netem loss on one ToR's uplink for a fault phase, then healed; the ToR.
+fn uplink_loss_phase(tl: &mut Timeline, loss_percent: f64) -> anyhow::Result<&'static str> {
     let lossy = "tor1";
     let t = now_ns();
-    rxefabric::uplink_loss(lossy, opts.uplink_loss_percent)?;
-    sleep_until(t + fw);
+    rxefabric::uplink_loss(lossy, loss_percent)?;
+    sleep_until(t + tl.fw);
     rxefabric::uplink_heal(lossy)?;
-    phase("uplink_loss", &format!("{lossy}|{}", rxefabric::SPINE), "link", t, now_ns());
+    tl.phase("uplink_loss", &format!("{lossy}|{}", rxefabric::SPINE), "link", t, now_ns());
+    Ok(lossy)
+}
+
+/// The second quiet gap, in which the RC connections end; how each end exited, and when.
+fn rc_end_gap(tl: &mut Timeline, rc: RcPairs) -> (Vec<String>, u64) {
+    let RcPairs { a: pair_a, b: pair_b, seconds: rc_s } = rc;
     let gap_from = now_ns();
     let mut perftest = Vec::new();
     for (name, pair) in [("A", pair_a), ("B", pair_b)] {
@@ -304,9 +415,19 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
         perftest.push(format!("{name}: client {}, server {}", c.describe(), s.describe()));
     }
     let perftest_ended_ns = now_ns();
-    sleep_until(gap_from + 2 * w);
-    phase("gap2", "", "", gap_from, now_ns());
+    sleep_until(gap_from + 2 * tl.w);
+    tl.phase("gap2", "", "", gap_from, now_ns());
+    (perftest, perftest_ended_ns)
+}
 
+/// A host's rxe device deleted under its agent and added back, then recovery; the host and RNIC.
+fn rdma_deleted_phase(
+    tl: &mut Timeline,
+    opts: &LabOptions,
+    scrapes: &mut crate::rxemetrics::Scrapes,
+) -> anyhow::Result<(&'static str, String)> {
+    let (w, fw) = (tl.w, tl.fw);
+    let bin = |name: &str| opts.bin.join(name);
     let removed = "tor2-h0";
     let removed_rnic = format!("{removed}/{}", rxefabric::device_name(removed));
     scrapes.removed = (removed.to_owned(), rxefabric::device_name(removed));
@@ -318,38 +439,44 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     sleep_until(t + 2 * w);
     rxefabric::rdma_add(removed)?;
     let back = now_ns();
-    phase("rdma_deleted", &removed_rnic, "rnic", t, back);
+    tl.phase("rdma_deleted", &removed_rnic, "rnic", t, back);
     sleep_until(back + fw);
     scrapes.after_readd = crate::rxemetrics::scrape(&bin("testbeds"), removed)?;
-    phase("recovered", "", "", back, now_ns());
+    tl.phase("recovered", "", "", back, now_ns());
+    Ok((removed, removed_rnic))
+}
 
+/// A connection storm on a traced host, its agent's RSS around it, then a window of quiet.
+fn storm_phase(tl: &mut Timeline, opts: &LabOptions, agents: &Agents) -> anyhow::Result<StormRun> {
     // A connection storm on a traced host: 1,000 RC QPs to RTR and destroyed.
     let storm_host = "tor1-h1";
     let storm_pid = agents.pid(storm_host).with_context(|| format!("no agent runs on {storm_host}"))?;
     let rss_before = rxeservices::rss_kib(storm_pid)?;
     let storm_from = now_ns();
-    let storm = storm_in(&bin("testbeds"), storm_host, "tor1-h0", 1_000)?;
+    let storm = storm_in(&opts.bin.join("testbeds"), storm_host, "tor1-h0", 1_000)?;
     let rss_after = rxeservices::rss_kib(storm_pid)?;
     let storm_to = now_ns();
-    sleep_until(storm_to + w);
-    phase("storm", "", "", storm_from, now_ns());
-    agents.stop();
-    copy_tree(&local_segments(), &lab.join("segments"))?;
+    sleep_until(storm_to + tl.w);
+    tl.phase("storm", "", "", storm_from, now_ns());
+    Ok(StormRun { host: storm_host, storm, rss_before, rss_after, from: storm_from, to: storm_to })
+}
 
-    // Verdicts.
-    let records = read_records(&lab.join("segments"))?;
-    let out = localize(&bin("analyze"), opts.window_s, &inventory, lab)?;
-    let findings: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))?;
-    let mut checks = verdicts(&phases, &records, &findings, removed, &removed_rnic, w);
-    let lossy_link = format!("{lossy}|{}", rxefabric::SPINE);
-    checks.extend(rxeservices::connection_checks(
-        &lab.join("agents"),
-        &lab.join("segments"),
-        &findings,
-        &lossy_link,
-        perftest_ended_ns,
-    )?);
+/// `analyze localize` over the lab's segments, its JSON parsed.
+fn localize_findings(opts: &LabOptions, inventory: &Path) -> anyhow::Result<serde_json::Value> {
+    let out = localize(&opts.bin.join("analyze"), opts.window_s, inventory, &opts.lab)?;
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The storm's result: agent RSS, service counts, the host's probe rate in it and when clean.
+fn storm_result(
+    lab: &Path,
+    records: &[Rec],
+    run: &StormRun,
+    clean_from: u64,
+    fw: u64,
+) -> anyhow::Result<rxeservices::StormResult> {
+    let storm_host = run.host;
     let storm_log_path = lab.join("agents").join(format!("{storm_host}.log"));
     let storm_log =
         std::fs::read_to_string(&storm_log_path).with_context(|| format!("reading {}", storm_log_path.display()))?;
@@ -360,28 +487,18 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
             .count();
         n as f64 / ((to - from) as f64 / 1e9)
     };
-    let storm = rxeservices::StormResult {
+    Ok(rxeservices::StormResult {
         host: storm_host.into(),
-        qps: storm.qps,
-        seconds: storm.seconds,
-        rss_kib_before: rss_before,
-        rss_kib_after: rss_after,
+        qps: run.storm.qps,
+        seconds: run.storm.seconds,
+        rss_kib_before: run.rss_before,
+        rss_kib_after: run.rss_after,
         services_added: rxeservices::max_stat(&storm_log, "services_added"),
         services_refused_rate: rxeservices::max_stat(&storm_log, "services_refused_rate"),
         services_active_max: rxeservices::max_stat(&storm_log, "services_peak"),
-        probes_per_s_storm: per_s(storm_from, storm_to.max(storm_from + 1)),
+        probes_per_s_storm: per_s(run.from, run.to.max(run.from + 1)),
         probes_per_s_clean: per_s(clean_from, clean_from + fw),
-    };
-    checks.push(rxeservices::storm_check(&storm, SERVICE_MAX_TARGETS, SERVICE_NEW_PER_S, SERVICE_PROBE_PPS));
-    checks.extend(crate::rxemetrics::checks(&scrapes));
-    let (view_checks, view) = crate::rxeview::run(&opts.bin, &lab.join("view"))?;
-    checks.extend(view_checks);
-    // Last: it steps the guest's clock (and puts it back).
-    checks.extend(crate::clockstep::run(&bin("agent"), &lab.join("clockstep"))?);
-    let services = ServicesRun { perftest, storm, tracer_cpu };
-    let result = LabResult { phases, checks, records: records.len() as u64, findings, services, view };
-    std::fs::write(lab.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
-    Ok(result)
+    })
 }
 
 fn verdicts(

@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
+use rocemesh_formats::inventory::Inventory;
 
 use crate::harness::{Agents, Check, gen_pinglists};
 use crate::rxeagent::{AgentSpec, start_agent};
@@ -97,6 +98,65 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 
 /// Run the check in the VM; fails only on setup errors.
 pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
+    let inv = prepare(bin, dir)?;
+    let (mut agents, targets) = start_agents(bin, dir, &inv)?;
+    let ctl = bin.join("ctl");
+    let scraped = baseline_and_scrape(&ctl, dir, &targets, &agents)?;
+    let forged = forged_reads(&ctl, dir, &targets)?;
+    let (outsider_ok, refused) = outsider_read(&ctl, &inv, &targets)?;
+    agents.stop();
+
+    let mut checks = Vec::new();
+    // Snapshots per target.
+    let lines = read_snapshots(&scraped.path)?;
+    let per_target = by_target(&lines);
+    checks.push(rate_check(&targets, &per_target, &lines, &scraped));
+    let stats = compare_with_stats(dir, &inv, &targets, &per_target)?;
+    checks.push(window_check(&per_target, &stats.rates));
+    checks.push(stats_check(&stats));
+    checks.push(prometheus_check(dir)?);
+    checks.push(forged_check(&forged));
+    checks.push(refused_check(outsider_ok, &refused));
+    let bench = view_bench(&scraped, lines.len());
+    std::fs::write(dir.join("view-bench.json"), serde_json::to_vec_pretty(&bench)?)?;
+    Ok((checks, bench))
+}
+
+/// Snapshots as the collector wrote them, by the target they were read from.
+type PerTarget<'a> = BTreeMap<String, Vec<&'a serde_json::Value>>;
+
+/// The agents' CPU ticks around the baseline and the collector's minute, and what it reported.
+struct Scraped {
+    before: Vec<(String, u64)>,
+    mid: Vec<(String, u64)>,
+    after: Vec<(String, u64)>,
+    /// Whether `ctl scrape` exited 0, and its stderr (its summary).
+    ok: bool,
+    summary: String,
+    /// The snapshots it wrote, one JSON line each.
+    path: PathBuf,
+}
+
+/// How the forged reads and the plain read after them ended: exit 0, and stderr.
+struct Forged {
+    rkey_ok: bool,
+    rkey_err: String,
+    oob_ok: bool,
+    oob_err: String,
+    again_ok: bool,
+    again_err: String,
+}
+
+/// What the collector read against the agents' own stats lines.
+struct StatsComparison {
+    mismatches: Vec<String>,
+    compared: usize,
+    /// Each agent's own probe rate (per ns), from its stats lines.
+    rates: BTreeMap<String, f64>,
+}
+
+/// A clean run directory and segment store, the 3x2 fabric, its inventory and the pinglists.
+fn prepare(bin: &Path, dir: &Path) -> anyhow::Result<Inventory> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -111,7 +171,12 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
     let inventory = dir.join("inventory.toml");
     rxefabric::write_inventory(&inv, &inventory)?;
     gen_pinglists(&bin.join("ctl"), &inventory, &dir.join("pinglists"), 2, 10.0, 10.0, &[])?;
-    let collector = rxefabric::host(&inv, COLLECTOR)?;
+    Ok(inv)
+}
+
+/// An agent serving the view on every host but the collector's; the agents and view addresses.
+fn start_agents(bin: &Path, dir: &Path, inv: &Inventory) -> anyhow::Result<(Agents, Vec<String>)> {
+    let collector = rxefabric::host(inv, COLLECTOR)?;
     let allow = collector.ip.to_string();
     let mut agents = Agents { children: Vec::new() };
     let mut targets = Vec::new();
@@ -136,7 +201,11 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
         agents.children.push((h.name.clone(), start_agent(&bin.join("agent"), &spec, dir)?));
         targets.push(format!("{}:{VIEW_PORT}", r.ip));
     }
-    let ctl = bin.join("ctl");
+    Ok((agents, targets))
+}
+
+/// Warm-up, the agents alone, then the collector at 10 Hz for a minute; the agents' CPU around it.
+fn baseline_and_scrape(ctl: &Path, dir: &Path, targets: &[String], agents: &Agents) -> anyhow::Result<Scraped> {
     // Warm-up, then the agents alone.
     std::thread::sleep(Duration::from_secs(10));
     let before = agents.cpu_ticks()?;
@@ -145,8 +214,8 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
     // The collector, 10 Hz, a minute.
     let scraped = dir.join("scrape.jsonl");
     let (ok, summary) = scrape(
-        &ctl,
-        &targets,
+        ctl,
+        targets,
         &[
             "--rate-hz",
             &RATE_HZ.to_string(),
@@ -159,45 +228,73 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
     )?;
     let after = agents.cpu_ticks()?;
     std::fs::write(dir.join("scrape.stderr"), &summary)?;
+    Ok(Scraped { before, mid, after, ok, summary, path: scraped })
+}
+
+/// A wrong rkey and a read past the region against the first agent, then a plain read of it.
+fn forged_reads(ctl: &Path, dir: &Path, targets: &[String]) -> anyhow::Result<Forged> {
     // Forged reads against the first agent, then a plain read of it again.
     let first = std::slice::from_ref(&targets[0]);
     let (rkey_ok, rkey_err) =
-        scrape(&ctl, first, &["--forge", "rkey", "--duration-s", "3", "--quiet"], &dir.join("forge-rkey.jsonl"))?;
+        scrape(ctl, first, &["--forge", "rkey", "--duration-s", "3", "--quiet"], &dir.join("forge-rkey.jsonl"))?;
     let (oob_ok, oob_err) =
-        scrape(&ctl, first, &["--forge", "oob", "--duration-s", "3", "--quiet"], &dir.join("forge-oob.jsonl"))?;
-    let (again_ok, again_err) =
-        scrape(&ctl, first, &["--duration-s", "3", "--rate-hz", "5"], &dir.join("again.jsonl"))?;
+        scrape(ctl, first, &["--forge", "oob", "--duration-s", "3", "--quiet"], &dir.join("forge-oob.jsonl"))?;
+    let (again_ok, again_err) = scrape(ctl, first, &["--duration-s", "3", "--rate-hz", "5"], &dir.join("again.jsonl"))?;
+    Ok(Forged { rkey_ok, rkey_err, oob_ok, oob_err, again_ok, again_err })
+}
+
+/// A read by a collector the agents do not allow: whether it exited 0, and its stderr.
+fn outsider_read(ctl: &Path, inv: &Inventory, targets: &[String]) -> anyhow::Result<(bool, String)> {
     // A collector the agents do not allow: from an agent's own host.
     let outsider = inv.hosts.iter().find(|h| h.name != COLLECTOR).map(|h| h.name.clone()).context("no agent host")?;
     let o = Command::new("ip")
         .args(["netns", "exec", &outsider])
-        .arg(&ctl)
+        .arg(ctl)
         .args(["scrape", "--targets", &targets[1], "--duration-s", "3", "--quiet"])
         .output()?;
     let refused = String::from_utf8_lossy(&o.stderr).into_owned();
-    agents.stop();
+    Ok((o.status.success(), refused))
+}
 
-    let mut checks = Vec::new();
-    // Snapshots per target.
-    let text = std::fs::read_to_string(&scraped).with_context(|| format!("reading {}", scraped.display()))?;
-    let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let mut per_target: BTreeMap<String, Vec<&serde_json::Value>> = BTreeMap::new();
-    for l in &lines {
+/// The snapshots the collector wrote, one JSON line each (lines that do not parse left out).
+fn read_snapshots(scraped: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(scraped).with_context(|| format!("reading {}", scraped.display()))?;
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// The snapshots grouped by the target they were read from.
+fn by_target(lines: &[serde_json::Value]) -> PerTarget<'_> {
+    let mut per_target: PerTarget = BTreeMap::new();
+    for l in lines {
         per_target.entry(l["target"].as_str().unwrap_or("").to_string()).or_default().push(l);
     }
+    per_target
+}
+
+/// Every agent read at about 10 Hz for the whole minute.
+fn rate_check(targets: &[String], per_target: &PerTarget, lines: &[serde_json::Value], scraped: &Scraped) -> Check {
     let expected = (RATE_HZ * SCRAPE_S as f64) as usize;
     let counts: Vec<String> =
         targets.iter().map(|t| format!("{t} {}", per_target.get(t).map_or(0, Vec::len))).collect();
-    checks.push(Check {
+    Check {
         name: "view: every agent read at 10 Hz".into(),
-        ok: ok && targets.iter().all(|t| per_target.get(t).is_some_and(|v| v.len() * 10 >= expected * 9)),
+        ok: scraped.ok && targets.iter().all(|t| per_target.get(t).is_some_and(|v| v.len() * 10 >= expected * 9)),
         detail: format!(
             "{} snapshots of about {expected} each: {}; {}",
             lines.len(),
             counts.join(", "),
-            summary.trim()
+            scraped.summary.trim()
         ),
-    });
+    }
+}
+
+/// Each agent's stats lines against the snapshots read just before them, and its own probe rate.
+fn compare_with_stats(
+    dir: &Path,
+    inv: &Inventory,
+    targets: &[String],
+    per_target: &PerTarget,
+) -> anyhow::Result<StatsComparison> {
     // The agents' own stats lines against what was read: for each line logged while the
     // collector ran, the snapshot updated last before it (at most one update, 250 ms, older)
     // must say probes_sent no more than the line, and no less than the line minus what the
@@ -243,12 +340,17 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
             }
         }
     }
+    Ok(StatsComparison { mismatches, compared, rates })
+}
+
+/// The last complete window of each agent's last snapshot: about a window of its probes, aligned.
+fn window_check(per_target: &PerTarget, rates: &BTreeMap<String, f64>) -> Check {
     // Windows: in each agent's last snapshot, the last complete window holds about a window's
     // worth of its probes (its own rate from its stats lines), and windows start on multiples of
     // their length.
     let mut windows = Vec::new();
     let mut windows_ok = !per_target.is_empty();
-    for (t, snaps) in &per_target {
+    for (t, snaps) in per_target {
         let Some(s) = snaps.last() else { continue };
         let window_ns = s["window_ns"].as_u64().unwrap_or(0);
         let start = s["last_window_start_unix_ns"].as_u64().unwrap_or(1);
@@ -268,19 +370,28 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
         windows_ok &= ok;
         windows.push(format!("{t} {probes} (about {expected:.0})"));
     }
-    checks.push(Check {
+    Check {
         name: "view: last window per ToR".into(),
         ok: windows_ok,
         detail: format!("probes in the last complete window: {}", windows.join(", ")),
-    });
-    checks.push(Check {
+    }
+}
+
+/// The comparison with the agents' stats lines, as a check.
+fn stats_check(stats: &StatsComparison) -> Check {
+    Check {
         name: "view: matches the agents' stats".into(),
-        ok: mismatches.is_empty() && compared >= 20,
+        ok: stats.mismatches.is_empty() && stats.compared >= 20,
         detail: format!(
-            "{compared} stats lines compared; mismatches: {}",
-            if mismatches.is_empty() { "none".into() } else { mismatches.join("; ") }
+            "{} stats lines compared; mismatches: {}",
+            stats.compared,
+            if stats.mismatches.is_empty() { "none".into() } else { stats.mismatches.join("; ") }
         ),
-    });
+    }
+}
+
+/// The Prometheus text file the collector kept, as promtool reads it.
+fn prometheus_check(dir: &Path) -> anyhow::Result<Check> {
     // The Prometheus file the collector kept, as promtool reads it.
     let prom = dir.join("view.prom");
     let lint = Command::new("promtool")
@@ -295,49 +406,60 @@ pub fn run(bin: &Path, dir: &Path) -> anyhow::Result<(Vec<Check>, ViewBench)> {
         Err(e) => (false, format!("promtool: {e} (apt-get install prometheus)")),
     };
     let series = std::fs::read_to_string(&prom)?.lines().filter(|l| !l.starts_with('#')).count();
-    checks.push(Check {
+    Ok(Check {
         name: "view: Prometheus text file".into(),
         ok: lint_ok && series > 0,
         detail: format!(
             "{series} series; promtool check metrics: {}",
             if lint_said.trim().is_empty() { "clean" } else { lint_said.trim() }
         ),
-    });
+    })
+}
+
+/// The forged reads failed on the collector's side, and the agent was read again after them.
+fn forged_check(f: &Forged) -> Check {
     let forged = |ok: bool, err: &str| !ok && err.contains("RDMA READ failed");
-    checks.push(Check {
+    Check {
         name: "view: forged reads fail cleanly".into(),
-        ok: forged(rkey_ok, &rkey_err) && forged(oob_ok, &oob_err) && again_ok,
+        ok: forged(f.rkey_ok, &f.rkey_err) && forged(f.oob_ok, &f.oob_err) && f.again_ok,
         detail: format!(
             "wrong rkey: {}; out of bounds: {}; read again after: {}",
-            rkey_err.lines().find(|l| l.contains("RDMA READ")).unwrap_or(rkey_err.trim()),
-            oob_err.lines().find(|l| l.contains("RDMA READ")).unwrap_or(oob_err.trim()),
-            again_err.lines().last().unwrap_or("")
+            f.rkey_err.lines().find(|l| l.contains("RDMA READ")).unwrap_or(f.rkey_err.trim()),
+            f.oob_err.lines().find(|l| l.contains("RDMA READ")).unwrap_or(f.oob_err.trim()),
+            f.again_err.lines().last().unwrap_or("")
         ),
-    });
-    checks.push(Check {
+    }
+}
+
+/// The collector the allow list does not name was refused.
+fn refused_check(outsider_ok: bool, refused: &str) -> Check {
+    Check {
         name: "view: a collector not allowed is refused".into(),
-        ok: !o.status.success() && refused.contains("not in [view] allow"),
+        ok: !outsider_ok && refused.contains("not in [view] allow"),
         detail: refused.lines().find(|l| l.contains("rejected")).unwrap_or(refused.trim()).to_string(),
-    });
+    }
+}
+
+/// The bench line's figures: the agents' CPU without and with the collector, its snapshot rates.
+fn view_bench(scraped: &Scraped, snapshots: usize) -> ViewBench {
     let ticks_per_s = 100.0; // USER_HZ
     let cpu = |a: &[(String, u64)], b: &[(String, u64)], s: u64| {
         let total: u64 = a.iter().zip(b).map(|(x, y)| y.1 - x.1).sum();
         100.0 * total as f64 / ticks_per_s / s as f64 / a.len() as f64
     };
-    let snapshots: f64 = lines.len() as f64;
+    let snapshots: f64 = snapshots as f64;
+    let summary = &scraped.summary;
     let cpu_s: f64 = summary
         .lines()
         .find_map(|l| l.split("collector CPU ").nth(1)?.split(' ').next()?.parse().ok())
         .unwrap_or(f64::NAN);
-    let bench = ViewBench {
-        agent_cpu_percent_idle: cpu(&before, &mid, BASELINE_S),
-        agent_cpu_percent_scraped: cpu(&mid, &after, SCRAPE_S),
+    ViewBench {
+        agent_cpu_percent_idle: cpu(&scraped.before, &scraped.mid, BASELINE_S),
+        agent_cpu_percent_scraped: cpu(&scraped.mid, &scraped.after, SCRAPE_S),
         snapshots_per_s: snapshots / SCRAPE_S as f64,
         snapshots_per_cpu_s: snapshots / cpu_s,
         torn: summary.lines().filter_map(|l| l.split(" torn").next()?.rsplit('(').next()?.parse::<u64>().ok()).sum(),
-    };
-    std::fs::write(dir.join("view-bench.json"), serde_json::to_vec_pretty(&bench)?)?;
-    Ok((checks, bench))
+    }
 }
 
 #[cfg(test)]

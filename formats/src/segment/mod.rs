@@ -1,7 +1,8 @@
 //! Segment files: where every probe an agent makes is kept until `analyze` reads it.
 //!
-//! A segment is one file per shard and time slice. While open it is a preallocated, mmap'd file
-//! (`*.rseg`) the writer appends framed, checksummed chunks to; when it is closed (by size, by
+//! A segment is one file per shard and time slice. While open it is a preallocated file
+//! (`*.rseg`) the writer appends framed, checksummed chunks to (with `pwrite` by default, or
+//! through a shared mapping: [`WriteMode`]) and readers mmap; when it is closed (by size, by
 //! age, or at shutdown) it is sealed into a zstd-compressed copy (`*.rseg.zst`) for shipping.
 //! The [`SegmentReader`] reads both, validating everything before it hands out a byte.
 //!

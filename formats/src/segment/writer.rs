@@ -1,7 +1,8 @@
-//! The segment writer: one per shard, appending probe records into mmap'd segment files.
+//! The segment writer: one per shard, appending probe records into preallocated segment files.
 //!
 //! The hot path is [`SegmentWriter::append`], which copies a record into preallocated column
-//! buffers and, once per `chunk_records`, serialises the columns straight into the mapping.
+//! buffers and, once per `chunk_records`, serialises the columns into one reused buffer it
+//! `pwrite`s (or straight into a shared mapping of the file: [`WriteMode`]).
 //! It never allocates after the first chunk. Everything slow (file creation, msync, fsync,
 //! truncation) happens once per segment, and compression happens elsewhere ([`super::seal`]),
 //! so the shard's core is never blocked for long.
