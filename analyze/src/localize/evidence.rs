@@ -7,6 +7,11 @@ use super::tally::{Acc, Key, Mode, RangeTally, Tally, TallyContext, excluded};
 use crate::ingest::Dataset;
 use std::collections::{BTreeMap, HashMap};
 
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The fabric of a key whose probes cross none (within a ToR) or whose path is unknown.
+const NO_FABRIC: u32 = u32::MAX;
+
 /// The elements evidence is counted on, by id, kept across a pass's ranges: ids are given in
 /// the order keys come, so ranges in time order number them as one table would.
 #[derive(Debug, Default)]
@@ -17,10 +22,14 @@ pub(super) struct Elements {
     /// Element id of each RNIC and of each RNIC's ToR, by RNIC id.
     pub(super) rnic_element: Vec<u32>,
     pub(super) tor_element: Vec<u32>,
-    /// Fabric elements of an inter-ToR (window or `u32::MAX`, prober, target, label); `None`
-    /// without a path. Bounded by the fleet's probed pairs (and the windows of those whose
-    /// path changed).
-    pub(super) paths: HashMap<(u32, u32, u32, u32), Option<Vec<u32>>>,
+    /// The fabric (an index into `fabrics`) of an inter-ToR (window or `u32::MAX`, prober,
+    /// target, label); `None` without a path. Bounded by the fleet's probed pairs and labels
+    /// (and the windows of those whose path changed).
+    pub(super) paths: FastMap<(u32, u32, u32, u32), Option<u32>>,
+    /// The links and spines of each distinct forward and ACK path pair, and their index by
+    /// content: the labels of a pair that take the same paths share one.
+    pub(super) fabrics: Vec<Vec<u32>>,
+    pub(super) fabric_ids: FastMap<Vec<u32>, u32>,
     /// Inter-ToR probes without a path to vote on.
     pub(super) without_path: u64,
 }
@@ -42,20 +51,35 @@ impl Elements {
         })
     }
 
-    /// The links and spines of an inter-ToR key's traced (or inventory-determined) forward and
-    /// ACK paths; `None` without one.
-    pub(super) fn fabric(&mut self, ds: &Dataset, key: Key, window_ns: u64) -> Option<&[u32]> {
+    /// The fabric (links and spines of the traced, or inventory-determined, forward and ACK
+    /// paths) of an inter-ToR key, as an index into [`Elements::fabric_elements`]; `None`
+    /// without one.
+    pub(super) fn fabric(&mut self, ds: &Dataset, key: Key, window_ns: u64) -> Option<u32> {
         let (w, pr, tg, label) = key;
         // A key whose path changed (a prober restarted with new ports) is looked up per
         // window, at the window's end; the rest once.
         let varies = ds.path_changes.contains_key(&(pr, tg, label)) || ds.path_changes.contains_key(&(tg, pr, label));
         let at_ns = if varies { (u64::from(w) + 1) * window_ns - 1 } else { u64::MAX };
         let cache_key = (if varies { w } else { u32::MAX }, pr, tg, label);
-        if !self.paths.contains_key(&cache_key) {
-            let fabric = self.trace(ds, cache_key, at_ns);
-            self.paths.insert(cache_key, fabric);
+        if let Some(&f) = self.paths.get(&cache_key) {
+            return f;
         }
-        self.paths[&cache_key].as_deref()
+        let fabric = self.trace(ds, cache_key, at_ns).map(|v| match self.fabric_ids.get(&v) {
+            Some(&id) => id,
+            None => {
+                let id = self.fabrics.len() as u32;
+                self.fabrics.push(v.clone());
+                self.fabric_ids.insert(v, id);
+                id
+            }
+        });
+        self.paths.insert(cache_key, fabric);
+        fabric
+    }
+
+    /// The element ids of fabric `id` ([`Elements::fabric`]).
+    pub(super) fn fabric_elements(&self, id: u32) -> &[u32] {
+        &self.fabrics[id as usize]
     }
 
     pub(super) fn trace(&mut self, ds: &Dataset, (_, pr, tg, label): Key, at_ns: u64) -> Option<Vec<u32>> {
@@ -101,9 +125,32 @@ pub(super) fn evidence(
     el: &mut Elements,
 ) -> Evidence {
     let mut e = Evidence::default();
-    for &(key, a) in &range.acc {
+    // Keys of one (window, prober, target) come together (the counters are sorted by key); of
+    // those, the ones with the same fabric (every key within a ToR; the labels of an inter-ToR
+    // pair that take the same paths) cross the same elements and are one group: the cover sums
+    // and tests groups by the elements they cross, never by their label.
+    let mut run = None;
+    let mut run_groups: Vec<(u32, usize)> = Vec::new();
+    for &(key, a, inter) in &range.acc {
         let (w, pr, tg, _) = key;
         if excluded(cx, &tally.heard_again, w, pr, tg) {
+            continue;
+        }
+        let fabric = if inter {
+            el.fabric(ds, key, cx.window_ns).unwrap_or_else(|| {
+                el.without_path += u64::from(a.valid);
+                NO_FABRIC
+            })
+        } else {
+            NO_FABRIC
+        };
+        if run != Some((w, pr, tg)) {
+            run = Some((w, pr, tg));
+            run_groups.clear();
+        }
+        let groups = e.by_window.entry(w).or_default();
+        if let Some(&(_, g)) = run_groups.iter().find(|(f, _)| *f == fabric) {
+            groups[g].acc.add(&a);
             continue;
         }
         let (rp, rt) = (pr as usize, tg as usize);
@@ -111,13 +158,11 @@ pub(super) fn evidence(
         if el.tor_element[rt] != el.tor_element[rp] {
             elements.push(el.tor_element[rt]);
         }
-        if range.inter_keys.contains(&key) {
-            match el.fabric(ds, key, cx.window_ns) {
-                Some(v) => elements.extend_from_slice(v),
-                None => el.without_path += u64::from(a.valid),
-            }
+        if fabric != NO_FABRIC {
+            elements.extend_from_slice(el.fabric_elements(fabric));
         }
-        e.by_window.entry(w).or_default().push(Group { elements, acc: a });
+        run_groups.push((fabric, groups.len()));
+        groups.push(Group { elements, acc: a });
     }
     e
 }
@@ -221,5 +266,38 @@ mod tests {
         assert_eq!(named(&groups[1]), ["rnic:h0/d0", "rnic:h2/d0", "tor:t0"]);
         assert_eq!(named(&groups[2]), ["rnic:h1/d0", "rnic:h2/d0", "tor:t1", "tor:t0"]);
         assert_eq!(el.without_path, 1);
+    }
+
+    /// Keys crossing the same elements are one group, with their counters summed: a ToR-mesh
+    /// pair's probes over any label (tally keys them without it), and the labels of an inter-ToR
+    /// pair whose forward and ACK paths are the same. Labels on other paths stay apart.
+    #[test]
+    fn keys_crossing_the_same_elements_are_one_group() {
+        let mut recs = Vec::new();
+        for label in 0..4 {
+            recs.push(Rec(0, 2, 0, Outcome::Ok, 10_000, 1_000, KS)); // ToR-mesh t0 -> t0
+            recs.push(Rec(0, 1, 0, if label == 3 { Outcome::Lost } else { Outcome::Ok }, 10_000, 1_000, KS));
+        }
+        let mut ds = dataset(4, 1, &recs);
+        for (i, label) in (0..4).flat_map(|l| [l, l]).enumerate() {
+            ds.probes.flow_label[i] = label;
+            ds.probes.kind[i] = u8::from(i % 2 == 1);
+        }
+        // t0 -> t1 over spine s0 for labels 0-2, over s1 for label 3; back over s0 always.
+        ds.switches = vec!["t0".into(), "s0".into(), "t1".into(), "s1".into()];
+        for label in 0..4 {
+            ds.paths.insert((0, 1, label), if label == 3 { vec![0, 3, 2] } else { vec![0, 1, 2] });
+            ds.paths.insert((1, 0, label), vec![2, 1, 0]);
+        }
+        let st = stages(&ds);
+        assert_eq!(st.range.acc.len(), 5, "one ToR-mesh key, four inter-ToR keys: {:?}", st.range.acc);
+        let mut el = Elements::new(&ds);
+        let e = evidence(&ds, &st.range, &st.tally, &st.cx(), &mut el);
+        let groups = &e.by_window[&W0];
+        let summary: Vec<(usize, u32, u32)> =
+            groups.iter().map(|g| (g.elements.len(), g.acc.valid, g.acc.lost)).collect();
+        // In key order: h0 -> h1 over s0 both ways (RNICs, ToRs, 2 links, 1 spine) for labels
+        // 0-2; label 3, out over s1 and back over s0 (4 links, 2 spines); h0 -> h2 within t0.
+        assert_eq!(summary, [(7, 3, 0), (10, 1, 1), (3, 4, 0)], "{summary:?}");
     }
 }

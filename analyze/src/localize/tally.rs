@@ -1,5 +1,6 @@
 //! Stage 3: counters per (window, prober, target, label) of one range ([`tally_range`], passes 3
-//! and 4), leaving out probes that met a stall or that no agent could have answered
+//! and 4; the label only where it chooses a path through the fabric, [`NO_LABEL`] within a ToR),
+//! leaving out probes that met a stall or that no agent could have answered
 //! ([`excluded`]: a target whose agent was not running, a restarted one until the prober hears
 //! it); what is no evidence is counted by why, and traced services' own figures are kept apart.
 
@@ -8,7 +9,7 @@ use super::baseline::{Baselines, is_inter};
 use super::noise::{Agents, Hosts, Noise, host_in_rtt};
 use crate::ingest::{Dataset, NO_SERVICE, Probes};
 use crate::probe::{Class, TsSources};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Counters of one (window, prober, target, label).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +43,12 @@ pub(super) enum Mode {
 
 pub(super) type Key = (u32, u32, u32, u32); // window, prober, target, label
 
+/// The label of a key whose probes stay under one ToR: their label chooses no path, and keeping
+/// it would make one key per probe of a wide fleet (8,192 RNICs probing each ToR-mesh peer a few
+/// times a window over 33 labels), where one per (window, prober, target) holds the same
+/// evidence.
+pub(super) const NO_LABEL: u32 = u32::MAX;
+
 /// What a pass over the records gathers across its ranges.
 #[derive(Debug, Default)]
 pub(super) struct Tally {
@@ -59,6 +66,9 @@ pub(super) struct Tally {
     pub(super) not_evidence: NotEvidence,
     /// By service id: the service's own probes.
     pub(super) services: Vec<ServiceTally>,
+    /// Keys the last range held: the next range's table starts that large rather than
+    /// doubling its way there (rehashing millions of keys on a wide fleet).
+    pub(super) last_range_keys: usize,
 }
 
 impl Tally {
@@ -85,10 +95,9 @@ impl Tally {
 #[derive(Default)]
 pub(super) struct RangeTally {
     /// Counters by key, ascending (so later stages are deterministic, and ranges in time order
-    /// give the keys in the order one table would).
-    pub(super) acc: Vec<(Key, Acc)>,
-    /// Keys of inter-ToR probes (they vote on links and spines).
-    pub(super) inter_keys: HashSet<Key>,
+    /// give the keys in the order one table would), and whether the key's probes cross the
+    /// fabric (inter-ToR probes, which vote on links and spines).
+    pub(super) acc: Vec<(Key, Acc, bool)>,
 }
 
 /// One traced service's own probes.
@@ -139,8 +148,11 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
     let TallyContext { base, tor_of, noise, hosts, agents, window_ns } = *cx;
     let restarts = &agents.restarts;
     let rnics = ds.rnics.len();
-    let mut acc: HashMap<Key, Acc> = HashMap::new();
-    let mut inter_keys: HashSet<Key> = HashSet::new();
+    // A wide fleet has millions of keys per range: foldhash (seeded per process, as hashbrown's
+    // own default) instead of SipHash, which took a quarter of localize's time at 8,192 RNICs.
+    let mut acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(t.last_range_keys, Default::default());
+    let mut last_w = None;
     t.records += p.len() as u64;
     for i in 0..p.len() {
         let (pr, tg) = (p.prober[i], p.target[i]);
@@ -182,7 +194,10 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
             continue;
         }
         let w = (p.t1_unix_ns[i] / window_ns) as u32;
-        t.windows.insert(w);
+        if last_w != Some(w) {
+            last_w = Some(w);
+            t.windows.insert(w);
+        }
         let (hp, ht) = (hosts.of_rnic[pr as usize], hosts.of_rnic[tg as usize]);
         let t1 = p.t1_unix_ns[i];
         let met_stall = match class {
@@ -248,17 +263,21 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
                 continue;
             }
         }
-        let key = (w, pr, tg, p.flow_label[i]);
         // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
-        let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
-        if p.kind[i] == 1 || (service != NO_SERVICE && !tp.is_empty() && !tt.is_empty() && tp != tt) {
-            inter_keys.insert(key);
-        }
-        acc.entry(key).or_default().add(&a);
+        let inter = p.kind[i] == 1
+            || (service != NO_SERVICE && {
+                let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
+                !tp.is_empty() && !tt.is_empty() && tp != tt
+            });
+        let key = (w, pr, tg, if inter { p.flow_label[i] } else { NO_LABEL });
+        let e = acc.entry(key).or_default();
+        e.0.add(&a);
+        e.1 |= inter;
     }
-    let mut acc: Vec<(Key, Acc)> = acc.into_iter().collect();
+    t.last_range_keys = acc.len();
+    let mut acc: Vec<(Key, Acc, bool)> = acc.into_iter().map(|(k, (a, inter))| (k, a, inter)).collect();
     acc.sort_unstable_by_key(|e| e.0);
-    RangeTally { acc, inter_keys }
+    RangeTally { acc }
 }
 
 /// Stage 4: whether the probes of (window, prober, target) are no network evidence, beyond the
@@ -352,7 +371,7 @@ mod tests {
         );
         assert!(noisy[1].0 == 1 && noisy[1].1 == 4 && noisy[1].2.contains("frozen host"), "{noisy:?}");
         assert_eq!(t.not_evidence.host_noise, 3, "the stalled probes are no evidence, and counted");
-        assert!(!st.range.acc.iter().any(|(k, _)| k.0 == W0 + 1), "{:?}", st.range.acc);
+        assert!(!st.range.acc.iter().any(|(k, _, _)| k.0 == W0 + 1), "{:?}", st.range.acc);
         let cx = st.cx();
         let excluded = |w: u32, pr: u32, tg: u32| excluded(&cx, &t.heard_again, W0 + w, pr, tg);
         assert!(!excluded(0, 0, 1));
@@ -380,8 +399,9 @@ mod tests {
         let st = stages(&ds);
         let (t, noise) = (&st.tally, &st.noise);
         assert_eq!(noise.windows.keys().map(|k| k.1 - W0).collect::<Vec<_>>(), [0, 1]);
-        let ok_in = |w: u32| st.range.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.ok).sum::<u32>();
-        let lost_in = |w: u32| st.range.acc.iter().filter(|(k, _)| k.0 == W0 + w).map(|(_, a)| a.lost).sum::<u32>();
+        let ok_in = |w: u32| st.range.acc.iter().filter(|(k, _, _)| k.0 == W0 + w).map(|(_, a, _)| a.ok).sum::<u32>();
+        let lost_in =
+            |w: u32| st.range.acc.iter().filter(|(k, _, _)| k.0 == W0 + w).map(|(_, a, _)| a.lost).sum::<u32>();
         // Window 0: probes from 29.0 s on are within the 1 s pad (10 of 300); window 1: up to
         // 32.999 s (30 of 300). The lost probe, 25 s before the stall, is evidence; one 5.5 s
         // before it is not (a lost probe's pad allows for 5 s of clock offset).
