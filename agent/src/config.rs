@@ -824,6 +824,188 @@ core = 0
         assert!(e.to_string().contains("segment_max_age_s = 86401: use 1 to 86400"), "{e}");
     }
 
+    /// Every key the parser reads, as `section.key` paths (`shard.device`): serde's derive hands
+    /// each struct's field names to `deserialize_struct`, so a deserializer that answers every
+    /// field with a plausible value walks the whole configuration type. It reads no file.
+    mod keys {
+        use serde::de::{self, IntoDeserializer, Visitor};
+        use std::cell::RefCell;
+
+        pub(super) fn of<T: serde::de::DeserializeOwned>() -> Vec<String> {
+            let out = RefCell::new(Vec::new());
+            T::deserialize(Walker { path: String::new(), out: &out }).expect("the walk answers every field");
+            out.into_inner()
+        }
+
+        #[derive(Debug)]
+        pub(super) struct Error(String);
+        impl std::fmt::Display for Error {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl std::error::Error for Error {}
+        impl de::Error for Error {
+            fn custom<M: std::fmt::Display>(m: M) -> Self {
+                Error(m.to_string())
+            }
+        }
+
+        /// Scalars: a value every field of that type takes.
+        macro_rules! answer {
+            ($($method:ident => $visit:ident($value:expr)),*) => {
+                $(fn $method<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+                    v.$visit($value)
+                })*
+            };
+        }
+
+        struct Walker<'a> {
+            path: String,
+            out: &'a RefCell<Vec<String>>,
+        }
+
+        impl Walker<'_> {
+            fn at(&self, field: &str) -> Walker<'_> {
+                let path = if self.path.is_empty() { field.to_owned() } else { format!("{}.{field}", self.path) };
+                Walker { path, out: self.out }
+            }
+        }
+
+        impl<'de> de::Deserializer<'de> for Walker<'_> {
+            type Error = Error;
+            // A string any string-like field (addresses, paths, names) parses.
+            fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+                v.visit_str("127.0.0.1:1")
+            }
+            answer! {
+                deserialize_bool => visit_bool(false),
+                deserialize_u8 => visit_u64(1),
+                deserialize_u16 => visit_u64(1),
+                deserialize_u32 => visit_u64(1),
+                deserialize_u64 => visit_u64(1),
+                deserialize_i32 => visit_i64(1),
+                deserialize_i64 => visit_i64(1),
+                deserialize_f64 => visit_f64(1.0)
+            }
+            fn deserialize_option<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+                v.visit_some(self)
+            }
+            fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, Error> {
+                v.visit_seq(One(Some(self)))
+            }
+            fn deserialize_enum<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                variants: &'static [&'static str],
+                v: V,
+            ) -> Result<V::Value, Error> {
+                v.visit_enum(variants[0].into_deserializer())
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                v: V,
+            ) -> Result<V::Value, Error> {
+                // A section, not a key: its fields are.
+                self.out.borrow_mut().retain(|p| *p != self.path);
+                v.visit_map(Fields { walker: self, fields: fields.iter() })
+            }
+            serde::forward_to_deserialize_any! {
+                i8 i16 i128 u128 f32 char str string bytes byte_buf unit unit_struct newtype_struct
+                tuple tuple_struct map identifier ignored_any
+            }
+        }
+
+        /// A sequence of one element, walked.
+        struct One<'a>(Option<Walker<'a>>);
+        impl<'de> de::SeqAccess<'de> for One<'_> {
+            type Error = Error;
+            fn next_element_seed<S: de::DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, Error> {
+                self.0.take().map(|w| seed.deserialize(w)).transpose()
+            }
+        }
+
+        /// Every field of a struct, each recorded and walked.
+        struct Fields<'a> {
+            walker: Walker<'a>,
+            fields: std::slice::Iter<'static, &'static str>,
+        }
+        impl<'de> de::MapAccess<'de> for Fields<'_> {
+            type Error = Error;
+            fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Error> {
+                let Some(&f) = self.fields.clone().next() else { return Ok(None) };
+                seed.deserialize(f.into_deserializer()).map(Some)
+            }
+            fn next_value_seed<S: de::DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, Error> {
+                let f = self.fields.next().expect("a key came first");
+                let w = self.walker.at(f);
+                w.out.borrow_mut().push(w.path.clone());
+                seed.deserialize(w)
+            }
+        }
+    }
+
+    /// The `section.key` paths a TOML document sets (arrays of tables as their table's name).
+    fn toml_keys(v: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in v {
+            let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            match v {
+                toml::Value::Table(t) => toml_keys(t, &path, out),
+                toml::Value::Array(a) if a.iter().all(toml::Value::is_table) && !a.is_empty() => {
+                    a.iter().filter_map(toml::Value::as_table).for_each(|t| toml_keys(t, &path, out))
+                }
+                _ => out.push(path),
+            }
+        }
+    }
+
+    /// The packaged example shows every key the parser reads, set or as a commented default,
+    /// and nothing it does not: uncommented, it must parse and set exactly the parser's keys.
+    #[test]
+    fn the_packaged_example_config_shows_every_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // `# key = value`, `# [section]` and `# [[shard]]` lines, uncommented; prose stays.
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.starts_with('[') || rest.split_once(" = ").is_some_and(|(k, _)| is_key(k)) => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let all = AgentConfig::parse(&uncommented, Path::new("/etc/rocemesh/agent.toml"))
+            .unwrap_or_else(|e| panic!("{}, every commented key set: {e}", path.display()));
+        assert!(all.view.enabled() && all.auth.keys.is_some(), "the commented sections' keys were read");
+        let table: toml::Table = uncommented.parse().expect("parsed above");
+        let mut shown = Vec::new();
+        toml_keys(&table, "", &mut shown);
+        let mut parsed = keys::of::<AgentConfig>();
+        // A test hook that makes peers report a fault that is not there: kept out of what an
+        // operator copies (the agent refuses it unless ROCEMESH_TEST_HOOKS=1).
+        parsed.retain(|k| k != "shard.ignore_probe_fraction");
+        for list in [&mut shown, &mut parsed] {
+            list.sort();
+            list.dedup();
+        }
+        let missing: Vec<&String> = parsed.iter().filter(|k| !shown.contains(k)).collect();
+        let unknown: Vec<&String> = shown.iter().filter(|k| !parsed.contains(k)).collect();
+        assert!(missing.is_empty(), "{}: keys the agent reads that it does not show: {missing:?}", path.display());
+        assert!(unknown.is_empty(), "{}: keys it shows that the agent does not read: {unknown:?}", path.display());
+        for section in ["shard", "metrics", "path_tracing", "service_tracing", "auth", "view"] {
+            assert!(
+                parsed.iter().any(|k| k.starts_with(&format!("{section}."))),
+                "the walk missed [{section}]: {parsed:?}"
+            );
+        }
+    }
+
+    fn is_key(k: &str) -> bool {
+        !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    }
+
     #[test]
     fn the_packaged_example_config_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
