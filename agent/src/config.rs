@@ -837,19 +837,8 @@ core = 0
             out.into_inner()
         }
 
-        #[derive(Debug)]
-        pub(super) struct Error(String);
-        impl std::fmt::Display for Error {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-        impl std::error::Error for Error {}
-        impl de::Error for Error {
-            fn custom<M: std::fmt::Display>(m: M) -> Self {
-                Error(m.to_string())
-            }
-        }
+        // serde's own error for deserializers of plain values.
+        use serde::de::value::Error;
 
         /// Scalars: a value every field of that type takes.
         macro_rules! answer {
@@ -961,12 +950,18 @@ core = 0
         }
     }
 
+    /// The packaged example configuration: its path and text.
+    fn example() -> (PathBuf, String) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        (path, text)
+    }
+
     /// The packaged example shows every key the parser reads, set or as a commented default,
     /// and nothing it does not: uncommented, it must parse and set exactly the parser's keys.
     #[test]
     fn the_packaged_example_config_shows_every_key() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let (path, text) = example();
         // `# key = value`, `# [section]` and `# [[shard]]` lines, uncommented; prose stays.
         let uncommented: String = text
             .lines()
@@ -1008,9 +1003,9 @@ core = 0
 
     #[test]
     fn the_packaged_example_config_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent.example.toml");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let c = AgentConfig::parse(&text, Path::new("/etc/rocemesh/agent.toml")).expect("the example parses");
+        let (path, text) = example();
+        let c = AgentConfig::parse(&text, Path::new("/etc/rocemesh/agent.toml"))
+            .unwrap_or_else(|e| panic!("{}: the example does not parse: {e}", path.display()));
         assert_eq!(c.segment_dir, Path::new("/var/lib/rocemesh/segments"), "what the systemd unit may write");
         assert_eq!(c.shards.len(), 2);
         assert!(c.metrics.listen.is_some());

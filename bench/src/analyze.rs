@@ -283,7 +283,7 @@ fn measure_export(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Resu
             "{:.2} s wall, {compression}, {:.2} GB, peak RSS {:.2} GB",
             export.wall_s,
             pq_bytes as f64 / 1e9,
-            export.max_rss_kib as f64 / 1048576.0
+            rss_gb(&export)
         ),
     });
     Ok(probes_pq)
@@ -336,7 +336,7 @@ fn duckdb_figures(opt: &Options, duck: &Timed, report: &Timed) -> [Figure; 2] {
                 duck.spread,
                 duck.process_s,
                 duck.cpu_s,
-                duck.max_rss_kib as f64 / 1048576.0
+                rss_gb(duck)
             ),
         },
         Figure {
@@ -355,9 +355,11 @@ fn compare_reports(python: &Path, script: &Path, report_pq: &Path, duck_pq: &Pat
         Command::new(python).arg(script).arg("compare").arg(report_pq).arg(duck_pq),
         "comparison of the two reports",
     )?;
+    let rows = check.stdout.trim();
+    let rows: f64 = rows.parse().with_context(|| format!("the comparison printed {rows:?}, not its row count"))?;
     Ok(Figure {
         what: "rows compared, every count and quantile equal".into(),
-        value: check.stdout.trim().parse::<f64>().unwrap_or(0.0),
+        value: rows,
         unit: "rows",
         note: "cluster, tor and rnic rows of every window".into(),
     })
@@ -502,7 +504,7 @@ fn timed_figure(what: String, records: f64, runs: usize, t: &Timed, extra: &str)
             t.spread,
             t.wall_s,
             t.cpu_s,
-            t.max_rss_kib as f64 / 1048576.0
+            rss_gb(t)
         ),
     }
 }

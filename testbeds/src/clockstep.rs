@@ -23,6 +23,7 @@ const AGENTS: usize = 2;
 const PPS: f64 = 50.0;
 const RUN_S: u64 = 16;
 const STEP_S: i64 = 20;
+const STEP_NS: u64 = STEP_S as u64 * 1_000_000_000;
 const TIMEOUT_MS: u64 = 500;
 /// How long around a step a probe is judged (beyond the timeout before it).
 const NEAR_S: f64 = 1.0;
@@ -176,9 +177,10 @@ pub fn run(agent: &Path, dir: &Path) -> anyhow::Result<Vec<Check>> {
         let how = if near { "" } else { ", away from the steps" };
         not_ok.push(format!("{} {}->{} {}{how}", outcome_name(r.outcome), r.prober, r.target, when.place(r.t1_ns)));
     }
-    // The spans around the two steps hold 2 x (0.5 + 1 + 1) s of both agents' probes (~500);
-    // 200 at least, or the check judged too little to mean anything.
-    let judged_min = (AGENTS as f64 * PPS * 4.0 * NEAR_S) as usize / 2;
+    // The spans around the two steps hold 2 x (timeout + 2 x NEAR_S) = 5 s of both agents'
+    // probes (~500); two fifths of that at least, or the check judged too little to mean anything.
+    let judged_expected = AGENTS as f64 * PPS * 2.0 * (TIMEOUT_MS as f64 / 1e3 + 2.0 * NEAR_S);
+    let judged_min = (judged_expected * 2.0 / 5.0) as usize;
     checks.push(Check {
         name: "clock step: no probe recorded lost".into(),
         ok: judged_lost == 0 && judged >= judged_min,
@@ -210,16 +212,13 @@ impl Timeline {
     /// by timers the step moved.
     fn near_a_step(&self, t1_ns: u64) -> bool {
         let (near_ns, timeout_ns) = ((NEAR_S * 1e9) as u64, TIMEOUT_MS * 1_000_000);
-        let stepped_ns = STEP_S as u64 * 1_000_000_000;
         // Each step's span, by the clock of each frame: from a timeout and NEAR_S before the
         // harness's reading, on through the instant it stepped (a probe the agent sent between the
         // harness's reading and clock_settime reads later than that reading; 10 ms covers it), and
         // from the clock it stepped to NEAR_S after it.
         let slack_ns = 10_000_000;
-        let spans = [
-            (self.forward_unix_ns, self.forward_unix_ns + stepped_ns),
-            (self.back_unix_ns + stepped_ns, self.back_unix_ns),
-        ];
+        let spans =
+            [(self.forward_unix_ns, self.forward_unix_ns + STEP_NS), (self.back_unix_ns + STEP_NS, self.back_unix_ns)];
         spans.iter().any(|&(before, after)| {
             (before.saturating_sub(timeout_ns + near_ns)..=before + slack_ns).contains(&t1_ns)
                 || (after.saturating_sub(slack_ns)..=after + near_ns).contains(&t1_ns)
@@ -228,11 +227,10 @@ impl Timeline {
 
     fn place(&self, t1_ns: u64) -> String {
         let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;
-        let stepped_ns = STEP_S as u64 * 1_000_000_000;
         // Between the steps the clock read 20 s ahead: later than anything the run reads after
         // the step back (it ends some 9 s after it), so that frame is told apart first.
-        if t1_ns >= self.forward_unix_ns + stepped_ns {
-            let (f, b) = (self.forward_unix_ns + stepped_ns, self.back_unix_ns + stepped_ns);
+        if t1_ns >= self.forward_unix_ns + STEP_NS {
+            let (f, b) = (self.forward_unix_ns + STEP_NS, self.back_unix_ns + STEP_NS);
             format!(
                 "sent between the steps, {:.0} ms after the step forward, {:.0} ms before the step back",
                 ms(t1_ns, f),
