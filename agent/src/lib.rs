@@ -15,11 +15,13 @@
 //!   same, kept in a fixed memory region a collector reads with RDMA READ.
 //! - [`caps`]: capabilities used during setup only, then dropped per thread.
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
-//! - [`config`]: the configuration file; [`demo`]: the embedded default (loopback shards);
-//!   [`describe`]: what `ctl inventory import` needs to know about this host.
+//! - [`cli`]: the `agent` command line; [`config`]: the configuration file; [`demo`]: the
+//!   embedded default (loopback shards) and its injected fault; [`describe`]: what `ctl
+//!   inventory import` needs to know about this host.
 
 pub mod auth;
 pub mod caps;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;

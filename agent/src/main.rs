@@ -1,76 +1,12 @@
 //! `agent`: the rocemesh probing daemon.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use rocemesh_agent::cli::{Cli, What};
 use rocemesh_agent::config::AgentConfig;
 use rocemesh_formats::pinglist::Pinglist;
-
-/// rocemesh agent: probes its pinglist's targets, answers other agents, writes segments.
-///
-/// Exit codes: 0 ran and stopped cleanly; 1 ran, but a shard failed; 2 could not start
-/// (invalid configuration or pinglist, a limit too low, an address in use).
-#[derive(Parser, Debug)]
-#[command(version, about, long_about)]
-struct Cli {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Subcommand, Debug)]
-enum What {
-    /// Run until SIGTERM (segments are sealed on the way out).
-    Run {
-        /// The configuration file (every key is documented in agent/src/config.rs).
-        #[arg(long)]
-        config: PathBuf,
-        /// Stop by itself after this many seconds (tests, benchmarks).
-        #[arg(long)]
-        duration_s: Option<u64>,
-    },
-    /// Validate the configuration and the pinglist it names, print what would run, and exit.
-    CheckConfig {
-        /// The configuration file.
-        #[arg(long)]
-        config: PathBuf,
-    },
-    /// Print this host's endpoints as `ctl inventory import` reads them (TOML on stdout).
-    Describe {
-        /// The configuration file.
-        #[arg(long)]
-        config: PathBuf,
-    },
-    /// The embedded default: loopback shards on 127.0.0.x probing each other; no RNIC needed.
-    Demo {
-        /// Where the generated config, pinglist and segments go.
-        #[arg(long, default_value = "out/agent")]
-        dir: PathBuf,
-        /// Number of shards (each on its own 127.0.0.x address).
-        #[arg(long, default_value_t = 3)]
-        shards: usize,
-        /// UDP port every shard binds.
-        #[arg(long, default_value_t = 18515)]
-        port: u16,
-        /// Seconds to run.
-        #[arg(long, default_value_t = 15)]
-        duration_s: u64,
-        /// Busy-poll shards instead of event-driven ones.
-        #[arg(long)]
-        busy_poll: bool,
-    },
-    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
-    /// `powershell`) generated from these definitions; packages install them.
-    #[command(hide = true)]
-    Generate {
-        /// `man`, or a shell.
-        what: String,
-        /// The command's name as installed (packages install `rocemesh-agent`).
-        #[arg(long, default_value = "agent")]
-        name: String,
-    },
-}
 
 /// `agent generate WHAT`: the man page or a shell's completions, on standard output.
 fn generate(what: &str, name: &str) -> std::io::Result<()> {
@@ -92,46 +28,63 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    let (config, duration) = match cli.what {
-        What::CheckConfig { config } => {
-            let cfg = AgentConfig::load(&config)?;
-            let pl = Pinglist::load(&cfg.pinglist)?;
-            rocemesh_agent::runtime::check_limits()?;
-            println!("{}: ok: host {}, {} shards, mode {:?}", config.display(), cfg.host, cfg.shards.len(), cfg.mode);
-            for s in &cfg.shards {
-                let n = pl.targets.iter().filter(|t| t.from == s.device).count();
-                println!(
-                    "  shard {} on core {} bound to {}: {n} targets, {:.1} probes/s",
-                    s.device,
-                    s.core,
-                    s.bind,
-                    pl.total_rate_pps(&s.device)
-                );
-            }
-            println!("{}: ok: generation {}, {} targets", cfg.pinglist.display(), pl.generation, pl.targets.len());
-            match cfg.metrics.listen {
-                Some(l) => println!("metrics: served at http://{l}/metrics"),
-                None => println!("metrics: off (no [metrics] listen)"),
-            }
-            return Ok(0);
+    match cli.what {
+        What::Run { config, duration_s } => {
+            run_agent(&AgentConfig::load(&config)?, duration_s.map(Duration::from_secs))
         }
+        What::CheckConfig { config } => check_config(&config),
         What::Describe { config } => {
             let cfg = AgentConfig::load(&config)?;
             print!("{}", rocemesh_agent::describe::describe(&cfg, std::path::Path::new("/sys")).to_toml_string()?);
-            return Ok(0);
+            Ok(0)
         }
-        What::Run { config, duration_s } => (config, duration_s.map(Duration::from_secs)),
-        What::Generate { what, name } => {
-            generate(&what, &name)?;
-            return Ok(0);
-        }
-        What::Demo { dir, shards, port, duration_s, busy_poll } => {
+        What::Demo { dir, shards, port, duration_s, busy_poll, inject_loss } => {
             let path = rocemesh_agent::demo::write(&dir, shards, port, busy_poll)?;
             eprintln!("agent demo: {shards} loopback shards for {duration_s} s; config {}", path.display());
-            (path, Some(Duration::from_secs(duration_s)))
+            let mut cfg = AgentConfig::load(&path)?;
+            match rocemesh_agent::demo::inject_loss(&mut cfg, inject_loss)? {
+                Some(rnic) => eprintln!(
+                    "agent demo: INJECTED FAULT: {rnic} silently ignores {:.0}% of the probes it receives \
+                     (--inject-loss 0 for none)",
+                    inject_loss * 100.0
+                ),
+                None => eprintln!("agent demo: no fault injected"),
+            }
+            run_agent(&cfg, Some(Duration::from_secs(duration_s)))
         }
-    };
-    let cfg = AgentConfig::load(&config)?;
-    let reports = rocemesh_agent::runtime::run(&cfg, duration)?;
+        What::Generate { what, name } => {
+            generate(&what, &name)?;
+            Ok(0)
+        }
+    }
+}
+
+/// `agent check-config`: the config and its pinglist load, the limits allow a start; what would run.
+fn check_config(config: &std::path::Path) -> Result<i32> {
+    let cfg = AgentConfig::load(config)?;
+    let pl = Pinglist::load(&cfg.pinglist)?;
+    rocemesh_agent::runtime::check_limits()?;
+    println!("{}: ok: host {}, {} shards, mode {:?}", config.display(), cfg.host, cfg.shards.len(), cfg.mode);
+    for s in &cfg.shards {
+        let n = pl.targets.iter().filter(|t| t.from == s.device).count();
+        println!(
+            "  shard {} on core {} bound to {}: {n} targets, {:.1} probes/s",
+            s.device,
+            s.core,
+            s.bind,
+            pl.total_rate_pps(&s.device)
+        );
+    }
+    println!("{}: ok: generation {}, {} targets", cfg.pinglist.display(), pl.generation, pl.targets.len());
+    match cfg.metrics.listen {
+        Some(l) => println!("metrics: served at http://{l}/metrics"),
+        None => println!("metrics: off (no [metrics] listen)"),
+    }
+    Ok(0)
+}
+
+/// Run `cfg`'s shards; 0 when every shard stopped cleanly, 1 when one failed.
+fn run_agent(cfg: &AgentConfig, duration: Option<Duration>) -> Result<i32> {
+    let reports = rocemesh_agent::runtime::run(cfg, duration)?;
     Ok(if reports.len() == cfg.shards.len() { 0 } else { 1 })
 }

@@ -1,10 +1,13 @@
-//! The `report`, `export`, `html` and `localize` subcommands: their arguments, and the path
-//! from segment files to output with the exit codes of [`crate::exit`]. Input problems (damaged or
-//! unreadable files) are listed on stderr and make the exit code 1; the output is still written
-//! from what could be read.
+//! The `analyze` command line ([`Cli`], in the library so that a test can parse the docs' command
+//! lines with the binary's own parser), and the `report`, `export`, `html` and `localize`
+//! subcommands: their arguments, and the path from segment files to output with the exit codes
+//! of [`crate::exit`]. Input problems (damaged or unreadable files) are listed on stderr and make
+//! the exit code 1; the output is still written from what could be read.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use clap::{Parser, Subcommand};
 
 use crate::export::{self, Compression};
 use crate::html::{self, HtmlReport};
@@ -13,6 +16,66 @@ use rocemesh_formats::inventory::Inventory;
 use crate::ingest::{self, Dataset, Fields};
 use crate::report::{self, DEFAULT_SCOPES, Format, Meta, Scope, Sla, Span};
 use crate::{exit, inspect};
+
+/// Analyse rocemesh segment files (open *.rseg and sealed *.rseg.zst).
+///
+/// Exit codes: 0 all input read cleanly; 1 ran, but some input was damaged or unreadable
+/// (reported, and skipped); 2 could not run (bad arguments, no input).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub what: What,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum What {
+    /// Say which RNIC, ToR, link or spine is at fault, window by window.
+    ///
+    /// Also which hosts were too noisy to count as evidence. Probes dropped on the prober's own
+    /// host are never evidence; RTTs are judged against the fleet baseline of their own timestamp
+    /// source. Traced service connections (jobs' RDMA QPs) are then ranked by how the findings on
+    /// their path and their own probes say they were hurt. The method and where it fails: the
+    /// operator's guide (docs/GUIDE.md) and docs/design/localisation.md.
+    Localize(LocalizeArgs),
+    /// SLA report per window and scope: probe counts, loss ratio and delay quantiles.
+    ///
+    /// The scopes are cluster, ToR, RNIC, ToR pair, pair and traced service connection; rows
+    /// breaking the SLA come first.
+    ///
+    /// Every row counts probes, ok, lost, partial, invalid, refused, local_drop and unreachable,
+    /// and a loss ratio; what each record counts as:
+    /// docs/design/analysis.md#what-a-probe-counts-as. Its ts_source column names the timestamp
+    /// sources of its delay quantiles: nic, host_poll, kernel_software or kernel_hardware, or
+    /// mixed(a+b) when samples of several sources were pooled (their delays are not comparable).
+    Report(ReportArgs),
+    /// Report continuously over a collection directory, window by window, as JSON lines.
+    ///
+    /// A window's rows are written once it is complete (the fleet's time, the newest record more
+    /// than a quarter of the live hosts wrote, is --grace-s past it); late and damaged files are
+    /// said; the position survives restarts (--state). The rows are `report`'s, number for number.
+    Watch(WatchArgs),
+    /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
+    Export(ExportArgs),
+    /// Write one self-contained HTML page: ToR and RNIC heatmaps, SLA violations, findings.
+    Html(HtmlArgs),
+    /// Validate segments and list what each holds and what a reader has to skip in it.
+    Inspect {
+        /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+    },
+    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
+    /// `powershell`) generated from these definitions; packages install them.
+    #[command(hide = true)]
+    Generate {
+        /// `man`, or a shell.
+        what: String,
+        /// The command's name as installed (packages install `rocemesh-analyze`).
+        #[arg(long, default_value = "analyze")]
+        name: String,
+    },
+}
 
 /// SLA thresholds: flags, or a file, not both.
 #[derive(clap::Args, Debug, Clone)]
@@ -197,18 +260,30 @@ pub struct WatchArgs {
     pub dir: PathBuf,
 }
 
+/// How `analyze localize` prints its findings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FindingsFormat {
+    /// Findings with their evidence, then the traced services they touch.
+    Table,
+    /// The findings shape `testbeds score` reads (testbeds/scenarios/README.md), plus `services`.
+    Json,
+}
+
 /// `analyze localize`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LocalizeArgs {
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
-    /// `table` (findings with their evidence, then the traced services they touch) or `json`
-    /// (the findings shape `testbeds score` reads: testbeds/scenarios/README.md, plus `services`).
-    #[arg(long, default_value = "table")]
-    pub format: String,
-    /// Also write the JSON document to this file (whatever --format prints).
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = FindingsFormat::Table)]
+    pub format: FindingsFormat,
+    /// Write here instead of standard output.
     #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also write the JSON document to this file, whatever --format prints (earlier releases'
+    /// spelling of `--format json --output FILE` beside the table; kept for one release).
+    #[arg(long, hide = true)]
     pub json: Option<PathBuf>,
     /// Window length in seconds; windows are wall-clock aligned so all agents' coincide.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400 * 366))]
@@ -587,11 +662,6 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
 
 /// Runs `analyze localize`; returns the exit code.
 pub fn localize(args: &LocalizeArgs) -> i32 {
-    let format = args.format.as_str();
-    if format != "table" && format != "json" {
-        eprintln!("analyze localize: --format {format} is not supported; use table or json");
-        return exit::USAGE;
-    }
     let sla = match args.sla.resolve_for("localize") {
         Ok(s) => s,
         Err(code) => return code,
@@ -621,26 +691,31 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
     let result = crate::localize::localize_ranges(&mut plan, ranges, &opts);
     let ds = plan.finish();
     say_problems("localize", &ds, inv.as_ref());
-    if format == "json" || args.json.is_some() {
-        let text = match serde_json::to_string_pretty(&result) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("analyze localize: cannot encode findings: {e}");
-                return exit::USAGE;
-            }
-        };
-        if let Some(path) = &args.json
-            && let Err(e) = std::fs::write(path, format!("{text}\n"))
-        {
-            eprintln!("analyze localize: {}: write the JSON findings: {e}", path.display());
+    let json = match serde_json::to_string_pretty(&result) {
+        Ok(s) => format!("{s}\n"),
+        Err(e) => {
+            eprintln!("analyze localize: cannot encode findings: {e}");
             return exit::USAGE;
         }
-        if format == "json" {
-            println!("{text}");
-        }
+    };
+    if let Some(path) = &args.json
+        && let Err(e) = std::fs::write(path, &json)
+    {
+        eprintln!("analyze localize: {}: write the JSON findings: {e}", path.display());
+        return exit::USAGE;
     }
-    if format == "table" {
-        print!("{}", crate::localize::render_table(&result));
+    let text = match args.format {
+        FindingsFormat::Json => json,
+        FindingsFormat::Table => crate::localize::render_table(&result),
+    };
+    match &args.output {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("analyze localize: {}: write the findings: {e}", path.display());
+                return exit::USAGE;
+            }
+        }
+        None => print!("{text}"),
     }
     outcome(!ds.problems.is_empty())
 }

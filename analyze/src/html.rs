@@ -1,6 +1,7 @@
-//! `analyze html`: one self-contained HTML page for operators: ToR x ToR and RNIC x RNIC
-//! heatmaps of loss ratio and RTT p99 over the whole range, the SLA violations, and the
-//! findings of `analyze localize` with the traced service connections they touch.
+//! `analyze html`: one self-contained HTML page for operators: loss ratio and RTT p99 per window
+//! with the findings on the same time axis ([`timeline`]), ToR x ToR and RNIC x RNIC heatmaps of
+//! loss ratio and RTT p99 over the whole range, the SLA violations, and the findings of `analyze
+//! localize` with the traced service connections they touch.
 //!
 //! Self-contained means inline CSS and JS and nothing fetched: the page is mailed, attached to
 //! tickets and opened on bastions without internet access. The heatmaps are drawn by a few
@@ -19,6 +20,9 @@ use crate::localize::ServiceImpact;
 use crate::probe::Class;
 use crate::quantile::nearest_rank_index;
 use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
+
+pub mod timeline;
+use timeline::Timeline;
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
 pub const MAX_HEATMAP_AXIS: usize = 256;
@@ -89,6 +93,8 @@ pub struct HtmlReport {
     pub rnic_pairs: Vec<PairCell>,
     /// Per-window rows (cluster, ToR pair, ToR, RNIC) that break the SLA.
     pub violations: Vec<Row>,
+    /// Per-window figures of the cluster and the ToR pairs, for the time charts.
+    pub timeline: Timeline,
 }
 
 /// The scopes of the violations listed.
@@ -105,6 +111,8 @@ impl HtmlReport {
             Ok(cells)
         };
         let mut violations = prepared.rows(&VIOLATION_SCOPES, Span::PerWindow, &sla)?;
+        let mut timeline = Timeline::default();
+        timeline.add(&violations);
         violations.retain(|r| !r.sla_violations.is_empty());
         let range_ns = prepared.windows.map(|(a, b)| {
             (a.saturating_mul(prepared.window_ns), b.saturating_add(1).saturating_mul(prepared.window_ns))
@@ -114,6 +122,7 @@ impl HtmlReport {
             tor_pairs: whole(Scope::TorPair)?,
             rnic_pairs: whole(Scope::Pair)?,
             violations,
+            timeline,
             meta,
         })
     }
@@ -130,6 +139,7 @@ impl HtmlReport {
         let mut p99 = PairP99::new(&plan.ds.rnics);
         let mut sums: BTreeMap<(Scope, String), (Row, u64)> = BTreeMap::new();
         let mut violations = Vec::new();
+        let mut timeline = Timeline::default();
         let (mut windows, mut unknown_outcomes): (Option<(u64, u64)>, u64) = (None, 0);
         plan.rewind();
         for &(from, to) in ranges {
@@ -141,6 +151,7 @@ impl HtmlReport {
                 windows = Some(windows.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
             }
             let mut v = prepared.rows(&VIOLATION_SCOPES, Span::PerWindow, &sla)?;
+            timeline.add(&v);
             v.retain(|r| !r.sla_violations.is_empty());
             violations.extend(v);
             for r in prepared.rows(&[Scope::TorPair, Scope::Pair], Span::WholeRange, &sla)? {
@@ -193,7 +204,7 @@ impl HtmlReport {
         }
         let range_ns =
             windows.map(|(a, b)| (a.saturating_mul(window_ns), b.saturating_add(1).saturating_mul(window_ns)));
-        Ok((HtmlReport { meta, range_ns, tor_pairs, rnic_pairs, violations }, unknown_outcomes))
+        Ok((HtmlReport { meta, range_ns, tor_pairs, rnic_pairs, violations, timeline }, unknown_outcomes))
     }
 }
 
@@ -406,14 +417,83 @@ pub fn render(
     h.push_str("</style></head><body>\n<h1>rocemesh fabric report</h1>\n");
 
     render_summary(&mut h, report);
+    let chart = render_timeline(&mut h, report, findings);
     render_findings(&mut h, findings);
     render_services(&mut h, services);
     let maps = render_heatmaps(&mut h, report);
     render_violations(&mut h, report);
-    // Data for the heatmaps: `<` is escaped so that no name can close the script element.
-    let data = serde_json::to_string(&maps)?.replace('<', "\\u003c");
-    let _ = write!(h, "<script>const MAPS = {data};\n{JS}</script>\n</body></html>\n");
+    let spans: Vec<ChartSpan> = findings.unwrap_or_default().iter().map(ChartSpan::of).collect();
+    let sla = report.meta.sla;
+    let _ = write!(
+        h,
+        "<script>const MAPS = {};\nconst CHART = {};\nconst SPANS = {};\n\
+         const CHART_SLA = {{\"loss\": {}, \"rtt_us\": {}}};\n{JS}\n{}</script>\n</body></html>\n",
+        script_json(&maps)?,
+        script_json(&chart)?,
+        script_json(&spans)?,
+        sla.loss_ratio,
+        sla.rtt_p99_us,
+        timeline::JS
+    );
     Ok(h)
+}
+
+/// `v` as JSON for the page's script: `<` is escaped so that no name can close the script element.
+fn script_json<T: Serialize>(v: &T) -> Result<String, ReportError> {
+    Ok(serde_json::to_string(v)?.replace('<', "\\u003c"))
+}
+
+/// A finding as the time charts draw it: a span, in seconds since the epoch.
+#[derive(Serialize)]
+struct ChartSpan<'a> {
+    kind: &'a str,
+    entity: &'a str,
+    start: u64,
+    /// None while it lasts to the end of the data.
+    end: Option<u64>,
+}
+
+impl ChartSpan<'_> {
+    fn of(f: &FindingRow) -> ChartSpan<'_> {
+        ChartSpan {
+            kind: &f.kind,
+            entity: &f.entity,
+            start: f.start_ns / 1_000_000_000,
+            end: f.end_ns.map(|e| e.div_ceil(1_000_000_000)),
+        }
+    }
+}
+
+/// The time charts' section; returns their data, which the page's script draws.
+fn render_timeline(h: &mut String, report: &HtmlReport, findings: Option<&[FindingRow]>) -> timeline::Chart {
+    let chart = report.timeline.chart(report.meta.window_s);
+    h.push_str("<section><h2>Over time</h2>");
+    if chart.is_empty() {
+        h.push_str("<p>No probes.</p></section>\n");
+        return chart;
+    }
+    let per_point = if chart.bucket_windows > 1 {
+        format!("each point the worst of {} windows", chart.bucket_windows)
+    } else {
+        "one point per window".to_owned()
+    };
+    let spans = match findings {
+        None => "no findings drawn (localisation was not run)",
+        Some([]) => "no findings to draw",
+        Some(_) => "the findings shaded, labelled by kind and entity",
+    };
+    let _ = writeln!(
+        h,
+        "<p class=\"note\">Cluster in blue ({per_point}); the SLA threshold dashed red; {spans}. \
+         ToR pair <select id=\"pair\"><option value=\"\">none</option></select> drawn in orange \
+         (pick one of the {} of {} pairs that lost the most). Hover for the figures.</p>\
+         <figure><figcaption>loss ratio per window</figcaption><canvas id=\"time-loss\"></canvas></figure>\
+         <figure><figcaption>network RTT p99 per window</figcaption><canvas id=\"time-rtt\"></canvas></figure>\
+         </section>",
+        chart.pairs_shown(),
+        chart.pairs_total
+    );
+    chart
 }
 
 /// The summary section: the range read, the SLA, the input problems, how probes count.
@@ -706,15 +786,21 @@ mod tests {
     use super::*;
 
     fn row(a: &str, b: &str, loss: Option<f64>) -> Row {
+        Row { ends: Some((a.into(), b.into())), ..row_of(Scope::Pair, &format!("{a}->{b}"), 0, 0, loss) }
+    }
+
+    /// A report row of `scope` and `entity` in the window starting at `window_start_ns`: 10
+    /// probes, `lost` of them lost, RTT p50/p99/p99.9 of 1, 2 and 3 ns.
+    pub(super) fn row_of(scope: Scope, entity: &str, window_start_ns: u64, lost: u64, loss: Option<f64>) -> Row {
         Row {
-            window_start_ns: 0,
-            window_start: utc(0),
-            scope: Scope::Pair,
-            entity: format!("{a}->{b}"),
-            ends: Some((a.into(), b.into())),
+            window_start_ns,
+            window_start: utc(window_start_ns),
+            scope,
+            entity: entity.into(),
+            ends: None,
             probes: 10,
-            ok: 10,
-            lost: 0,
+            ok: 10 - lost.min(10),
+            lost,
             partial: 0,
             invalid: 0,
             refused: 0,
@@ -844,6 +930,7 @@ mod tests {
             tor_pairs: Vec::new(),
             rnic_pairs: PairCell::of(&r).into_iter().collect(),
             violations: vec![r],
+            timeline: Timeline::default(),
         };
         let page = render(&rep, None, None).expect("render");
         assert!(page.contains("<th>local drop</th>") && page.contains("<td>42</td>"), "local drops shown");
@@ -866,6 +953,7 @@ mod tests {
             tor_pairs: PairCell::of(&row("</script><script>alert(1)</script>", "t", Some(0.0))).into_iter().collect(),
             rnic_pairs: Vec::new(),
             violations: Vec::new(),
+            timeline: Timeline::default(),
         };
         let page = render(&rep, None, None).expect("render");
         assert!(!page.contains("</script><script>alert"));

@@ -1,65 +1,8 @@
 //! `analyze`: questions about shipped segments, answered from the files alone.
 
-use std::path::PathBuf;
-
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use rocemesh_analyze::cli::{Cli, What};
 use rocemesh_analyze::{exit, inspect};
-
-/// Analyse rocemesh segment files (open *.rseg and sealed *.rseg.zst).
-///
-/// Exit codes: 0 all input read cleanly; 1 ran, but some input was damaged or unreadable
-/// (reported, and skipped); 2 could not run (bad arguments, no input).
-#[derive(Parser, Debug)]
-#[command(version, about, long_about)]
-struct Cli {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Subcommand, Debug)]
-enum What {
-    /// Say which RNIC, ToR, link or spine is at fault, window by window, and which hosts were too
-    /// noisy to count as evidence (the method: docs/design/localisation.md, and the module
-    /// documentation of analyze/src/localize/mod.rs). Probes dropped on the prober's own host are
-    /// never evidence; RTTs are judged against the fleet baseline of their own timestamp source.
-    /// Traced service connections (jobs' RDMA QPs) are then ranked by how the findings on their
-    /// path and their own probes say they were hurt.
-    Localize(rocemesh_analyze::cli::LocalizeArgs),
-    /// SLA report per window and scope (cluster, ToR, RNIC, ToR pair, pair, traced service
-    /// connection): probe counts, loss ratio and delay quantiles; rows breaking the SLA first.
-    ///
-    /// Every row counts probes, ok, lost, partial, invalid, refused, local_drop and unreachable,
-    /// and a loss ratio; what each record counts as:
-    /// docs/design/analysis.md#what-a-probe-counts-as. Its ts_source column names the timestamp
-    /// sources of its delay quantiles: nic, host_poll, kernel_software or kernel_hardware, or
-    /// mixed(a+b) when samples of several sources were pooled (their delays are not comparable).
-    Report(rocemesh_analyze::cli::ReportArgs),
-    /// Report continuously over a collection directory: each window's report rows as JSON
-    /// lines, once the window is complete (the fleet's time, the newest record more than a quarter
-    /// of the live hosts wrote, is --grace-s past it); late and damaged files are said; the
-    /// position survives restarts (--state). The rows are `report`'s, number for number.
-    Watch(rocemesh_analyze::cli::WatchArgs),
-    /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
-    Export(rocemesh_analyze::cli::ExportArgs),
-    /// Write one self-contained HTML page: ToR and RNIC heatmaps, SLA violations, findings.
-    Html(rocemesh_analyze::cli::HtmlArgs),
-    /// Validate segments and list what each holds and what a reader has to skip in it.
-    Inspect {
-        /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
-        #[arg(required = true)]
-        inputs: Vec<PathBuf>,
-    },
-    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
-    /// `powershell`) generated from these definitions; packages install them.
-    #[command(hide = true)]
-    Generate {
-        /// `man`, or a shell.
-        what: String,
-        /// The command's name as installed (packages install `rocemesh-analyze`).
-        #[arg(long, default_value = "analyze")]
-        name: String,
-    },
-}
 
 /// polars allocates and frees column-sized buffers at every step of a query. glibc hands them
 /// back to the kernel and faults them in again page by page (page faults took 38% of `analyze

@@ -337,7 +337,8 @@ fn services_by_name(doc: &Value) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// `localize --inventory --json`: the lossy link is found; A (through it, lossy itself) ranks
+/// `localize --inventory --json` (the spelling of earlier releases, kept hidden: the table on
+/// standard output and the JSON in a file): the lossy link is found; A (through it, lossy itself) ranks
 /// first as high and confirmed; C (lossy, nothing on its path) is high with a note; D (through
 /// it, clean) is medium; B is unaffected.
 #[test]

@@ -164,7 +164,7 @@ fn time_localize(opt: &Options, segments: &Path, json: &Path, range_records: Opt
     // `--range-records` None: the default ranges; Some(n): ranges of n records.
     median_of(opt.runs, || {
         let mut cmd = Command::new(&opt.analyze_bin);
-        cmd.args(["localize", "--window-s", &window, "--format", "table", "--json"]).arg(json);
+        cmd.args(["localize", "--window-s", &window, "--format", "json", "--output"]).arg(json);
         if let Some(n) = range_records {
             cmd.arg("--range-records").arg(n.to_string());
         }

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod analyze;
 pub mod auth;
+pub mod cli;
 pub mod collect;
 pub mod formats;
 pub mod pinglists;

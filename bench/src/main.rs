@@ -1,125 +1,13 @@
 //! `bench`: run a benchmark and print its report.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use rocemesh_bench::cli::{Cli, What};
 
 /// ctl's and analyze's allocator, so that what the bench times in-process (inventory load,
 /// pinglist generation) is what those binaries do.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// rocemesh benchmarks (run with --release; debug numbers are meaningless).
-#[derive(Parser, Debug)]
-#[command(version, about)]
-struct Cli {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Subcommand, Debug)]
-enum What {
-    /// Probe authentication's cost per packet (seal, parse, admit) against the unauthenticated
-    /// packet path, in process.
-    Auth {
-        /// Packets timed each way (at most what the replay table holds in one 2 s window).
-        #[arg(long, default_value_t = 60_000)]
-        packets: u64,
-    },
-    /// Agent processes on loopback: CPU per probe (event mode, 10k/s), busy-poll ceiling, RSS
-    /// with 10k targets. Needs the agent binary: `cargo build --release -p rocemesh-agent`.
-    Agent {
-        /// Seconds each of the three runs lasts (the first and last second are not measured).
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// The agent binary (default: `agent` next to this binary).
-        #[arg(long)]
-        agent_bin: Option<std::path::PathBuf>,
-    },
-    /// `analyze report` end to end on a fleet's segments (default 10^8 records, ~4.8 GB) against
-    /// DuckDB running the same aggregation on a Parquet export, with a row-by-row check that both
-    /// agree; and `analyze localize`, in ranges and in one range, with the same output. Needs the analyze binary: `cargo build --release -p rocemesh-analyze`; installs
-    /// DuckDB from PyPI into ~/.cache/rocemesh/venv on first use.
-    Analyze {
-        /// Probe records in all.
-        #[arg(long, default_value_t = 100_000_000)]
-        records: u64,
-        /// RNICs, one segment writer each; a multiple of 32 (RNICs per ToR), at least 64.
-        #[arg(long, default_value_t = 64)]
-        rnics: usize,
-        /// Seal the segments with zstd as agents ship them (default: open, uncompressed).
-        #[arg(long)]
-        sealed: bool,
-        /// Report window, seconds.
-        #[arg(long, default_value_t = 30)]
-        window_s: u64,
-        /// Timed runs of analyze and of DuckDB each; the medians are compared.
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Where data and outputs go (default: bench-analyze under $CARGO_TARGET_DIR or
-        /// ~/.cache/rocemesh/target); the generated segments are reused by later runs.
-        #[arg(long)]
-        dir: Option<std::path::PathBuf>,
-        /// The analyze binary (default: `analyze` next to this binary).
-        #[arg(long)]
-        analyze_bin: Option<std::path::PathBuf>,
-        /// Also run `analyze report` and `analyze localize` alone on this many records of the
-        /// same fleet (a longer stretch of time), for their peak RSS against the first size's:
-        /// memory should follow the fleet and window, not the hours read.
-        #[arg(long)]
-        scale_records: Option<u64>,
-        /// Where the data of --scale-records goes (default: `DIR-scale`).
-        #[arg(long)]
-        scale_dir: Option<std::path::PathBuf>,
-    },
-    /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
-    Formats {
-        /// Records to write (realistic shard traffic, see bench/src/synth.rs).
-        #[arg(long, default_value_t = 8_000_000)]
-        records: usize,
-        /// Records per chunk (the writer's default is 4096).
-        #[arg(long, default_value_t = 4096)]
-        chunk_records: usize,
-        /// Size of each open segment in MiB (the writer's default is 64).
-        #[arg(long, default_value_t = 64)]
-        segment_mib: u64,
-        /// zstd level used for sealing (the agent's default is 3).
-        #[arg(long, default_value_t = 3)]
-        zstd_level: i32,
-        /// Keep the sealed segments in this directory (for `analyze inspect`).
-        #[arg(long)]
-        keep: Option<std::path::PathBuf>,
-    },
-    /// `ctl collect` from one host (a throwaway sshd on loopback) against `scp -r` of the same
-    /// sealed segments. Needs `cargo build --release -p rocemesh-ctl` and openssh-server.
-    Collect {
-        /// MiB of sealed segments to move.
-        #[arg(long, default_value_t = 256)]
-        mib: u64,
-        /// The ctl binary (default: `ctl` next to this binary).
-        #[arg(long)]
-        ctl_bin: Option<std::path::PathBuf>,
-    },
-    /// ctl gen-pinglists on a large fabric: in memory and to files, beside cloning and
-    /// serialising the inventory.
-    GenPinglists {
-        /// ToRs in the fabric.
-        #[arg(long, default_value_t = 3125)]
-        tors: usize,
-        /// One-RNIC hosts under each ToR.
-        #[arg(long, default_value_t = 32)]
-        hosts_per_tor: usize,
-        /// Spines (ECMP paths; the flow labels per inter-ToR target follow from it).
-        #[arg(long, default_value_t = 4)]
-        spines: usize,
-        /// Other ToRs each RNIC probes per generation.
-        #[arg(long, default_value_t = 5)]
-        inter_tor_peers: usize,
-        /// Write the files under this directory (default: the system's temporary directory;
-        /// /dev/shm measures ctl rather than the disk).
-        #[arg(long)]
-        dir: Option<std::path::PathBuf>,
-    },
-}
 
 fn main() -> Result<()> {
     let cli = Cli::parse();

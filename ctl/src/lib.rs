@@ -24,8 +24,10 @@
 //! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
 //! - [`scrape`]: the agents' live views, read with RDMA READ (the agents do nothing).
+//! - [`cli`]: the `ctl` command line's arguments (the binary runs them).
 
 pub mod check;
+pub mod cli;
 pub mod collect;
 /// The host description format, which lives in `formats` with the other contracts.
 pub use rocemesh_formats::describe;

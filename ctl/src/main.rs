@@ -1,17 +1,21 @@
 //! `ctl`: the file-based controller, run by operators from a bastion host.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use rocemesh_ctl::generation::{self, GenOptions, Generator};
+use rocemesh_ctl::cli::{
+    Cli, CollectArgs, DiffArgs, GenArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs, ScrapeArgs, StatusArgs,
+    SwitchAddrsArgs, What,
+};
+use rocemesh_ctl::generation::{GenOptions, Generator};
 use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
 use rocemesh_ctl::pinglist_dir::{self, Manifest, PinglistDir};
 use rocemesh_ctl::push::{self, Destination};
-use rocemesh_ctl::remote::{RemotePath, Ssh};
+use rocemesh_ctl::remote::RemotePath;
 use rocemesh_ctl::switch_addrs::{self, AddrList};
 use rocemesh_ctl::{check, collect, diff, status};
 use rocemesh_formats::inventory::Inventory;
@@ -25,377 +29,6 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const OK: i32 = 0;
 const PROBLEMS: i32 = 1;
 const CANNOT_RUN: i32 = 2;
-
-/// The rocemesh controller: inventory, pinglist generation, and pushing pinglists to agents.
-///
-/// Exit codes: 0 done and nothing wrong; 1 ran, but found problems (a host failed, a host is
-/// stale, the inventory has problems); 2 could not run (bad arguments, invalid input).
-#[derive(Parser, Debug)]
-#[command(version, about, long_about)]
-struct Cli {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Subcommand, Debug)]
-enum What {
-    /// Check or build the fabric inventory.
-    #[command(subcommand)]
-    Inventory(InventoryCmd),
-    /// Write one pinglist per host into a directory.
-    GenPinglists(GenArgs),
-    /// Copy each host's pinglist to the host (ssh) or into a shared directory, atomically; the
-    /// fleet key file (`ctl keys rotate`) goes with it.
-    PushPinglist(PushArgs),
-    /// The fleet key that authenticates every probe and ACK (agent config: `[auth] keys`).
-    #[command(subcommand)]
-    Keys(KeysCmd),
-    /// Show what a push would change on each host.
-    Diff(DiffArgs),
-    /// Show which hosts hold the current generation, and which are stale or missing.
-    Status(StatusArgs),
-    /// Pull the agents' sealed segments into a collection directory (DATE/HOST/SHARD/FILE),
-    /// verified on arrival; resumable: a re-run fetches only what is missing.
-    Collect(CollectArgs),
-    /// Read the agents' live views with RDMA READ (agent `[view]`): the agents do nothing while
-    /// read. Prints JSON lines (one per consistent snapshot) and a summary; `--prom` keeps a
-    /// Prometheus text file. Exit 1 if a target could not be read at the end.
-    Scrape(ScrapeArgs),
-    /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
-    /// `powershell`) generated from these definitions; packages install them.
-    #[command(hide = true)]
-    Generate {
-        /// `man`, or a shell.
-        what: String,
-        /// The command's name as installed (packages install `rocemesh-ctl`).
-        #[arg(long, default_value = "ctl")]
-        name: String,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-enum KeysCmd {
-    /// Add a new key to DIR/fleet-keys.toml (creating it): accepted by every agent as soon as
-    /// it arrives, sent with after --grace-s; the key in force stays accepted --grace-s after
-    /// that. Push within the grace (`ctl push-pinglist --from DIR`) and no probe is refused.
-    Rotate {
-        /// The pinglist directory (what `ctl push-pinglist --from` reads).
-        #[arg(long)]
-        dir: PathBuf,
-        /// Seconds until agents send with the new key, and that the old one is accepted after.
-        /// The first key of a fleet too: agents accept unauthenticated packets until they send
-        /// authenticated ones themselves, so push it everywhere within the grace. A host the push
-        /// missed refuses and is refused; both ends record such probes as `refused`, not lost.
-        #[arg(long, default_value_t = 900)]
-        grace_s: u64,
-    },
-    /// Show the keys of DIR/fleet-keys.toml and their times (never the secrets).
-    Show {
-        /// The pinglist directory.
-        #[arg(long)]
-        dir: PathBuf,
-    },
-}
-
-#[derive(Subcommand, Debug)]
-enum InventoryCmd {
-    /// Validate an inventory and summarise the fabric (hosts, RNICs, ToRs, rails, spines, links,
-    /// switch addresses).
-    Check {
-        /// The inventory file.
-        inventory: PathBuf,
-    },
-    /// Build an inventory from `agent describe` output plus where each port is cabled.
-    ///
-    /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
-    /// problems (they are printed; the file is written all the same).
-    Import(ImportArgs),
-    /// Set switches' own addresses (`addrs`) from a `switch,addr` list.
-    ///
-    /// A path trace knows a hop only by the address that answered; `analyze` names the hop after
-    /// the switch whose `addrs` list it, and leaves out traces through addresses none lists.
-    ///
-    /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
-    /// problems (they are printed; the file is written all the same).
-    SwitchAddrs(SwitchAddrsArgs),
-}
-
-#[derive(Args, Debug)]
-struct SwitchAddrsArgs {
-    /// The inventory to start from.
-    #[arg(long)]
-    inventory: PathBuf,
-    /// The address list: CSV lines `switch,addr` (`spine1,172.16.255.1`), one address per line,
-    /// a switch on as many lines as it has addresses (interfaces, loopback); `#` comments and
-    /// blank lines are ignored, a first line `switch,addr` is a header. Every switch it names gets
-    /// exactly the listed addresses (its previous `addrs` are replaced); the others keep theirs.
-    #[arg(long)]
-    map: PathBuf,
-    /// Where to write the result; default: rewrite --inventory in place (needs --force). The
-    /// file is written from what it declares: comments and layout are not kept.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Replace the output file: --inventory itself when there is no --out, else an existing --out.
-    #[arg(long)]
-    force: bool,
-}
-
-#[derive(Args, Debug)]
-struct ImportArgs {
-    /// Host descriptions (`agent describe` output): files, or directories of *.toml files.
-    #[arg(required = true)]
-    descriptions: Vec<PathBuf>,
-    /// Where to write the inventory.
-    #[arg(long)]
-    out: PathBuf,
-    /// Replace --out if it exists.
-    #[arg(long)]
-    force: bool,
-    /// ToR map: CSV lines `host,device,tor[,rail]` (`device` may be `*`: every RNIC of the host).
-    #[arg(long, conflicts_with_all = ["tor_name", "host_regex"])]
-    tor_map: Option<PathBuf>,
-    /// ToR name template: `{host}`, `{device}`, `{rail}` and the groups of --host-regex
-    /// (`tor-{rack}`); with --rail-optimised and no template, `rail{rail}`.
-    #[arg(long)]
-    tor_name: Option<String>,
-    /// Regex every host name must match; its named or numbered groups fill --tor-name.
-    #[arg(long)]
-    host_regex: Option<String>,
-    /// Rail-optimised fabric: RNIC k of every host is under the ToR of rail k (k in natural
-    /// device-name order over all hosts, or as given by --rail-devices); every ToR gets a rail.
-    #[arg(long)]
-    rail_optimised: bool,
-    /// Device names in rail order, e.g. `mlx5_0,mlx5_3,mlx5_4` (with --rail-optimised).
-    #[arg(long, value_delimiter = ',', requires = "rail_optimised")]
-    rail_devices: Option<Vec<String>>,
-    /// Add N spines named spine0.. (equal-cost paths for flow-label sizing).
-    #[arg(long, default_value_t = 0)]
-    spines: usize,
-    /// Link every ToR to every spine (two-tier Clos).
-    #[arg(long)]
-    link_all: bool,
-    /// Start from this inventory: its switches and links are kept, and so are its hosts that
-    /// are not described again.
-    #[arg(long)]
-    base: Option<PathBuf>,
-}
-
-#[derive(Args, Debug)]
-struct GenArgs {
-    /// The inventory file.
-    #[arg(long)]
-    inventory: PathBuf,
-    /// Output directory: one `<host>.toml` per host, plus `generation.ctl`.
-    #[arg(long)]
-    out: PathBuf,
-    /// Seed for the ToR rings, the RNIC rotation and the flow labels; keep it across
-    /// generations so that coverage rotates as computed.
-    #[arg(long)]
-    seed: u64,
-    /// Generation number; default: one more than the last generation written to --out.
-    #[arg(long)]
-    generation: Option<u64>,
-    /// Generation time written into every pinglist, ns since the Unix epoch; default: now.
-    /// Pass it for byte-identical output.
-    #[arg(long)]
-    now_unix_ns: Option<u64>,
-    /// Other ToRs each RNIC probes per generation (K).
-    #[arg(long, default_value_t = generation::DEFAULT_INTER_TOR_PEERS)]
-    inter_tor_peers: usize,
-    /// Equal-cost paths between two ToRs (m); default: the inventory's spines, else 4.
-    #[arg(long)]
-    ecmp_paths: Option<u32>,
-    /// Probability that one inter-ToR target's flow labels cover all m paths (p).
-    #[arg(long, default_value_t = generation::DEFAULT_COVERAGE_PROBABILITY)]
-    coverage_probability: f64,
-    /// Probes per second to each ToR-mesh target.
-    #[arg(long, default_value_t = generation::DEFAULT_TOR_MESH_RATE_PPS)]
-    tor_mesh_rate_pps: f64,
-    /// Probes per second to each inter-ToR target.
-    #[arg(long, default_value_t = generation::DEFAULT_INTER_TOR_RATE_PPS)]
-    inter_tor_rate_pps: f64,
-    /// Flow labels per ToR-mesh target (one path under a ToR: 1).
-    #[arg(long, default_value_t = 1)]
-    tor_mesh_flow_labels: usize,
-    /// Responder port written into every target: the agents' UDP port and RDMA CM service
-    /// port (the agent then resolves the UD QPN at run time; `qpn = 0` is written).
-    #[arg(long)]
-    probe_port: Option<u16>,
-    /// Probe timeout written into every pinglist.
-    #[arg(long, default_value_t = rocemesh_formats::pinglist::DEFAULT_TIMEOUT_MS)]
-    timeout_ms: u32,
-    /// On a rail-optimised fabric, probe between rails too (by default only within a rail:
-    /// there is no cross-rail RDMA traffic to protect).
-    #[arg(long)]
-    cross_rail: bool,
-}
-
-/// Where pinglists are on the hosts, and how to reach them.
-#[derive(Args, Debug)]
-struct ReachArgs {
-    /// Path of the pinglist on each host; `{host}` is replaced by the host's name.
-    #[arg(long, default_value = "/etc/rocemesh/pinglist.toml", conflicts_with = "to_dir")]
-    remote_path: String,
-    /// Instead of ssh: a directory on a shared filesystem, DIR/<host>/pinglist.toml.
-    #[arg(long)]
-    to_dir: Option<PathBuf>,
-    #[command(flatten)]
-    ssh: SshArgs,
-}
-
-/// How hosts are reached over ssh.
-#[derive(Args, Debug)]
-struct SshArgs {
-    /// Options for ssh, before ctl's own (which they override), split at spaces; repeatable:
-    /// `--ssh-option "-F ./ssh_config" --ssh-option "-o User=ops"`.
-    #[arg(long, allow_hyphen_values = true)]
-    ssh_option: Vec<String>,
-    /// The ssh client to run.
-    #[arg(long, default_value = "ssh")]
-    ssh_program: PathBuf,
-    /// ssh ConnectTimeout, seconds.
-    #[arg(long, default_value_t = 10)]
-    connect_timeout_secs: u32,
-    /// Give up on a host after this many seconds, connection included.
-    #[arg(long, default_value_t = push::DEFAULT_HOST_TIMEOUT.as_secs())]
-    timeout_secs: u64,
-    /// Hosts handled at once.
-    #[arg(long, default_value_t = 32)]
-    parallel: usize,
-}
-
-impl SshArgs {
-    fn ssh(&self) -> Ssh {
-        Ssh {
-            program: self.ssh_program.clone(),
-            options: self.ssh_option.iter().flat_map(|o| o.split_whitespace().map(str::to_owned)).collect(),
-            connect_timeout_secs: self.connect_timeout_secs,
-            timeout: Duration::from_secs(self.timeout_secs.max(1)),
-        }
-    }
-}
-
-impl ReachArgs {
-    fn destination(&self) -> Result<Destination> {
-        if let Some(dir) = &self.to_dir {
-            return Ok(Destination::Dir(dir.clone()));
-        }
-        Ok(Destination::Ssh { ssh: self.ssh.ssh(), remote_path: RemotePath::new(&self.remote_path)? })
-    }
-}
-
-/// `ctl collect`.
-#[derive(Args, Debug)]
-struct CollectArgs {
-    /// Collect from every host of this inventory.
-    #[arg(long, required_unless_present = "hosts")]
-    inventory: Option<PathBuf>,
-    /// Only these hosts (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    hosts: Option<Vec<String>>,
-    /// The agent's segment directory on each host (its `segment_dir`); `{host}` is replaced by
-    /// the host's name.
-    #[arg(long, default_value = "/var/lib/rocemesh/segments")]
-    remote_dir: String,
-    /// The collection directory: OUT/<YYYY-MM-DD>/<host>/<shard>/<file>.rseg.zst, damaged
-    /// files under OUT/damaged/<host>/.
-    #[arg(long)]
-    out: PathBuf,
-    /// Delete each file on its host once its local copy is verified (damaged ones stay).
-    #[arg(long)]
-    remove: bool,
-    /// Bandwidth of each host's transfer, MiB/s (0: unlimited); the total is at most
-    /// --parallel times this.
-    #[arg(long, default_value_t = 0.0)]
-    bwlimit_mib_s: f64,
-    /// A host whose newest sealed segment is older than this many seconds is reported stale.
-    #[arg(long, default_value_t = 3600)]
-    stale_after_s: u64,
-    #[command(flatten)]
-    ssh: SshArgs,
-}
-
-/// `ctl scrape`.
-#[derive(Args, Debug)]
-struct ScrapeArgs {
-    /// Agent shards to read: each shard's bind address and the agents' `[view] port`, e.g.
-    /// 10.0.1.5:18601 (comma-separated).
-    #[arg(long, value_delimiter = ',', required_unless_present = "inventory")]
-    targets: Vec<std::net::SocketAddr>,
-    /// Read every RNIC of this inventory (its `ip`) on --port.
-    #[arg(long)]
-    inventory: Option<PathBuf>,
-    /// The agents' `[view] port`, with --inventory.
-    #[arg(long, default_value_t = 18_601)]
-    port: u16,
-    /// Reads per second of each target.
-    #[arg(long, default_value_t = 1.0)]
-    rate_hz: f64,
-    /// Stop after this many seconds (0: until interrupted).
-    #[arg(long, default_value_t = 0)]
-    duration_s: u64,
-    /// Do not print a JSON line per snapshot (only the summary).
-    #[arg(long)]
-    quiet: bool,
-    /// Rewrite this Prometheus text file after every tick (for node_exporter's textfile
-    /// collector).
-    #[arg(long)]
-    prom: Option<PathBuf>,
-    /// Read wrongly on purpose, to check that agents refuse it: `rkey` (a wrong key) or `oob`
-    /// (past the region's end).
-    #[arg(long, hide = true)]
-    forge: Option<String>,
-}
-
-#[derive(Args, Debug)]
-struct PushArgs {
-    /// Directory of generated pinglists.
-    #[arg(long)]
-    from: PathBuf,
-    /// Only these hosts (comma-separated); default: every host in --from.
-    #[arg(long, value_delimiter = ',', conflicts_with = "retry_failed")]
-    hosts: Option<Vec<String>>,
-    /// Push only the hosts that failed in this results file (see --results).
-    #[arg(long)]
-    retry_failed: Option<PathBuf>,
-    /// Where to write the per-host results (TSV); default: FROM/push-results.tsv.
-    #[arg(long)]
-    results: Option<PathBuf>,
-    /// The group the key file is installed with on each host (mode 0640): the group the agent
-    /// runs as, which the package creates. Never the directory's group, which may be anyone's.
-    #[arg(long, default_value = "rocemesh")]
-    key_group: String,
-    #[command(flatten)]
-    reach: ReachArgs,
-}
-
-#[derive(Args, Debug)]
-struct DiffArgs {
-    /// Directory of generated pinglists (what a push would install).
-    #[arg(long)]
-    from: PathBuf,
-    /// What to compare with: a directory (another generation, or a --to-dir tree), or hosts
-    /// to ask over ssh: comma-separated names, or `*` for every host in --from.
-    #[arg(long)]
-    against: String,
-    /// List every added, removed and changed target.
-    #[arg(long, short)]
-    verbose: bool,
-    #[command(flatten)]
-    reach: ReachArgs,
-}
-
-#[derive(Args, Debug)]
-struct StatusArgs {
-    /// Directory of generated pinglists (the generation the hosts should hold).
-    #[arg(long)]
-    from: PathBuf,
-    /// Only these hosts (comma-separated); default: every host in --from.
-    #[arg(long, value_delimiter = ',')]
-    hosts: Option<Vec<String>>,
-    #[command(flatten)]
-    reach: ReachArgs,
-}
 
 fn main() {
     let cli = Cli::parse();
@@ -411,12 +44,16 @@ fn main() {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.what {
-        What::Inventory(InventoryCmd::Check { inventory }) => inventory_check(&inventory),
+        What::Inventory(InventoryCmd::Check { inventory, inventory_positional }) => {
+            // clap requires one of the two.
+            let path = inventory.or(inventory_positional).context("no inventory (fix: --inventory FILE)")?;
+            inventory_check(&path)
+        }
         What::Inventory(InventoryCmd::Import(args)) => inventory_import(args),
         What::Inventory(InventoryCmd::SwitchAddrs(args)) => inventory_switch_addrs(args),
         What::GenPinglists(args) => gen_pinglists(args),
         What::PushPinglist(args) => push_pinglist(args),
-        What::Keys(KeysCmd::Rotate { dir, grace_s }) => {
+        What::Keys(KeysCmd::Rotate { from: dir, grace_s }) => {
             if !dir.is_dir() {
                 bail!(
                     "{} is not a directory (fix: pass the pinglist directory, --from of push-pinglist)",
@@ -430,7 +67,7 @@ fn run(cli: Cli) -> Result<i32> {
             println!("push it within {grace_s} s: ctl push-pinglist --from {}", dir.display());
             Ok(OK)
         }
-        What::Keys(KeysCmd::Show { dir }) => {
+        What::Keys(KeysCmd::Show { from: dir }) => {
             let keys = rocemesh_formats::keys::FleetKeys::load(rocemesh_ctl::keys::path(&dir))?;
             print!("{}", rocemesh_ctl::keys::render(&keys, unix_now_s()));
             Ok(OK)
@@ -573,9 +210,9 @@ fn inventory_check(path: &Path) -> Result<i32> {
 }
 
 fn inventory_import(args: ImportArgs) -> Result<i32> {
-    let same_as_base = args.base.as_ref().is_some_and(|b| b == &args.out);
-    if args.out.exists() && !args.force && !same_as_base {
-        bail!("{} exists (fix: pass --force to replace it, or --base {0} to extend it)", args.out.display());
+    let same_as_base = args.base.as_ref().is_some_and(|b| b == &args.output);
+    if args.output.exists() && !args.force && !same_as_base {
+        bail!("{} exists (fix: pass --force to replace it, or --base {0} to extend it)", args.output.display());
     }
     let tors = match (&args.tor_map, &args.tor_name) {
         (Some(map), _) => TorSource::Map(TorMap::load(map)?),
@@ -597,13 +234,13 @@ fn inventory_import(args: ImportArgs) -> Result<i32> {
         link_all: args.link_all,
         base,
     };
-    let imported = import::import(&described, &opts, &args.out)?;
+    let imported = import::import(&described, &opts, &args.output)?;
     let text = imported.inventory.to_toml_string().context("serialising the inventory")?;
     let header = "# written by ctl inventory import from `agent describe` output; check with `ctl inventory check`\n";
-    rocemesh_ctl::write_file_atomically(&args.out, format!("{header}{text}").as_bytes())?;
+    rocemesh_ctl::write_file_atomically(&args.output, format!("{header}{text}").as_bytes())?;
     println!(
         "{}: {} hosts described ({} added, {} replaced)",
-        args.out.display(),
+        args.output.display(),
         described.len(),
         imported.added,
         imported.replaced
@@ -625,15 +262,15 @@ fn inventory_import(args: ImportArgs) -> Result<i32> {
 }
 
 fn inventory_switch_addrs(args: SwitchAddrsArgs) -> Result<i32> {
-    let out = args.out.clone().unwrap_or_else(|| args.inventory.clone());
+    let out = args.output.clone().unwrap_or_else(|| args.inventory.clone());
     if out == args.inventory && !args.force {
         bail!(
-            "this rewrites {} in place (fix: pass --force to do so, or --out FILE to write elsewhere)",
+            "this rewrites {} in place (fix: pass --force to do so, or --output FILE to write elsewhere)",
             args.inventory.display()
         );
     }
     if out != args.inventory && out.exists() && !args.force {
-        bail!("{} exists (fix: pass --force to replace it, or choose another --out)", out.display());
+        bail!("{} exists (fix: pass --force to replace it, or choose another --output)", out.display());
     }
     let inventory = Inventory::load(&args.inventory)?;
     let list = AddrList::load(&args.map)?;

@@ -151,7 +151,7 @@ fn collect_fetches_every_sealed_file_once_verified_and_sets_damage_apart() {
             out.to_str().expect("utf-8"),
             "--ssh-option",
             &ssh_option,
-            "--connect-timeout-secs",
+            "--connect-timeout-s",
             "5",
         ];
         args.extend_from_slice(extra);

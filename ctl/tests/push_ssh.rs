@@ -82,7 +82,7 @@ fn push_status_and_diff_over_real_ssh() {
             &remote,
             "--ssh-option",
             &ssh_option,
-            "--connect-timeout-secs",
+            "--connect-timeout-s",
             "5",
             "--results",
             results.to_str().unwrap(),
@@ -212,7 +212,7 @@ fn the_fleet_key_file_goes_with_the_pinglists_and_stays_private() {
     write_inventory(&f.path("inventory.toml"));
     generate(&f, "gen1", "1");
     let gen1 = f.path("gen1");
-    let out = ctl(&["keys", "rotate", "--dir", gen1.to_str().unwrap(), "--grace-s", "0"]);
+    let out = ctl(&["keys", "rotate", "--from", gen1.to_str().unwrap(), "--grace-s", "0"]);
     assert!(out.status.success(), "{}", text(&out));
     let local_keys = gen1.join(rocemesh_formats::keys::FILE_NAME);
     let remote = format!("{}/remote/{{host}}/etc/pinglist.toml", f.dir.path().display());

@@ -10,6 +10,7 @@
 //! network namespaces on the host kernel, injects faults on a timeline and scores `analyze`'s
 //! findings as the simulator's accuracy suite does.
 
+pub mod cli;
 pub mod clockstep;
 pub mod clos;
 mod fabric;

@@ -1,0 +1,126 @@
+//! The `bench` command line: its subcommands and their arguments, in the library so that a test
+//! can parse the docs' command lines with the binary's own parser.
+
+use clap::{Parser, Subcommand};
+
+/// rocemesh benchmarks (run with --release; debug numbers are meaningless).
+#[derive(Parser, Debug)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub what: What,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum What {
+    /// Probe authentication's cost per packet against the unauthenticated packet path.
+    ///
+    /// Seal, parse and admit, timed in process.
+    Auth {
+        /// Packets timed each way (at most what the replay table holds in one 2 s window).
+        #[arg(long, default_value_t = 60_000)]
+        packets: u64,
+    },
+    /// Agent processes on loopback: CPU per probe, busy-poll ceiling, RSS with 10k targets.
+    ///
+    /// CPU per probe in event mode at 10k probes/s. Needs the agent binary (a release build of
+    /// the package set scripts/test builds).
+    Agent {
+        /// Seconds each of the three runs lasts (the first and last second are not measured).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The agent binary (default: `agent` next to this binary).
+        #[arg(long)]
+        agent_bin: Option<std::path::PathBuf>,
+    },
+    /// `analyze report` and `analyze localize` end to end on a fleet's segments, against DuckDB.
+    ///
+    /// The input is 10^8 records by default (~4.8 GB). DuckDB runs the same aggregation on a
+    /// Parquet export, with a row-by-row check that both agree; `analyze localize` runs in ranges
+    /// and in one range, with the same output. Needs the analyze binary (a release build of the
+    /// package set scripts/test builds); installs DuckDB from PyPI into ~/.cache/rocemesh/venv on
+    /// first use.
+    Analyze {
+        /// Probe records in all.
+        #[arg(long, default_value_t = 100_000_000)]
+        records: u64,
+        /// RNICs, one segment writer each; a multiple of 32 (RNICs per ToR), at least 64.
+        #[arg(long, default_value_t = 64)]
+        rnics: usize,
+        /// Seal the segments with zstd as agents ship them (default: open, uncompressed).
+        #[arg(long)]
+        sealed: bool,
+        /// Report window, seconds.
+        #[arg(long, default_value_t = 30)]
+        window_s: u64,
+        /// Timed runs of analyze and of DuckDB each; the medians are compared.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where data and outputs go (default: bench-analyze under $CARGO_TARGET_DIR or
+        /// ~/.cache/rocemesh/target); the generated segments are reused by later runs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// The analyze binary (default: `analyze` next to this binary).
+        #[arg(long)]
+        analyze_bin: Option<std::path::PathBuf>,
+        /// Also run `analyze report` and `analyze localize` alone on this many records of the
+        /// same fleet (a longer stretch of time), for their peak RSS against the first size's:
+        /// memory should follow the fleet and window, not the hours read.
+        #[arg(long)]
+        scale_records: Option<u64>,
+        /// Where the data of --scale-records goes (default: `DIR-scale`).
+        #[arg(long)]
+        scale_dir: Option<std::path::PathBuf>,
+    },
+    /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
+    Formats {
+        /// Records to write (one shard's realistic traffic: ToR-mesh and inter-ToR targets).
+        #[arg(long, default_value_t = 8_000_000)]
+        records: usize,
+        /// Records per chunk (the writer's default is 4096).
+        #[arg(long, default_value_t = 4096)]
+        chunk_records: usize,
+        /// Size of each open segment in MiB (the writer's default is 64).
+        #[arg(long, default_value_t = 64)]
+        segment_mib: u64,
+        /// zstd level used for sealing (the agent's default is 3).
+        #[arg(long, default_value_t = 3)]
+        zstd_level: i32,
+        /// Keep the sealed segments in this directory (for `analyze inspect`).
+        #[arg(long)]
+        keep: Option<std::path::PathBuf>,
+    },
+    /// `ctl collect` from one host against `scp -r` of the same sealed segments.
+    ///
+    /// The host is a throwaway sshd on loopback. Needs the ctl binary (a release build of the
+    /// package set scripts/test builds) and openssh-server.
+    Collect {
+        /// MiB of sealed segments to move.
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// The ctl binary (default: `ctl` next to this binary).
+        #[arg(long)]
+        ctl_bin: Option<std::path::PathBuf>,
+    },
+    /// ctl gen-pinglists on a large fabric: in memory and to files.
+    ///
+    /// Beside cloning and serialising the inventory, as baselines.
+    GenPinglists {
+        /// ToRs in the fabric.
+        #[arg(long, default_value_t = 3125)]
+        tors: usize,
+        /// One-RNIC hosts under each ToR.
+        #[arg(long, default_value_t = 32)]
+        hosts_per_tor: usize,
+        /// Spines (ECMP paths; the flow labels per inter-ToR target follow from it).
+        #[arg(long, default_value_t = 4)]
+        spines: usize,
+        /// Other ToRs each RNIC probes per generation.
+        #[arg(long, default_value_t = 5)]
+        inter_tor_peers: usize,
+        /// Write the files under this directory (default: the system's temporary directory;
+        /// /dev/shm measures ctl rather than the disk).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+}
