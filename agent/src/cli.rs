@@ -39,6 +39,24 @@ pub enum What {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Check this node before enabling the service: RDMA devices, GIDs, MTU, PFC/ECN, clocks,
+    /// limits, cores.
+    ///
+    /// Each check prints ok, warn or fail with its fix (info where this host cannot tell): the
+    /// RDMA devices and their ports (state, link layer), RoCE v2 GIDs and their netdevs, the
+    /// RoCE MTU, PFC and ECN/DSCP where the NIC or DCB reports them, the completion clock a
+    /// verbs shard would choose, memlock, the capabilities and kernel BTF path tracing and the
+    /// service tracer need, clock synchronisation (chrony's offset), the cores the config pins
+    /// shards to (online, isolated, busy), and that the config and its pinglist load. Exit 0
+    /// when nothing is worse than ok, 1 with a warning, 2 with a failure.
+    Doctor {
+        /// The configuration file (without it, the config, pinglist and cores are not checked).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = DoctorFormat::Table)]
+        format: DoctorFormat,
+    },
     /// The embedded default: loopback shards on 127.0.0.x probing each other; no RNIC needed.
     Demo {
         /// Where the generated config, pinglist and segments go.
@@ -71,4 +89,13 @@ pub enum What {
         #[arg(long, default_value = "agent")]
         name: String,
     },
+}
+
+/// How `agent doctor` prints its checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DoctorFormat {
+    /// One line per check, its fix under it, and a summary line.
+    Table,
+    /// `{"worst": ..., "checks": [{"area", "subject", "level", "detail", "fix"}]}`, for fleets.
+    Json,
 }

@@ -17,7 +17,8 @@
 //! - [`errlog`]: errors the agent survives, counted and logged once per kind and interval.
 //! - [`cli`]: the `agent` command line; [`config`]: the configuration file; [`demo`]: the
 //!   embedded default (loopback shards) and its injected fault; [`describe`]: what `ctl
-//!   inventory import` needs to know about this host.
+//!   inventory import` needs to know about this host; [`doctor`]: the checks of a node before
+//!   the service is enabled.
 
 pub mod auth;
 pub mod caps;
@@ -26,6 +27,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod describe;
+pub mod doctor;
 pub mod errlog;
 pub mod exporter;
 pub mod hwcounters;

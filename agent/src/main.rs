@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use rocemesh_agent::cli::{Cli, What};
+use rocemesh_agent::cli::{Cli, DoctorFormat, What};
 use rocemesh_agent::config::AgentConfig;
 use rocemesh_formats::pinglist::Pinglist;
 
@@ -37,6 +37,14 @@ fn run(cli: Cli) -> Result<i32> {
             let cfg = AgentConfig::load(&config)?;
             print!("{}", rocemesh_agent::describe::describe(&cfg, std::path::Path::new("/sys")).to_toml_string()?);
             Ok(0)
+        }
+        What::Doctor { config, format } => {
+            let report = rocemesh_agent::doctor::run(config.as_deref(), &rocemesh_agent::doctor::Host::this());
+            match format {
+                DoctorFormat::Table => print!("{}", report.render_table()),
+                DoctorFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(report.exit_code())
         }
         What::Demo { dir, shards, port, duration_s, busy_poll, inject_loss } => {
             let path = rocemesh_agent::demo::write(&dir, shards, port, busy_poll)?;

@@ -16,8 +16,8 @@ use crate::remote::{RemotePath, Ssh};
 /// From a bastion: build the fabric inventory (`inventory import`, `inventory switch-addrs`,
 /// `inventory check`), generate one pinglist per host (`gen-pinglists`), rotate the fleet key
 /// (`keys`), push pinglists and key to the hosts and check what they hold (`push-pinglist`,
-/// `diff`, `status`), collect the agents' sealed segments (`collect`) and read their live views
-/// with RDMA READ (`scrape`).
+/// `diff`, `status`), check the nodes (`doctor`), collect the agents' sealed segments (`collect`)
+/// and read their live views with RDMA READ (`scrape`).
 ///
 /// Exit codes: 0 done and nothing wrong; 1 ran, but found problems (a host failed, a host is
 /// stale, the inventory has problems); 2 could not run (bad arguments, invalid input).
@@ -56,6 +56,12 @@ pub enum What {
     /// summary; `--prom` keeps a Prometheus text file. Exit 1 if a target could not be read at
     /// the end.
     Scrape(ScrapeArgs),
+    /// Run `agent doctor` on every host over ssh and summarise what the fleet answered.
+    ///
+    /// Each host's worst result and the checks that were not ok, then per check how many hosts
+    /// and which, so that one misconfigured rack stands out from a fleet-wide setting. Exit 1 if a
+    /// host warned, failed or could not be asked.
+    Doctor(DoctorArgs),
     /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
     /// `powershell`) generated from these definitions; packages install them.
     #[command(hide = true)]
@@ -320,6 +326,27 @@ pub struct CollectArgs {
     /// A host whose newest sealed segment is older than this many seconds is reported stale.
     #[arg(long, default_value_t = 3600)]
     pub stale_after_s: u64,
+    #[command(flatten)]
+    pub ssh: SshArgs,
+}
+
+/// `ctl doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Every host of this inventory.
+    #[arg(long, required_unless_present = "hosts")]
+    pub inventory: Option<PathBuf>,
+    /// Only these hosts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub hosts: Option<Vec<String>>,
+    /// The agent's configuration on each host; `{host}` is replaced by the host's name.
+    #[arg(long, default_value = "/etc/rocemesh/agent.toml")]
+    pub config_path: String,
+    /// The remote command that runs the agent binary.
+    ///
+    /// `sudo -n rocemesh-agent` checks as root, with the capabilities the service gets.
+    #[arg(long, default_value = "rocemesh-agent")]
+    pub agent_command: String,
     #[command(flatten)]
     pub ssh: SshArgs,
 }

@@ -24,6 +24,7 @@
 //! - [`push`]: copy pinglists to hosts with the system `ssh` (or into a shared directory),
 //!   atomically, in parallel; [`status`] and [`diff`] read back what the hosts hold.
 //! - [`scrape`]: the agents' live views, read with RDMA READ (the agents do nothing).
+//! - [`doctor`]: `agent doctor` on every host over ssh, and what the fleet's answers add up to.
 //! - [`cli`]: the `ctl` command line's arguments (the binary runs them).
 
 pub mod check;
@@ -32,6 +33,7 @@ pub mod collect;
 /// The host description format, which lives in `formats` with the other contracts.
 pub use rocemesh_formats::describe;
 pub mod diff;
+pub mod doctor;
 mod error;
 pub mod generation;
 pub mod import;

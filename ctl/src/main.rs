@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use rocemesh_ctl::cli::{
-    Cli, CollectArgs, DiffArgs, GenArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs, ScrapeArgs, StatusArgs,
-    SwitchAddrsArgs, What,
+    Cli, CollectArgs, DiffArgs, DoctorArgs, GenArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs, ScrapeArgs,
+    StatusArgs, SwitchAddrsArgs, What,
 };
 use rocemesh_ctl::generation::{GenOptions, Generator};
 use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
@@ -76,6 +76,7 @@ fn run(cli: Cli) -> Result<i32> {
         What::Status(args) => status_cmd(args),
         What::Collect(args) => collect_cmd(args),
         What::Scrape(args) => scrape_cmd(args),
+        What::Doctor(args) => doctor_cmd(args),
         What::Generate { what, name } => {
             generate(&what, &name)?;
             Ok(OK)
@@ -97,14 +98,7 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
     if !(args.bwlimit_mib_s >= 0.0 && args.bwlimit_mib_s.is_finite()) {
         bail!("--bwlimit-mib-s {} is not a rate (fix: 0 for unlimited, or MiB/s per host)", args.bwlimit_mib_s);
     }
-    let hosts: Vec<String> = match (&args.hosts, &args.inventory) {
-        (Some(h), _) => h.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect(),
-        (None, Some(inv)) => Inventory::load(inv)?.hosts.into_iter().map(|h| h.name).collect(),
-        (None, None) => bail!("no hosts (fix: --inventory FILE or --hosts h1,h2)"),
-    };
-    if hosts.is_empty() {
-        bail!("no hosts to collect from (fix: --inventory FILE or --hosts h1,h2)");
-    }
+    let hosts = hosts_of(args.hosts.as_deref(), args.inventory.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let opts = collect::Options {
         ssh: args.ssh.ssh(),
@@ -126,6 +120,31 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
     bar.finish_and_clear();
     print!("{}", collect::render(&reports, start.elapsed()));
     Ok(if reports.iter().any(collect::HostReport::is_problem) { PROBLEMS } else { OK })
+}
+
+fn doctor_cmd(args: DoctorArgs) -> Result<i32> {
+    let hosts = hosts_of(args.hosts.as_deref(), args.inventory.as_deref())?;
+    let config = RemotePath::new(&args.config_path)?;
+    let ssh = args.ssh.ssh();
+    let bar = progress(hosts.len(), "doctor");
+    let results =
+        rocemesh_ctl::doctor::doctor(&hosts, &ssh, &args.agent_command, &config, args.ssh.parallel, |_| bar.inc(1));
+    bar.finish_and_clear();
+    print!("{}", rocemesh_ctl::doctor::render(&results));
+    Ok(if results.iter().any(rocemesh_ctl::doctor::HostDoctor::is_problem) { PROBLEMS } else { OK })
+}
+
+/// The hosts to work on: `--hosts`, else every host of `--inventory`.
+fn hosts_of(only: Option<&[String]>, inventory: Option<&Path>) -> Result<Vec<String>> {
+    let hosts: Vec<String> = match (only, inventory) {
+        (Some(h), _) => h.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect(),
+        (None, Some(inv)) => Inventory::load(inv)?.hosts.into_iter().map(|h| h.name).collect(),
+        (None, None) => Vec::new(),
+    };
+    if hosts.is_empty() {
+        bail!("no hosts (fix: --inventory FILE or --hosts h1,h2)");
+    }
+    Ok(hosts)
 }
 
 fn scrape_cmd(args: ScrapeArgs) -> Result<i32> {

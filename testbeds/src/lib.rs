@@ -16,6 +16,7 @@ pub mod clos;
 mod fabric;
 pub mod harness;
 mod rxeagent;
+mod rxedoctor;
 pub mod rxefabric;
 pub mod rxelab;
 pub mod rxemetrics;

@@ -194,6 +194,14 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     load_fault_modules()?;
     crate::rxemetrics::mount_host_sysfs()?;
     let mut agents = start_agents(opts, &inv)?;
+    let h0 = &inv.hosts[0];
+    let doctor = crate::rxedoctor::check(
+        &opts.bin.join("agent"),
+        &h0.name,
+        &lab.join("agents").join(format!("{}.toml", h0.name)),
+        &h0.rnics[0].ip.to_string(),
+        lab,
+    )?;
 
     let w = opts.window_s * 1_000_000_000;
     let mut tl = Timeline { w, fw: opts.fault_windows * w, phases: Vec::new() };
@@ -211,6 +219,7 @@ pub fn run(opts: &LabOptions) -> anyhow::Result<LabResult> {
     let records = read_records(&lab.join("segments"))?;
     let findings = localize_findings(opts, &inventory)?;
     let mut checks = verdicts(&tl.phases, &records, &findings, removed, &removed_rnic, w);
+    checks.push(doctor);
     let lossy_link = format!("{lossy}|{}", rxefabric::SPINE);
     checks.extend(rxeservices::connection_checks(
         &lab.join("agents"),

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::ptr::null_mut;
 
 use rdma_sys as ffi;
+
+use super::clock::ClockCaps;
 use rocemesh_formats::gid::gid_of;
 
 /// UD receives start with 40 bytes of GRH (for RoCEv2 over IPv4: 20 undefined bytes, then the
@@ -132,6 +134,34 @@ pub fn discover(cfg: &VerbsConfig) -> Result<DeviceInfo, VerbsError> {
             "the address in `bind` must be configured on the device's netdev (see `show_gids`), or set `gid_index`",
         )),
     }
+}
+
+/// What `device` says about its completion clock, asked on a context of its own and closed
+/// again: what `agent doctor` reports as the clock a shard on it would choose.
+pub fn clock_caps(device: &str) -> Result<ClockCaps, VerbsError> {
+    let ctx = open_device(device)?;
+    // SAFETY: a live context, closed right after.
+    let caps = unsafe { query_clock_caps(ctx) };
+    // SAFETY: nothing else holds the context.
+    unsafe { ffi::ibv_close_device(ctx) };
+    caps.map_err(|rc| VerbsError::os(device, "ibv_query_device_ex", io::Error::from_raw_os_error(rc.abs())))
+}
+
+/// `ibv_query_device_ex`'s completion clock fields, or its return code.
+///
+/// # Safety
+/// `ctx` must be a live device context.
+pub(super) unsafe fn query_clock_caps(ctx: *mut ffi::ibv_context) -> Result<ClockCaps, i32> {
+    // SAFETY: all-zero is valid for both structs; the caller keeps the context live.
+    let (rc, attr) = unsafe {
+        let input: ffi::ibv_query_device_ex_input = std::mem::zeroed();
+        let mut attr: ffi::ibv_device_attr_ex = std::mem::zeroed();
+        (ffi::ibv_query_device_ex(ctx, &raw const input, &raw mut attr), attr)
+    };
+    if rc != 0 {
+        return Err(rc);
+    }
+    Ok(ClockCaps { completion_timestamp_mask: attr.completion_timestamp_mask, hca_core_clock_khz: attr.hca_core_clock })
 }
 
 /// Run a verbs or RDMA CM call and say so when it blocked the shard: these calls are meant to

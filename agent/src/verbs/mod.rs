@@ -44,7 +44,7 @@ use crate::pathtrace::WireTuple;
 use crate::protocol::{Binding, PACKET_BYTES};
 use crate::transport::{BATCH, DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch, TxNews};
 
-mod clock;
+pub mod clock;
 pub mod device;
 mod resolve;
 mod resources;

@@ -285,21 +285,15 @@ impl Resources {
 
     /// What the device says about its completion clock; a device that cannot be asked has none.
     fn clock_caps(&self, dev: &str) -> ClockCaps {
-        // SAFETY: all-zero is valid for both; the context is live.
-        let (rc, attr) = unsafe {
-            let input: ffi::ibv_query_device_ex_input = zeroed();
-            let mut attr: ffi::ibv_device_attr_ex = zeroed();
-            (ffi::ibv_query_device_ex(self.ctx, &raw const input, &raw mut attr), attr)
-        };
-        if rc != 0 {
+        // SAFETY: the context is live.
+        unsafe { super::device::query_clock_caps(self.ctx) }.unwrap_or_else(|rc| {
             tracing::info!(
                 device = dev,
                 "ibv_query_device_ex failed ({}): no NIC timestamps",
                 io::Error::from_raw_os_error(rc.abs())
             );
-            return ClockCaps::default();
-        }
-        ClockCaps { completion_timestamp_mask: attr.completion_timestamp_mask, hca_core_clock_khz: attr.hca_core_clock }
+            ClockCaps::default()
+        })
     }
 
     /// An extended CQ of `cqe` entries on our channel whose completions carry `clock`'s stamp,
