@@ -79,7 +79,10 @@ pub fn inject_loss(cfg: &mut AgentConfig, fraction: f64) -> Result<Option<String
     }
     if cfg.shards.len() < 3 {
         // Two peers of the faulty shard make its loss stand out against the rest of the fleet.
-        bail!("--inject-loss needs at least 3 shards (--shards {})", cfg.shards.len());
+        bail!(
+            "--inject-loss needs at least 3 shards (--shards {}): add shards, or pass --inject-loss 0",
+            cfg.shards.len()
+        );
     }
     let host = cfg.host.clone();
     let last = cfg.shards.last_mut().context("no shard")?;

@@ -57,7 +57,7 @@ pub enum What {
     Watch(WatchArgs),
     /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
     Export(ExportArgs),
-    /// Write one self-contained HTML page: ToR and RNIC heatmaps, SLA violations, findings.
+    /// Write one self-contained HTML page: time charts, heatmaps, SLA violations, findings.
     Html(HtmlArgs),
     /// Validate segments and list what each holds and what a reader has to skip in it.
     Inspect {

@@ -111,7 +111,7 @@ impl HtmlReport {
             Ok(cells)
         };
         let mut violations = prepared.rows(&VIOLATION_SCOPES, Span::PerWindow, &sla)?;
-        let mut timeline = Timeline::default();
+        let mut timeline = Timeline::new(prepared.window_ns);
         timeline.add(&violations);
         violations.retain(|r| !r.sla_violations.is_empty());
         let range_ns = prepared.windows.map(|(a, b)| {
@@ -139,7 +139,7 @@ impl HtmlReport {
         let mut p99 = PairP99::new(&plan.ds.rnics);
         let mut sums: BTreeMap<(Scope, String), (Row, u64)> = BTreeMap::new();
         let mut violations = Vec::new();
-        let mut timeline = Timeline::default();
+        let mut timeline = Timeline::new(window_ns);
         let (mut windows, mut unknown_outcomes): (Option<(u64, u64)>, u64) = (None, 0);
         plan.rewind();
         for &(from, to) in ranges {
@@ -930,7 +930,7 @@ mod tests {
             tor_pairs: Vec::new(),
             rnic_pairs: PairCell::of(&r).into_iter().collect(),
             violations: vec![r],
-            timeline: Timeline::default(),
+            timeline: Timeline::new(30_000_000_000),
         };
         let page = render(&rep, None, None).expect("render");
         assert!(page.contains("<th>local drop</th>") && page.contains("<td>42</td>"), "local drops shown");
@@ -953,7 +953,7 @@ mod tests {
             tor_pairs: PairCell::of(&row("</script><script>alert(1)</script>", "t", Some(0.0))).into_iter().collect(),
             rnic_pairs: Vec::new(),
             violations: Vec::new(),
-            timeline: Timeline::default(),
+            timeline: Timeline::new(30_000_000_000),
         };
         let page = render(&rep, None, None).expect("render");
         assert!(!page.contains("</script><script>alert"));

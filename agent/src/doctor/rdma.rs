@@ -40,8 +40,9 @@ pub(super) fn checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
     }
     let mut netdevs = BTreeSet::new();
     for dev in &devices {
+        let used = verbs_shards.contains(&dev.as_str());
         for port in names(&class.join(dev).join("ports")) {
-            out.extend(port_checks(host, dev, &port, &mut netdevs));
+            out.extend(port_checks(host, dev, &port, used, &mut netdevs));
         }
         out.push(clock_check(host, dev));
     }
@@ -55,7 +56,9 @@ pub(super) fn checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
 }
 
 /// A port's state and link layer, and its RoCE v2 GIDs (whose netdevs are added to `netdevs`).
-fn port_checks(host: &Host, dev: &str, port: &str, netdevs: &mut BTreeSet<String>) -> Vec<Check> {
+/// A port without one fails when a verbs shard of the config (`used`) is on its device, and
+/// is only worth a warning otherwise (an unused port, a device the agent will not open).
+fn port_checks(host: &Host, dev: &str, port: &str, used: bool, netdevs: &mut BTreeSet<String>) -> Vec<Check> {
     let dir = host.sys.join("class/infiniband").join(dev).join("ports").join(port);
     let subject = format!("{dev}/{port}");
     let state = read(&dir.join("state")).unwrap_or_else(|| "unreadable".into());
@@ -85,7 +88,12 @@ fn port_checks(host: &Host, dev: &str, port: &str, netdevs: &mut BTreeSet<String
         }
     }
     out.push(if roce_v2.is_empty() {
-        Check::new("gid", &subject, Level::Fail, "no RoCE v2 GID: no address a probe can be sent from")
+        let level = match (used, layer == "Ethernet") {
+            (true, _) => Level::Fail,
+            (false, true) => Level::Warn,
+            (false, false) => Level::Info,
+        };
+        Check::new("gid", &subject, level, "no RoCE v2 GID: no address a probe can be sent from")
             .fix("configure the shard's IP address on the port's netdev (`show_gids` lists the GIDs)")
     } else {
         Check::new("gid", &subject, Level::Ok, format!("RoCE v2 GIDs {}", roce_v2.join(", ")))

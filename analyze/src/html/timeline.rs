@@ -2,11 +2,12 @@
 //! pairs that lost the most, with the findings drawn as spans on the same axis, so that a reader
 //! sees when a fault started, how bad it was, and what localisation named.
 //!
-//! The series are the report's own per-window rows (cluster and ToR pair scopes), gathered as the
-//! page's build reads its ranges: 48 bytes per (ToR pair, window) with probes, the only part of
-//! the page that grows with the hours read. The page embeds at most [`MAX_PAIR_SERIES`] ToR
-//! pairs and [`MAX_POINTS`] points per series: longer ranges are folded into buckets of
-//! consecutive windows, each shown as its worst window.
+//! The series are the report's own per-window rows (cluster and ToR pair scopes), folded as the
+//! page's build reads its ranges into at most [`MAX_POINTS`] buckets per series: when the
+//! cluster's series would pass that, every series' buckets double (two neighbours merge into
+//! their worst), so a bucket shows the worst of its windows whatever the hours read. Memory is
+//! at most 32 bytes per bucket per ToR pair with probes, [`MAX_POINTS`] buckets each: it follows
+//! the fleet's width, not the hours read. The page embeds [`MAX_PAIR_SERIES`] of the pairs.
 
 use std::collections::BTreeMap;
 
@@ -19,88 +20,111 @@ pub const MAX_PAIR_SERIES: usize = 32;
 /// At most this many points per series (about a point per pixel of the chart's width).
 pub const MAX_POINTS: usize = 1200;
 
-/// One window of one series.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Point {
-    window_start_ns: u64,
-    lost: u64,
-    loss_ratio: Option<f64>,
-    rtt_ns_p99: Option<i64>,
-}
+/// One bucket of one series: its index (bucket start / bucket length), and the worst loss ratio
+/// and RTT p99 of its windows.
+type Bucket = (u64, Option<f64>, Option<i64>);
 
-/// Per-window figures of the cluster and of every ToR pair, as the page's build reads them.
+/// One series as it is gathered.
 #[derive(Clone, Debug, Default)]
-pub struct Timeline {
-    cluster: Vec<Point>,
-    pairs: BTreeMap<String, Vec<Point>>,
+struct Series {
+    /// Lost probes over every window.
+    lost: u64,
+    /// By bucket index, ascending.
+    buckets: Vec<Bucket>,
 }
 
-impl Timeline {
-    /// Keeps what the charts need of per-window `rows` (other scopes are ignored); ranges must
-    /// come in time order, as a plan gives them.
-    pub fn add(&mut self, rows: &[Row]) {
-        for r in rows {
-            let p = Point {
-                window_start_ns: r.window_start_ns,
-                lost: r.lost,
-                loss_ratio: r.loss_ratio,
-                rtt_ns_p99: r.rtt_ns_p99,
-            };
-            match r.scope {
-                Scope::Cluster => self.cluster.push(p),
-                Scope::TorPair => self.pairs.entry(r.entity.clone()).or_default().push(p),
-                _ => {}
-            }
+impl Series {
+    fn add(&mut self, index: u64, r: &Row) {
+        self.lost += r.lost;
+        let b = (index, r.loss_ratio, r.rtt_ns_p99);
+        match self.buckets.last() {
+            Some(last) if last.0 < index => self.buckets.push(b),
+            None => self.buckets.push(b),
+            _ => match self.buckets.binary_search_by_key(&index, |x| x.0) {
+                Ok(i) => self.buckets[i] = worst(self.buckets[i], b),
+                Err(i) => self.buckets.insert(i, b),
+            },
         }
     }
 
-    /// What the page's script draws: every series sorted by time and folded to at most
-    /// [`MAX_POINTS`], the [`MAX_PAIR_SERIES`] ToR pairs with the most lost probes (then by name),
-    /// and how many pairs there were.
+    /// Buckets twice as long: neighbours merge into their worst.
+    fn coarsen(&mut self) {
+        let mut out: Vec<Bucket> = Vec::with_capacity(self.buckets.len() / 2 + 1);
+        for &(i, loss, rtt) in &self.buckets {
+            let b = (i / 2, loss, rtt);
+            match out.last_mut() {
+                Some(last) if last.0 == b.0 => *last = worst(*last, b),
+                _ => out.push(b),
+            }
+        }
+        self.buckets = out;
+    }
+}
+
+fn worst(a: Bucket, b: Bucket) -> Bucket {
+    (a.0, max_opt(a.1, b.1), max_opt(a.2, b.2))
+}
+
+/// Per-window figures of the cluster and of every ToR pair, folded as the page's build reads them.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    window_ns: u64,
+    /// Windows per bucket: a power of two.
+    bucket_windows: u64,
+    cluster: Series,
+    pairs: BTreeMap<String, Series>,
+}
+
+impl Timeline {
+    /// An empty timeline of windows of `window_ns`.
+    pub fn new(window_ns: u64) -> Timeline {
+        Timeline { window_ns: window_ns.max(1), bucket_windows: 1, cluster: Series::default(), pairs: BTreeMap::new() }
+    }
+
+    /// Folds in what the charts need of per-window `rows` (other scopes are ignored).
+    pub fn add(&mut self, rows: &[Row]) {
+        let bucket_ns = self.window_ns * self.bucket_windows;
+        for r in rows {
+            let index = r.window_start_ns / bucket_ns;
+            match r.scope {
+                Scope::Cluster => self.cluster.add(index, r),
+                Scope::TorPair => self.pairs.entry(r.entity.clone()).or_default().add(index, r),
+                _ => {}
+            }
+        }
+        // A pair's windows are among the cluster's, so the cluster's series is the longest.
+        while self.cluster.buckets.len() > MAX_POINTS {
+            self.bucket_windows *= 2;
+            self.cluster.coarsen();
+            self.pairs.values_mut().for_each(Series::coarsen);
+        }
+    }
+
+    /// What the page's script draws: the cluster's series, the [`MAX_PAIR_SERIES`] ToR pairs
+    /// with the most lost probes (then by name), and how many pairs there were.
     pub fn chart(&self, window_s: u64) -> Chart {
-        let mut pairs: Vec<(&String, &Vec<Point>)> = self.pairs.iter().collect();
-        pairs.sort_by(|a, b| lost(b.1).cmp(&lost(a.1)).then_with(|| a.0.cmp(b.0)));
-        let first = self.cluster.iter().map(|p| p.window_start_ns).min().unwrap_or(0);
-        let last = self.cluster.iter().map(|p| p.window_start_ns).max().unwrap_or(0);
-        let windows = (last - first) / (window_s.max(1) * 1_000_000_000) + 1;
-        let bucket_windows = windows.div_ceil(MAX_POINTS as u64).max(1);
-        let bucket_ns = bucket_windows * window_s.max(1) * 1_000_000_000;
+        let bucket_windows = self.bucket_windows;
+        let bucket_ns = self.window_ns * bucket_windows;
+        let points = |s: &Series| -> Vec<(u64, Option<f64>, Option<f64>)> {
+            s.buckets
+                .iter()
+                .map(|&(i, loss, rtt)| (i * bucket_ns / 1_000_000_000, loss, rtt.map(|ns| ns as f64 / 1000.0)))
+                .collect()
+        };
+        let mut pairs: Vec<(&String, &Series)> = self.pairs.iter().collect();
+        pairs.sort_by(|a, b| b.1.lost.cmp(&a.1.lost).then_with(|| a.0.cmp(b.0)));
         Chart {
             window_s,
             bucket_windows,
-            cluster: fold(&self.cluster, first, bucket_ns),
+            cluster: points(&self.cluster),
             pairs: pairs
                 .iter()
                 .take(MAX_PAIR_SERIES)
-                .map(|(name, points)| Series {
-                    name: (*name).clone(),
-                    lost: lost(points),
-                    points: fold(points, first, bucket_ns),
-                })
+                .map(|(name, s)| PairSeries { name: (*name).clone(), lost: s.lost, points: points(s) })
                 .collect(),
             pairs_total: self.pairs.len(),
         }
     }
-}
-
-fn lost(points: &[Point]) -> u64 {
-    points.iter().map(|p| p.lost).sum()
-}
-
-/// `points` in buckets of `bucket_ns` from `first`, each the worst of its windows (the highest
-/// loss ratio, the highest RTT p99), as [start s, loss ratio, RTT p99 µs].
-fn fold(points: &[Point], first: u64, bucket_ns: u64) -> Vec<(u64, Option<f64>, Option<f64>)> {
-    let mut by_bucket: BTreeMap<u64, (Option<f64>, Option<i64>)> = BTreeMap::new();
-    for p in points {
-        let b = (p.window_start_ns.saturating_sub(first)) / bucket_ns;
-        let e = by_bucket.entry(b).or_default();
-        e.0 = max_opt(e.0, p.loss_ratio);
-        e.1 = max_opt(e.1, p.rtt_ns_p99);
-    }
-    by_bucket
-        .into_iter()
-        .map(|(b, (loss, rtt))| ((first + b * bucket_ns) / 1_000_000_000, loss, rtt.map(|ns| ns as f64 / 1000.0)))
-        .collect()
 }
 
 fn max_opt<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -119,7 +143,7 @@ pub struct Chart {
     pub bucket_windows: u64,
     /// [start s, loss ratio, RTT p99 µs] per point.
     cluster: Vec<(u64, Option<f64>, Option<f64>)>,
-    pairs: Vec<Series>,
+    pairs: Vec<PairSeries>,
     /// ToR pairs with probes, embedded or not.
     pub pairs_total: usize,
 }
@@ -136,9 +160,9 @@ impl Chart {
     }
 }
 
-/// One ToR pair's series.
+/// One ToR pair's series, as embedded.
 #[derive(Clone, Debug, Serialize)]
-struct Series {
+struct PairSeries {
     name: String,
     lost: u64,
     points: Vec<(u64, Option<f64>, Option<f64>)>,
@@ -178,6 +202,7 @@ pub const JS: &str = r#"
     const y = v => H - B - v / top * (H - T - B);
     g.fillStyle = '#fff'; g.fillRect(0, 0, W, H);
     for (const s of SPANS) {
+      if (s.start >= t1 || (s.end !== null && s.end <= t0)) continue;
       const a = x(Math.max(s.start, t0)), b = x(s.end === null ? t1 : Math.min(s.end, t1));
       g.fillStyle = (KIND[s.kind] || '#1f77b4') + '33'; g.fillRect(a, T, Math.max(b - a, 2), H - T - B);
       g.fillStyle = KIND[s.kind] || '#1f77b4'; g.font = '11px sans-serif'; g.textAlign = 'left';
@@ -207,7 +232,11 @@ pub const JS: &str = r#"
       const near = s => s.reduce((b, p) => Math.abs(p[0] + step / 2 - t) < Math.abs(b[0] + step / 2 - t) ? p : b, s[0]);
       const c = near(CHART.cluster);
       let text = utc(c[0]) + ' UTC (' + step + ' s)\ncluster: ' + fmt(c[idx], scale, unit);
-      if (pair && pair.points.length) { const p = near(pair.points); text += '\n' + pair.name + ': ' + fmt(p[idx], scale, unit); }
+      if (pair && pair.points.length) {
+        // The pair's point of this bucket, if it was probed in it.
+        const p = near(pair.points);
+        text += '\n' + pair.name + ': ' + (p[0] === c[0] ? fmt(p[idx], scale, unit) : 'not probed');
+      }
       const on = SPANS.filter(s => s.start <= t && (s.end === null || t < s.end)).map(s => s.kind + ' ' + s.entity);
       if (on.length) text += '\nfindings: ' + on.join(', ');
       tip.textContent = text; tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px';
@@ -235,7 +264,7 @@ mod tests {
 
     #[test]
     fn series_keep_every_window_and_the_worst_pairs_first() {
-        let mut t = Timeline::default();
+        let mut t = Timeline::new(30_000_000_000);
         t.add(&[
             row(Scope::Cluster, "cluster", 0, 1, Some(0.01), Some(5_000)),
             row(Scope::TorPair, "t0->t1", 0, 1, Some(0.02), Some(6_000)),
@@ -255,7 +284,7 @@ mod tests {
 
     #[test]
     fn long_ranges_fold_into_buckets_shown_by_their_worst_window() {
-        let mut t = Timeline::default();
+        let mut t = Timeline::new(30_000_000_000);
         let n = MAX_POINTS as u64 * 3 + 1;
         let rows: Vec<Row> = (0..n)
             .map(|w| row(Scope::Cluster, "cluster", w, 0, Some(if w == 7 { 0.3 } else { 0.0 }), Some(w as i64 * 1000)))
@@ -267,9 +296,33 @@ mod tests {
         assert_eq!(c.cluster[1], (120, Some(0.3), Some(7.0)), "windows 4-7: the worst loss and RTT");
     }
 
+    /// Folding as ranges come in is the fold of the whole: a range at a time gives the same
+    /// chart as all rows at once, whenever the buckets doubled.
+    #[test]
+    fn a_range_at_a_time_gives_the_same_chart() {
+        let rows: Vec<Row> = (0..MAX_POINTS as u64 * 5 + 7)
+            .flat_map(|w| {
+                let loss = Some((w % 97) as f64 / 100.0);
+                [
+                    row(Scope::Cluster, "cluster", w, w % 3, loss, Some((w % 13) as i64 * 100)),
+                    row(Scope::TorPair, if w % 2 == 0 { "a->b" } else { "b->a" }, w, 1, loss, None),
+                ]
+            })
+            .collect();
+        let mut whole = Timeline::new(30_000_000_000);
+        whole.add(&rows);
+        let mut ranged = Timeline::new(30_000_000_000);
+        for part in rows.chunks(333) {
+            ranged.add(part);
+        }
+        let json = |t: &Timeline| serde_json::to_string(&t.chart(30)).expect("json");
+        assert_eq!(json(&whole), json(&ranged));
+        assert_eq!(whole.chart(30).bucket_windows, 8, "6,007 windows in at most {MAX_POINTS} points");
+    }
+
     #[test]
     fn pairs_beyond_the_cap_are_counted_not_embedded() {
-        let mut t = Timeline::default();
+        let mut t = Timeline::new(30_000_000_000);
         let rows: Vec<Row> = (0..MAX_PAIR_SERIES as u64 + 5)
             .map(|i| row(Scope::TorPair, &format!("p{i:03}"), 0, i, None, None))
             .collect();
