@@ -41,22 +41,28 @@ pub(crate) fn roce_v2_gid(sysfs: &Path, device: &str, ip: IpAddr) -> Option<(u8,
     port_dirs.sort_by_key(|e| e.file_name());
     for p in port_dirs {
         let Ok(port) = p.file_name().to_string_lossy().parse::<u8>() else { continue };
-        let Ok(gids) = std::fs::read_dir(p.path().join("gids")) else { continue };
-        let mut indexes: Vec<u16> =
-            gids.flatten().filter_map(|g| g.file_name().to_string_lossy().parse().ok()).collect();
-        indexes.sort_unstable();
-        for i in indexes {
-            let gid = std::fs::read_to_string(p.path().join(format!("gids/{i}"))).unwrap_or_default();
-            let kind = std::fs::read_to_string(p.path().join(format!("gid_attrs/types/{i}"))).unwrap_or_default();
-            // sysfs writes GIDs as eight colon-separated groups, which Ipv6Addr parses.
-            if kind.trim().eq_ignore_ascii_case("RoCE v2")
-                && gid.trim().parse::<std::net::Ipv6Addr>().ok() == Some(want)
-            {
-                return Some((port, i, want));
-            }
+        if let Some((i, _)) = roce_v2_gids(&p.path()).into_iter().find(|(_, gid)| *gid == want) {
+            return Some((port, i, want));
         }
     }
     None
+}
+
+/// The RoCE v2 GIDs of one port's sysfs directory (`class/infiniband/<device>/ports/<n>`), by
+/// index ascending; empty (all-zero) entries are left out.
+pub(crate) fn roce_v2_gids(port_dir: &Path) -> Vec<(u16, std::net::Ipv6Addr)> {
+    let Ok(gids) = std::fs::read_dir(port_dir.join("gids")) else { return Vec::new() };
+    let mut indexes: Vec<u16> = gids.flatten().filter_map(|g| g.file_name().to_string_lossy().parse().ok()).collect();
+    indexes.sort_unstable();
+    indexes
+        .into_iter()
+        .filter_map(|i| {
+            let kind = std::fs::read_to_string(port_dir.join(format!("gid_attrs/types/{i}"))).unwrap_or_default();
+            // sysfs writes GIDs as eight colon-separated groups, which Ipv6Addr parses.
+            let gid = std::fs::read_to_string(port_dir.join(format!("gids/{i}"))).ok()?.trim().parse().ok()?;
+            (kind.trim().eq_ignore_ascii_case("RoCE v2") && gid != std::net::Ipv6Addr::UNSPECIFIED).then_some((i, gid))
+        })
+        .collect()
 }
 
 /// The interface that carries `ip`, if any.

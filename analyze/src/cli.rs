@@ -691,22 +691,26 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
     let result = crate::localize::localize_ranges(&mut plan, ranges, &opts);
     let ds = plan.finish();
     say_problems("localize", &ds, inv.as_ref());
-    let json = match serde_json::to_string_pretty(&result) {
-        Ok(s) => format!("{s}\n"),
+    // Encoded only when something takes it: a wide fleet's findings and services are large.
+    let json = match (args.format == FindingsFormat::Json || args.json.is_some())
+        .then(|| serde_json::to_string_pretty(&result))
+        .transpose()
+    {
+        Ok(json) => json.map(|s| format!("{s}\n")),
         Err(e) => {
             eprintln!("analyze localize: cannot encode findings: {e}");
             return exit::USAGE;
         }
     };
-    if let Some(path) = &args.json
-        && let Err(e) = std::fs::write(path, &json)
+    if let (Some(path), Some(json)) = (&args.json, &json)
+        && let Err(e) = std::fs::write(path, json)
     {
         eprintln!("analyze localize: {}: write the JSON findings: {e}", path.display());
         return exit::USAGE;
     }
-    let text = match args.format {
-        FindingsFormat::Json => json,
-        FindingsFormat::Table => crate::localize::render_table(&result),
+    let text = match json {
+        Some(json) if args.format == FindingsFormat::Json => json,
+        _ => crate::localize::render_table(&result),
     };
     match &args.output {
         Some(path) => {

@@ -302,12 +302,8 @@ impl ReachArgs {
 /// `ctl collect`.
 #[derive(Args, Debug)]
 pub struct CollectArgs {
-    /// Collect from every host of this inventory.
-    #[arg(long, required_unless_present = "hosts")]
-    pub inventory: Option<PathBuf>,
-    /// Only these hosts (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub hosts: Option<Vec<String>>,
+    #[command(flatten)]
+    pub hosts: HostsArgs,
     /// The agent's segment directory on each host (its `segment_dir`); `{host}` is replaced by
     /// the host's name.
     #[arg(long, default_value = "/var/lib/rocemesh/segments")]
@@ -330,15 +326,22 @@ pub struct CollectArgs {
     pub ssh: SshArgs,
 }
 
-/// `ctl doctor`.
+/// Which hosts a command that reaches every host of a fleet works on.
 #[derive(Args, Debug)]
-pub struct DoctorArgs {
+pub struct HostsArgs {
     /// Every host of this inventory.
     #[arg(long, required_unless_present = "hosts")]
     pub inventory: Option<PathBuf>,
     /// Only these hosts (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub hosts: Option<Vec<String>>,
+}
+
+/// `ctl doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub hosts: HostsArgs,
     /// The agent's configuration on each host; `{host}` is replaced by the host's name.
     #[arg(long, default_value = "/etc/rocemesh/agent.toml")]
     pub config_path: String,

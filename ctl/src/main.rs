@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use rocemesh_ctl::cli::{
-    Cli, CollectArgs, DiffArgs, DoctorArgs, GenArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs, ScrapeArgs,
-    StatusArgs, SwitchAddrsArgs, What,
+    Cli, CollectArgs, DiffArgs, DoctorArgs, GenArgs, HostsArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs,
+    ScrapeArgs, StatusArgs, SwitchAddrsArgs, What,
 };
 use rocemesh_ctl::generation::{GenOptions, Generator};
 use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
@@ -98,7 +98,7 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
     if !(args.bwlimit_mib_s >= 0.0 && args.bwlimit_mib_s.is_finite()) {
         bail!("--bwlimit-mib-s {} is not a rate (fix: 0 for unlimited, or MiB/s per host)", args.bwlimit_mib_s);
     }
-    let hosts = hosts_of(args.hosts.as_deref(), args.inventory.as_deref())?;
+    let hosts = hosts_of(&args.hosts)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let opts = collect::Options {
         ssh: args.ssh.ssh(),
@@ -123,7 +123,7 @@ fn collect_cmd(args: CollectArgs) -> Result<i32> {
 }
 
 fn doctor_cmd(args: DoctorArgs) -> Result<i32> {
-    let hosts = hosts_of(args.hosts.as_deref(), args.inventory.as_deref())?;
+    let hosts = hosts_of(&args.hosts)?;
     let config = RemotePath::new(&args.config_path)?;
     let ssh = args.ssh.ssh();
     let bar = progress(hosts.len(), "doctor");
@@ -135,8 +135,8 @@ fn doctor_cmd(args: DoctorArgs) -> Result<i32> {
 }
 
 /// The hosts to work on: `--hosts`, else every host of `--inventory`.
-fn hosts_of(only: Option<&[String]>, inventory: Option<&Path>) -> Result<Vec<String>> {
-    let hosts: Vec<String> = match (only, inventory) {
+fn hosts_of(args: &HostsArgs) -> Result<Vec<String>> {
+    let hosts: Vec<String> = match (&args.hosts, &args.inventory) {
         (Some(h), _) => h.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect(),
         (None, Some(inv)) => Inventory::load(inv)?.hosts.into_iter().map(|h| h.name).collect(),
         (None, None) => Vec::new(),

@@ -7,7 +7,8 @@ use crate::config::{AgentConfig, Mode};
 
 pub(super) fn checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
     let mut out = vec![memlock_check()];
-    out.extend(capability_checks(host, cfg));
+    out.extend(capability_checks(cfg));
+    out.extend(btf_checks(host, cfg));
     out.push(clock_sync_check(host, cfg));
     if let Some(cfg) = cfg {
         out.extend(core_checks(host, cfg));
@@ -33,10 +34,20 @@ fn memlock_check() -> Check {
     }
 }
 
-/// What path tracing (CAP_NET_RAW) and the service tracer (CAP_BPF, CAP_PERFMON, kernel and
-/// ib_core BTF) need, against what this process has and what the config turns on.
-fn capability_checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
-    let (_, permitted) = caps::current().unwrap_or((0, 0));
+/// What path tracing (CAP_NET_RAW) and the service tracer (CAP_BPF, CAP_PERFMON) need, against
+/// what this process has and what the config turns on.
+fn capability_checks(cfg: Option<&AgentConfig>) -> Vec<Check> {
+    let permitted = match caps::current() {
+        Ok((_, p)) => p,
+        Err(e) => {
+            return vec![Check::new(
+                "caps",
+                "-",
+                Level::Info,
+                format!("this process's capabilities are unreadable: {e}"),
+            )];
+        }
+    };
     let has = |cap: u32| permitted & (1 << cap) != 0;
     let tracing = cfg.is_none_or(|c| c.path_tracing.enabled);
     let services = cfg.is_some_and(|c| c.service_tracing.enabled);
@@ -61,6 +72,13 @@ fn capability_checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
             Check::new("caps", "CAP_BPF,CAP_PERFMON", Level::Info, "missing; service tracing is off in the config")
         }
     });
+    out
+}
+
+/// The kernel and ib_core BTF the service tracer needs.
+fn btf_checks(host: &Host, cfg: Option<&AgentConfig>) -> Vec<Check> {
+    let services = cfg.is_some_and(|c| c.service_tracing.enabled);
+    let mut out = Vec::new();
     for (btf, why) in [("vmlinux", "the kernel's types"), ("ib_core", "the RDMA core module's types (load ib_core)")] {
         let path = host.sys.join("kernel/btf").join(btf);
         out.push(if path.exists() {

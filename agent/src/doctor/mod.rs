@@ -120,12 +120,17 @@ fn run_tool(program: &str, args: &[&str]) -> Option<String> {
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
+    // Read as it comes: a tool whose output outgrows the pipe would otherwise never exit.
+    let mut stdout = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut out).ok().map(|_| out)
+    });
     let start = std::time::Instant::now();
     loop {
         match child.try_wait() {
             Ok(Some(status)) => {
-                let mut out = String::new();
-                std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+                let out = reader.join().ok().flatten()?;
                 return status.success().then_some(out);
             }
             Ok(None) if start.elapsed() < TOOL_TIMEOUT => std::thread::sleep(Duration::from_millis(10)),

@@ -2,7 +2,6 @@
 //! completion clock.
 
 use std::collections::BTreeSet;
-use std::net::Ipv6Addr;
 
 use super::{Check, Host, Level, names, read};
 use crate::config::{AgentConfig, TransportKind};
@@ -74,17 +73,12 @@ fn port_checks(host: &Host, dev: &str, port: &str, used: bool, netdevs: &mut BTr
         Check::new("port", &subject, Level::Ok, detail)
     });
     let mut roce_v2 = Vec::new();
-    for index in names(&dir.join("gids")) {
-        let gid = read(&dir.join("gids").join(&index)).and_then(|g| g.parse::<Ipv6Addr>().ok());
-        let kind = read(&dir.join("gid_attrs/types").join(&index)).unwrap_or_default();
-        let Some(gid) = gid.filter(|g| !g.is_unspecified()) else { continue };
-        if kind.eq_ignore_ascii_case("RoCE v2") {
-            let nd = read(&dir.join("gid_attrs/ndevs").join(&index)).unwrap_or_default();
-            let addr = gid.to_ipv4_mapped().map_or_else(|| gid.to_string(), |v4| v4.to_string());
-            roce_v2.push(format!("{index}: {addr}{}", if nd.is_empty() { String::new() } else { format!(" ({nd})") }));
-            if !nd.is_empty() {
-                netdevs.insert(nd);
-            }
+    for (index, gid) in crate::describe::roce_v2_gids(&dir) {
+        let nd = read(&dir.join(format!("gid_attrs/ndevs/{index}"))).unwrap_or_default();
+        let addr = gid.to_ipv4_mapped().map_or_else(|| gid.to_string(), |v4| v4.to_string());
+        roce_v2.push(format!("{index}: {addr}{}", if nd.is_empty() { String::new() } else { format!(" ({nd})") }));
+        if !nd.is_empty() {
+            netdevs.insert(nd);
         }
     }
     out.push(if roce_v2.is_empty() {
@@ -233,7 +227,14 @@ fn dscp_check(host: &Host, nd: &str) -> Check {
     let Some(json) = (host.run)("dcb", &["-j", "app", "show", "dev", nd, "dscp-prio"]) else {
         return Check::new("dscp", nd, Level::Info, "not readable: `dcb app show` failed");
     };
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&json) else {
+        return Check::new(
+            "dscp",
+            nd,
+            Level::Info,
+            format!("`dcb app show` said something unexpected: {}", one_line(&json)),
+        );
+    };
     let map: Vec<String> = v
         .get("dscp_prio")
         .or_else(|| v.get("dscp-prio"))
