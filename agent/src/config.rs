@@ -110,6 +110,15 @@ pub struct AgentConfig {
     /// (`ctl collect` dates segments by their first record, and `analyze watch` relies on it).
     #[serde(default = "default_segment_max_age_s")]
     pub segment_max_age_s: u64,
+    /// Each shard writes a summary of every window of this many seconds beside its records
+    /// (probes by class and RTT histograms per target and flow label, its own schedule slips);
+    /// 0 = none, the default: no analysis reads them yet, and where a key holds about one probe
+    /// per window (a wide fleet's inter-ToR labels) they cost more bytes than the records. 5 is
+    /// the length they are designed for. The windows start at multiples of it since the Unix
+    /// epoch, so it divides an hour: analysis windows of whole minutes are made of whole
+    /// summary windows.
+    #[serde(default)]
+    pub summary_window_s: u64,
     /// Disk budget for all of this agent's sealed segments (MiB); the oldest are evicted. Each
     /// shard's open segment (`segment_mib`) comes on top of it.
     #[serde(default = "default_segment_quota_mib")]
@@ -754,6 +763,12 @@ impl AgentConfig {
             // `ctl collect` dates a segment by its first record and `analyze watch` stops listing
             // a date a day after it can hold anything new: a segment must span less than a day.
             return Err(format!("segment_max_age_s = {}: use 1 to 86400 (a day)", self.segment_max_age_s));
+        }
+        if self.summary_window_s > 3600 || (self.summary_window_s > 0 && 3600 % self.summary_window_s != 0) {
+            return Err(format!(
+                "summary_window_s = {}: use a divisor of 3600 (1, 2, 5, 10, 15, 30, 60, ... 3600), or 0 for no summaries",
+                self.summary_window_s
+            ));
         }
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!("zstd_level = {}: use 1 to 19", self.zstd_level));

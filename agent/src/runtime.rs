@@ -540,6 +540,7 @@ async fn run_shard<T: Transport>(
     let mut wc = WriterConfig::new(cfg.segment_dir.join(&sc.device));
     wc.segment_bytes = cfg.segment_mib << 20;
     wc.max_age_ns = cfg.segment_max_age_s * 1_000_000_000;
+    wc.summary_window_ns = cfg.summary_window_s * 1_000_000_000;
     let identity = WriterIdentity {
         host: cfg.host.clone(),
         device: sc.device.clone(),

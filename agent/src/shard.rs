@@ -18,6 +18,7 @@ use rocemesh_formats::record::{
     Arrived, EndpointRole, Outcome, ProbeRecord, ServiceConn, TsSource, six_timestamp_delays,
 };
 use rocemesh_formats::segment::{SegmentError, SegmentWriter};
+use rocemesh_formats::window::LATE_SEND_NS;
 
 use crate::auth::{Auth, AuthParams};
 use crate::clock::now_ns;
@@ -975,6 +976,10 @@ impl<T: Transport> Shard<T> {
                 break;
             }
             self.schedule.pop();
+            if now > due.saturating_add(LATE_SEND_NS) {
+                // The schedule slipped (a frozen host, a busy core): the window's summary says so.
+                self.writer.note_late(due, now - due);
+            }
             let (id, kind, interval, label, addr, tor_slot) = if ti & SERVICE_BIT != 0 {
                 // A removed connection's entry is dropped here, not rescheduled.
                 let Some(s) = self.services.get(ti) else { continue };

@@ -64,6 +64,11 @@ pub enum What {
         /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
+        /// Also print each file's window summaries, a line per window: its probes by class,
+        /// RTT p50 and p99 from its histograms (within 1.6%), and how late the shard's own
+        /// schedule ran.
+        #[arg(long)]
+        windows: bool,
     },
     /// Print the man page (`man`) or shell completions (`bash`, `zsh`, `fish`, `elvish`,
     /// `powershell`) generated from these definitions; packages install them.

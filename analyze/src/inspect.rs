@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use rocemesh_formats::record::Class;
 use rocemesh_formats::segment::{DamageKind, OPEN_SUFFIX, SEALED_SUFFIX, SegmentReader};
+use rocemesh_formats::window::{Measure, bucket_value};
 
 /// One file's verdict.
 #[derive(Debug)]
@@ -37,6 +39,9 @@ pub struct Summary {
     pub damage: Vec<String>,
     /// Records known lost to damage.
     pub records_lost: u64,
+    /// Window summaries (parts of a window each count), and the probes they count.
+    pub window_summaries: u64,
+    pub summarized: u64,
 }
 
 /// Every segment file under `inputs` (files are taken as given; directories are walked).
@@ -89,12 +94,15 @@ pub fn inspect(path: &Path) -> FileReport {
                         DamageKind::CorruptChunk => "corrupt chunk",
                         DamageKind::CorruptFrameHeader => "corrupt frame header",
                         DamageKind::CloseBlock => "close block",
+                        DamageKind::Summary => "window summary",
                     };
                     let lost = d.records_lost.map(|n| format!(", {n} records lost")).unwrap_or_default();
                     format!("{kind} at byte {}{lost}: {}", d.offset, d.detail)
                 })
                 .collect(),
             records_lost: r.damage().iter().filter_map(|d| d.records_lost).map(u64::from).sum(),
+            window_summaries: r.window_summaries().count() as u64,
+            summarized: r.summarized_records(),
         }
     });
     FileReport { path: path.to_path_buf(), outcome }
@@ -105,20 +113,21 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<64} {:<7} {:<6} {:<28} {:>10} {:<20} {:<20} {:>5}",
-        "FILE", "FORMAT", "CLOSED", "WRITER (EPOCH)", "RECORDS", "FIRST (UTC)", "LAST (UTC)", "ENDPT"
+        "{:<64} {:<7} {:<6} {:<28} {:>10} {:<20} {:<20} {:>5} {:>8}",
+        "FILE", "FORMAT", "CLOSED", "WRITER (EPOCH)", "RECORDS", "FIRST (UTC)", "LAST (UTC)", "ENDPT", "WINDOWS"
     );
-    let (mut records, mut lost, mut bad_files, mut damaged) = (0u64, 0u64, 0, 0);
+    let (mut records, mut lost, mut bad_files, mut damaged, mut summarized) = (0u64, 0u64, 0, 0, 0u64);
     for r in reports {
         let name = r.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match &r.outcome {
             Ok(m) => {
                 records += m.records;
                 lost += m.records_lost;
+                summarized += m.summarized;
                 let (a, b) = m.time_range.map(|(a, b)| (utc(a), utc(b))).unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "{:<64} {:<7} {:<6} {:<28} {:>10} {:<20} {:<20} {:>5}",
+                    "{:<64} {:<7} {:<6} {:<28} {:>10} {:<20} {:<20} {:>5} {:>8}",
                     name,
                     if m.sealed { "sealed" } else { "open" },
                     if m.closed { "yes" } else { "no" },
@@ -126,7 +135,8 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
                     m.records,
                     a,
                     b,
-                    m.endpoints
+                    m.endpoints,
+                    m.window_summaries
                 );
                 if !m.damage.is_empty() {
                     damaged += 1;
@@ -143,14 +153,88 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
     }
     let _ = writeln!(
         s,
-        "{} files: {} records readable, {} with damage ({} records lost), {} unreadable",
+        "{} files: {} records readable ({} counted by window summaries), {} with damage ({} records lost), {} unreadable",
         reports.len(),
         records,
+        summarized,
         damaged,
         lost,
         bad_files
     );
     (s, bad_files > 0 || damaged > 0)
+}
+
+/// Every readable file's window summaries, a line per window (or part of one): what `analyze
+/// inspect --windows` prints after the table.
+pub fn render_windows(files: &[PathBuf]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n{:<64} {:<20} {:>5} {:>8} {:>8} {:>8} {:>8} {:>11} {:>11} {:>6} {:>9} {:>6}",
+        "WINDOWS OF FILE",
+        "START (UTC)",
+        "LEN_S",
+        "KEYS",
+        "PROBES",
+        "OK",
+        "LOST",
+        "RTT_NS_P50",
+        "RTT_NS_P99",
+        "LATE",
+        "LATE_MS",
+        "STALLS"
+    );
+    for path in files {
+        let Ok(r) = SegmentReader::open(path) else { continue };
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for w in r.window_summaries() {
+            let sum =
+                |class: Class| -> u64 { w.keys.iter().map(|k| u64::from(k.counts[class as usize].to_native())).sum() };
+            // Every key's RTT cells, by bucket: a histogram of the window's ok probes.
+            let mut rtt: Vec<(u16, u64)> = (0..w.keys.len())
+                .flat_map(|i| w.cells_of(i).iter())
+                .filter(|c| c.measure == Measure::NetworkRtt as u8)
+                .map(|c| (c.bucket.to_native(), u64::from(c.count.to_native())))
+                .collect();
+            rtt.sort_unstable();
+            let q = |p: f64| histogram_quantile(&rtt, p).map_or_else(|| "-".to_owned(), |v| v.to_string());
+            let _ = writeln!(
+                s,
+                "{:<64} {:<20} {:>5} {:>8} {:>8} {:>8} {:>8} {:>11} {:>11} {:>6} {:>9.1} {:>6}",
+                name,
+                utc(w.start_unix_ns.to_native()),
+                w.window_ns.to_native() / 1_000_000_000,
+                w.keys.len(),
+                w.probes(),
+                sum(Class::Ok),
+                sum(Class::Lost),
+                q(0.5),
+                q(0.99),
+                w.late_sends.to_native(),
+                w.late_max_ns.to_native() as f64 / 1e6,
+                w.stalls.len() as u64 + u64::from(w.stalls_dropped.to_native()),
+            );
+        }
+    }
+    s
+}
+
+/// The nearest-rank `p` quantile of a histogram given as (bucket, count) ascending by bucket,
+/// read back as the bucket's midpoint; `None` when it holds nothing.
+fn histogram_quantile(cells: &[(u16, u64)], p: f64) -> Option<u64> {
+    let total: u64 = cells.iter().map(|c| c.1).sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((p * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    cells
+        .iter()
+        .find(|c| {
+            seen += c.1;
+            seen >= rank
+        })
+        .map(|c| bucket_value(c.0))
 }
 
 /// `2023-11-14T22:13:20Z` from Unix nanoseconds (UTC, no time-zone database needed).
@@ -166,6 +250,38 @@ mod tests {
     use rocemesh_formats::segment::{SegmentWriter, WriterConfig, WriterIdentity, seal};
 
     #[test]
+    fn windows_show_counts_quantiles_and_the_shards_own_slips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = WriterConfig::new(dir.path());
+        cfg.summary_window_ns = 1_000_000_000;
+        let mut w = SegmentWriter::new(cfg, WriterIdentity::default()).expect("writer");
+        const T: u64 = 1_700_000_000_000_000_000;
+        // 100 ok probes with RTTs 10,000..=10,990 ns and one lost, in the first second; the
+        // schedule slipped by 250 ms in it.
+        for i in 0..101u64 {
+            let outcome = if i == 100 { 1 } else { 0 };
+            let rtt = if i == 100 { 0 } else { 10_000 + 10 * i as i32 };
+            w.append(&ProbeRecord {
+                t1_unix_ns: T + i * 1_000_000,
+                network_rtt_ns: rtt,
+                outcome,
+                ..Default::default()
+            })
+            .expect("append");
+        }
+        w.note_late(T + 500_000_000, 250_000_000);
+        let files = w.finish().expect("finish");
+        let out = render_windows(&files);
+        let line = out.lines().nth(2).expect("a window line");
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(&cols[1..7], ["2023-11-14T22:13:20Z", "1", "1", "101", "100", "1"], "{out}");
+        let (p50, p99): (f64, f64) = (cols[7].parse().expect("p50"), cols[8].parse().expect("p99"));
+        assert!((p50 - 10_490.0).abs() <= 10_490.0 / 64.0, "{out}");
+        assert!((p99 - 10_980.0).abs() <= 10_980.0 / 64.0, "{out}");
+        assert_eq!(&cols[9..], ["1", "250.0", "1"], "{out}");
+    }
+
+    #[test]
     fn utc_matches_known_instants() {
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(1_700_000_000_000_000_000), "2023-11-14T22:13:20Z");
@@ -179,6 +295,7 @@ mod tests {
         let mut cfg = WriterConfig::new(dir.path());
         cfg.chunk_records = 10;
         cfg.segment_bytes = 2 << 20;
+        cfg.summary_window_ns = 10;
         let mut w = SegmentWriter::new(cfg, id).expect("writer");
         for i in 0..25u64 {
             w.append(&ProbeRecord { t1_unix_ns: 1_700_000_000_000_000_000 + i, seq: i, ..Default::default() })
@@ -192,7 +309,12 @@ mod tests {
         let (table, problems) = render(&clean.iter().map(|p| inspect(p)).collect::<Vec<_>>());
         assert!(!problems, "{table}");
         assert!(table.contains("h1/mlx5_0 (000000ab)") && table.contains(" 25 "), "{table}");
-        assert!(table.contains("1 files: 25 records readable, 0 with damage"), "{table}");
+        // Windows of 10 ns over 25 records 1 ns apart: 3 summaries.
+        assert!(table.lines().nth(1).is_some_and(|l| l.ends_with(" 3")), "{table}");
+        assert!(
+            table.contains("1 files: 25 records readable (25 counted by window summaries), 0 with damage"),
+            "{table}"
+        );
 
         std::fs::write(dir.path().join("junk.rseg"), b"GIF89a not a segment").expect("write");
         let all = find_segments(&[dir.path().to_path_buf()]).expect("find");

@@ -52,7 +52,7 @@ fn main() {
                 exit::USAGE
             }
         },
-        What::Inspect { inputs } => match inspect::find_segments(&inputs) {
+        What::Inspect { inputs, windows } => match inspect::find_segments(&inputs) {
             Err(e) => {
                 eprintln!("analyze inspect: cannot list {inputs:?}: {e}");
                 exit::USAGE
@@ -67,6 +67,9 @@ fn main() {
                 let reports: Vec<_> = files.iter().map(|f| inspect::inspect(f)).collect();
                 let (table, problems) = inspect::render(&reports);
                 print!("{table}");
+                if windows {
+                    print!("{}", inspect::render_windows(&files));
+                }
                 if problems { exit::PROBLEMS } else { exit::OK }
             }
         },

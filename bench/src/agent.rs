@@ -99,30 +99,39 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
             ),
         });
     }
-    // Authentication's cost is a few percent, below one pair's run-to-run noise on a shared
-    // machine: pairs without and with a key, alternated, and the medians compared.
-    let (mut plain, mut keyed) = (Vec::new(), Vec::new());
-    for round in 0..AUTH_ROUNDS {
-        for auth in [false, true] {
-            let setup = Setup { auth, ..Setup::EVENT };
-            let m = pair(agent, &root.path().join(format!("auth{round}-{auth}")), setup, 100, 100.0, seconds)?;
-            if m.lost > 0 {
-                bail!("{} probes lost in the authentication comparison (auth = {auth})", m.lost);
-            }
-            if auth { &mut keyed } else { &mut plain }.push(m.cpu_us_per_probe);
-        }
-    }
-    let (p50_plain, p50_keyed) = (median(&mut plain), median(&mut keyed));
-    out.push(Figure {
-        what: "event mode at 10k probes/s, authenticated (fleet key): CPU per completed probe, median".into(),
-        value: p50_keyed,
-        unit: "us",
-        note: format!(
-            "{:.3}x the unauthenticated median ({p50_plain:.2} us) of {AUTH_ROUNDS} alternated pairs each; \
-             runs without {plain:.2?}, with {keyed:.2?}",
-            p50_keyed / p50_plain
-        ),
-    });
+    // Authentication's and the window summaries' costs are a few percent, below one pair's
+    // run-to-run noise on a shared machine: pairs without and with each, alternated, and the
+    // medians compared.
+    let keyed = Setup { auth: true, ..Setup::EVENT };
+    out.push(alternated(
+        agent,
+        root.path(),
+        "auth",
+        Setup::EVENT,
+        keyed,
+        seconds,
+        |p50_without, p50_with, without, with| {
+            (
+                "event mode at 10k probes/s, authenticated (fleet key): CPU per completed probe, median".into(),
+                format!(
+                    "x{:.3} the unauthenticated median ({p50_without:.2} us) of {ROUNDS} alternated pairs each; \
+                 runs without {without:.2?}, with {with:.2?}",
+                    p50_with / p50_without
+                ),
+            )
+        },
+    )?);
+    let summarised = Setup { summaries: true, ..Setup::EVENT };
+    out.push(alternated(agent, root.path(), "summaries", Setup::EVENT, summarised, seconds, |p50_without, p50_with, without, with| {
+        (
+            "event mode at 10k probes/s, window summaries on (summary_window_s = 5): CPU per completed probe, median".into(),
+            format!(
+                "x{:.3} the median without summaries ({p50_without:.2} us) of {ROUNDS} alternated pairs each; \
+                 runs without {without:.2?}, with {with:.2?}",
+                p50_with / p50_without
+            ),
+        )
+    })?);
     // Busy-poll: offer more and more; the ceiling is the most that completes with < 1% loss
     // (beyond it the responder's socket overflows and what "completes" is not a rate anyone
     // would run at).
@@ -169,11 +178,43 @@ pub fn run(agent: &Path, seconds: u64) -> Result<Vec<Figure>> {
     Ok(out)
 }
 
-const AUTH_ROUNDS: usize = 3;
+/// Pairs per side of an alternated comparison.
+const ROUNDS: usize = 4;
+
+/// `ROUNDS` pairs each of `without` and `with`, alternated in the order without, with, with,
+/// without, ... so that drift on a shared machine, and any cost of running right after another
+/// pair, falls on both sides alike; the figure is `with`'s median CPU per probe, named and
+/// noted by `say` from both medians and both sides' runs (sorted).
+fn alternated(
+    agent: &Path,
+    root: &Path,
+    name: &str,
+    without: Setup,
+    with: Setup,
+    seconds: u64,
+    say: impl Fn(f64, f64, &[f64], &[f64]) -> (String, String),
+) -> Result<Figure> {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let order = if round % 2 == 0 { [(0, without), (1, with)] } else { [(1, with), (0, without)] };
+        for (side, setup) in order {
+            let m = pair(agent, &root.join(format!("{name}{round}-{side}")), setup, 100, 100.0, seconds)?;
+            if m.lost > 0 {
+                bail!("{} probes lost in the {name} comparison ({})", m.lost, ["without", "with"][side]);
+            }
+            if side == 0 { &mut a } else { &mut b }.push(m.cpu_us_per_probe);
+        }
+    }
+    let p50_without = median(&mut a);
+    let p50_with = median(&mut b);
+    let (what, note) = say(p50_without, p50_with, &a, &b);
+    Ok(Figure { what, value: p50_with, unit: "us", note })
+}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n.is_multiple_of(2) { (v[n / 2 - 1] + v[n / 2]) / 2.0 } else { v[n / 2] }
 }
 
 /// How both agents of a pair run.
@@ -186,11 +227,14 @@ struct Setup {
     metrics: bool,
     /// Authenticated probes: both agents share a fleet key.
     auth: bool,
+    /// Window summaries of 5 s (`summary_window_s`; the agent's default is none).
+    summaries: bool,
 }
 
 impl Setup {
-    const EVENT: Setup = Setup { mode: "event", coalesce_us: 0, source_ports: 32, metrics: false, auth: false };
-    const BUSY: Setup = Setup { mode: "busy_poll", coalesce_us: 0, source_ports: 32, metrics: false, auth: false };
+    const EVENT: Setup =
+        Setup { mode: "event", coalesce_us: 0, source_ports: 32, metrics: false, auth: false, summaries: false };
+    const BUSY: Setup = Setup { mode: "busy_poll", ..Setup::EVENT };
 }
 
 /// What the scraper saw.
@@ -336,9 +380,10 @@ fn write_agent(
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let cfg = format!(
         "host = \"{name}\"\npinglist = \"pinglist.toml\"\nsegment_dir = \"segments\"\nmode = \"{}\"\n\
-         event_coalesce_us = {}\nflush_interval_ms = 1000\nstats_interval_s = 0\n[[shard]]\ndevice = \"lo\"\nbind = \"{ip}:{PORT}\"\ncore = {}\nsource_ports = {}\n",
+         event_coalesce_us = {}\nflush_interval_ms = 1000\nstats_interval_s = 0\nsummary_window_s = {}\n[[shard]]\ndevice = \"lo\"\nbind = \"{ip}:{PORT}\"\ncore = {}\nsource_ports = {}\n",
         setup.mode,
         setup.coalesce_us,
+        if setup.summaries { rocemesh_formats::window::DEFAULT_WINDOW_S } else { 0 },
         core % cores,
         setup.source_ports
     );

@@ -31,8 +31,8 @@ const INTER_TOR_TARGETS: usize = 5;
 /// First probe time: window-aligned, fixed so reruns produce the same bytes.
 const START_UNIX_NS: u64 = 1_700_000_010_000_000_000;
 /// Bump when the generated data changes, so old directories are regenerated. 2: sealed files
-/// end in their summary.
-const DATA_VERSION: u32 = 2;
+/// end in their summary; 3: segments carry window summaries, as agents' do by default.
+const DATA_VERSION: u32 = 3;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -429,7 +429,11 @@ fn write_rnic(segments: &Path, rnics: usize, r: usize, records: u64, sealed: boo
         agent_epoch: r as u32 + 1,
         tool: "rocemesh-bench".into(),
     };
-    let mut w = SegmentWriter::new(WriterConfig::new(segments.join(host)), id)?;
+    let cfg = WriterConfig {
+        summary_window_ns: rocemesh_formats::window::DEFAULT_WINDOW_S * 1_000_000_000,
+        ..WriterConfig::new(segments.join(host))
+    };
+    let mut w = SegmentWriter::new(cfg, id)?;
     // Ids as the stream uses them: 0 = itself, 1..=31 = the rest of its ToR, 32.. = other ToRs.
     let mut ends = vec![(name.clone(), tor_name.clone())];
     ends.extend((1..RNICS_PER_TOR).map(|k| rnic_name(rnics, tor, j + k)));

@@ -451,6 +451,18 @@ pub const SCHEMA: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4,a
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
 responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
 path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
+endpoint{id:u32,role:u8{rnic=0,switch=1,service=2,peer=3},name:str,tor:str,addr:[u8;16],\
+service:opt<service_conn{pid:u32,local_qpn:u32,remote_qpn:u32,flow_label:u32,traffic_class:u8,comm:str,remote:str}>};\
+window_summary{start_unix_ns:u64,window_ns:u64,late_max_ns:u64,late_sends:u32,stalls_dropped:u32,stalls:[(u64,u64)],\
+keys:[key{first_t1_ns:u64,last_t1_ns:u64,first_ok_t1_ns:u64,prober:u32,target:u32,flow_label:u32,responder_epoch:u32,\
+epoch_changes:u32,counts:[u32;7],cells_start:u32,cells_len:u32,kind:u8}],cells:[cell{count:u32,bucket:u16,measure:u8,ts_source:u8}]};\
+rkyv0.8/le/align/pw32";
+
+/// The schema before window summaries (frame kind 5), whose files hold none: the same records.
+const SCHEMA_BEFORE_WINDOWS: &str = "outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4,auth_refused=5};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
+prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
+responder_epoch:u32,kind:u8,outcome:u8,arrived:u8,ts_source:u8};\
+path_record{t_unix_ns:u64,src:u32,dst:u32,flow_label:u32,hop_count:u32,hops:[u32;8]};\
 endpoint{id:u32,role:u8{rnic=0,switch=1,service=2},name:str,tor:str,addr:[u8;16],\
 service:opt<service_conn{pid:u32,local_qpn:u32,remote_qpn:u32,flow_label:u32,traffic_class:u8,comm:str,remote:str}>};\
 rkyv0.8/le/align/pw32";
@@ -458,13 +470,15 @@ rkyv0.8/le/align/pw32";
 /// FNV-1a of [`SCHEMA`]: written into every segment header and checked by every reader.
 pub const SCHEMA_HASH: u64 = fnv1a64(SCHEMA.as_bytes());
 
-/// Schemas this build reads besides its own. Their probe and path layouts are this one's; their
-/// dictionary frames are [`EndpointV1`] (frame kind 1), which the reader converts, but for the
+/// Schemas this build reads besides its own. Their probe and path layouts are this one's. The
+/// first is this one before window summaries, whose files simply hold no frame of kind 5. The
+/// others' dictionary frames are [`EndpointV1`] (frame kind 1), which the reader converts, but for the
 /// last one's (this schema before `auth_refused`), which never wrote outcome 5. The schema
 /// before `local_drop` simply never wrote outcome 4. Segments that agents of earlier releases
 /// wrote stay readable.
-pub const READABLE_SCHEMA_HASHES: [u64; 4] = [
+pub const READABLE_SCHEMA_HASHES: [u64; 5] = [
     SCHEMA_HASH,
+    fnv1a64(SCHEMA_BEFORE_WINDOWS.as_bytes()),
     fnv1a64(
         b"outcome{ok=0,lost=1,invalid=2,refused=3,local_drop=4};probe_columns{t1_unix_ns:u64,seq:u64,network_rtt_ns:i32,\
 prober_delay_ns:i32,responder_delay_ns:i32,prober:u32,target:u32,flow_label:u32,\
@@ -640,16 +654,22 @@ mod tests {
     fn earlier_schemas_stay_readable_and_differ_only_by_the_dictionary_and_local_drop() {
         let distinct: std::collections::HashSet<_> = READABLE_SCHEMA_HASHES.iter().collect();
         assert_eq!(distinct.len(), READABLE_SCHEMA_HASHES.len());
+        // Window summaries are a frame kind of their own: the schema before them is this one
+        // without them (and without the peer role's name, which it wrote all the same).
+        let (records, windows) = SCHEMA.split_once("window_summary{").expect("window summaries in the schema");
+        let (_, tail) = windows.split_once("};").expect("the window summary's end");
+        assert_eq!(format!("{records}{tail}").replace(",peer=3}", "}"), SCHEMA_BEFORE_WINDOWS);
         // The hashes pinned by segments of earlier releases: before service endpoints (8bf8c11),
         // and before local_drop as well (f9b751e).
+        let before = SCHEMA_BEFORE_WINDOWS;
         let v1_endpoint = "endpoint{id:u32,role:u8,name:str,tor:str,addr:[u8;16]};rkyv0.8/le/align/pw32";
-        assert_eq!(fnv1a64(SCHEMA.replace(",auth_refused=5}", "}").as_bytes()), READABLE_SCHEMA_HASHES[3]);
-        let (head, _) = SCHEMA.split_once("endpoint{").expect("endpoint in the schema");
+        assert_eq!(fnv1a64(before.replace(",auth_refused=5}", "}").as_bytes()), READABLE_SCHEMA_HASHES[4]);
+        let (head, _) = before.split_once("endpoint{").expect("endpoint in the schema");
         let head = head.replace(",auth_refused=5}", "}");
         let before_services = format!("{head}{v1_endpoint}");
-        assert_eq!(fnv1a64(before_services.as_bytes()), READABLE_SCHEMA_HASHES[1]);
+        assert_eq!(fnv1a64(before_services.as_bytes()), READABLE_SCHEMA_HASHES[2]);
         let before_local_drop = before_services.replace(",local_drop=4}", "}");
-        assert_eq!(fnv1a64(before_local_drop.as_bytes()), READABLE_SCHEMA_HASHES[2]);
+        assert_eq!(fnv1a64(before_local_drop.as_bytes()), READABLE_SCHEMA_HASHES[3]);
     }
 
     #[test]

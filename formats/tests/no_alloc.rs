@@ -3,23 +3,27 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rocemesh_formats::segment::WriteMode;
 
 struct Counting;
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    /// Only the measuring thread's allocations count: the test harness's own threads allocate
-    /// when they please (1 run in 6 saw 4 of theirs inside the measured span).
+    /// Only the measuring thread's allocations count, and each test thread counts its own: the
+    /// test harness's threads allocate when they please (1 run in 6 saw 4 of theirs inside the
+    /// measured span), and the tests of this file run at once.
     static COUNTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn count() {
     if COUNTED.with(std::cell::Cell::get) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        ALLOCATIONS.with(|a| a.set(a.get() + 1));
     }
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
 }
 
 // SAFETY: forwards to the system allocator unchanged; only counts.
@@ -45,7 +49,6 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn appending_and_writing_chunks_does_not_allocate_after_warm_up() {
-    // Both modes in one test: the counter is process-wide, so tests must not run concurrently.
     for mode in [WriteMode::Pwrite, WriteMode::Mmap] {
         measure(mode);
     }
@@ -58,7 +61,7 @@ fn measure(mode: WriteMode) {
     for i in 0..4096 {
         w.append(&common::rec(i)).expect("append");
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     COUNTED.with(|c| c.set(true));
     // 100 chunks, including short flushed ones, all inside the open segment.
     for i in 4096..4096 + 409_600 {
@@ -68,7 +71,7 @@ fn measure(mode: WriteMode) {
         }
     }
     COUNTED.with(|c| c.set(false));
-    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    let after = allocations();
     assert_eq!(w.stats().segments_opened, 1, "the measured span must not include a rotation");
     assert!(w.stats().chunks_written > 100);
     assert_eq!(after - before, 0, "allocations on the append path ({mode:?})");
@@ -97,12 +100,48 @@ fn view_updates_do_not_allocate() {
         r.update(&u, tors.iter().zip(&windows).map(|(t, w)| (t.as_str(), w, w)));
     };
     update(1);
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     COUNTED.with(|c| c.set(true));
     for n in 2..1_000 {
         update(n);
     }
     COUNTED.with(|c| c.set(false));
-    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed) - before, 0, "allocations in view updates");
+    assert_eq!(allocations() - before, 0, "allocations in view updates");
     assert_eq!(r.version(), 999);
+}
+
+/// With window summaries on, the append path still allocates nothing per probe: a window's
+/// summary is built and serialised when it closes, a bounded number of allocations per window
+/// whatever the probes in it (here 10,000).
+#[test]
+fn window_summaries_allocate_per_window_not_per_probe() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = rocemesh_formats::segment::WriterConfig::new(dir.path());
+    cfg.chunk_records = 4096;
+    cfg.segment_bytes = 64 << 20;
+    // Records 10 us apart: 10,000 per 0.1 s window.
+    cfg.summary_window_ns = 100_000_000;
+    cfg.summary_grace_ns = 20_000_000;
+    let id = rocemesh_formats::segment::WriterIdentity { tor: "t0".into(), ..Default::default() };
+    let mut w = rocemesh_formats::segment::SegmentWriter::new(cfg, id).expect("writer");
+    for t in 0..32 {
+        w.endpoint(rocemesh_formats::record::EndpointRole::Rnic, &format!("h{t}/d0"), "t0", [0; 16]);
+    }
+    // Warm-up: the segment opens, and the open windows' tables reach their size.
+    for i in 0..60_000 {
+        w.append(&common::rec(i)).expect("append");
+    }
+    let windows_before = w.stats().summaries_written;
+    let before = allocations();
+    COUNTED.with(|c| c.set(true));
+    for i in 60_000..460_000 {
+        w.append(&common::rec(i)).expect("append");
+    }
+    COUNTED.with(|c| c.set(false));
+    let allocations = allocations() - before;
+    let windows = w.stats().summaries_written - windows_before;
+    assert_eq!(w.stats().segments_opened, 1, "the measured span must not include a rotation");
+    assert!(windows >= 39, "{windows} windows closed");
+    assert!(allocations <= 32 * windows, "{allocations} allocations for {windows} windows of 10,000 probes");
+    w.finish().expect("finish");
 }

@@ -130,6 +130,16 @@ pub fn read_all(path: &Path) -> Option<Contents> {
         assert!(hops as usize <= MAX_HOPS, "a path record with {hops} hops");
         paths += 1;
     }
+    // Window summaries: each validated, together never counting more probes than the file holds.
+    let mut summarized = 0;
+    for w in r.window_summaries() {
+        for i in 0..w.keys.len() {
+            let _ = w.cells_of(i);
+        }
+        summarized += w.probes();
+    }
+    assert_eq!(summarized, r.summarized_records(), "summarized_records() disagrees with the summaries");
+    assert!(summarized <= records, "summaries count {summarized} probes of {records} records");
     // Damage and identity end up in logs and in `analyze inspect`: format them as those do.
     let _ = format!("{r:?} {:?}", r.created_unix_ns());
     Some(Contents { records, dictionary: r.dictionary().len(), paths })
@@ -183,6 +193,9 @@ pub fn self_check() {
     let mut cfg = WriterConfig::new(&dir);
     cfg.chunk_records = 2;
     cfg.segment_bytes = 2 << 20;
+    // Windows of 2 ns: the five records make summary frames of their own.
+    cfg.summary_window_ns = 2;
+    cfg.summary_grace_ns = 1;
     let identity = WriterIdentity {
         host: "tor0-h1".into(),
         device: "mlx5_0".into(),
@@ -229,9 +242,9 @@ pub fn self_check() {
     std::fs::remove_dir_all(&dir).expect("remove the self-check segment");
 
     let mut b = written.clone();
-    // Three probe chunks, a path chunk, and at least one dictionary frame.
+    // Three probe chunks, a path chunk, summaries, and at least one dictionary frame.
     let frames = fix_checksums(&mut b);
-    assert!(frames >= 5, "fix_checksums found {frames} frames in a segment of at least 5: update it from layout.rs");
+    assert!(frames >= 6, "fix_checksums found {frames} frames in a segment of at least 6: update it from layout.rs");
     assert!(b == written, "fix_checksums changed a valid segment: update it from layout.rs");
     let mut fields = Vec::new();
     rewrite_checksums(&mut b, |field, _| {

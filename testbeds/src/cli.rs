@@ -30,6 +30,10 @@ pub enum What {
         /// Worker threads; 0 = one per core. The output does not depend on it.
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// Window summaries beside the records, as the agent's `summary_window_s`: a divisor
+        /// of 3600 seconds, or 0 for none.
+        #[arg(long, default_value_t = rocemesh_formats::window::DEFAULT_WINDOW_S)]
+        summary_window_s: u64,
     },
     /// Score `analyze localize --format json` output against the scenario's faults.
     Score {

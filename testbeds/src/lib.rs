@@ -28,4 +28,4 @@ pub mod simulate;
 pub mod suite;
 
 pub use score::{Finding, Score, parse_findings, score};
-pub use simulate::{SimError, SimSummary, simulate};
+pub use simulate::{SimError, SimSummary, simulate, simulate_summarised};

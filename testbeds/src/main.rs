@@ -27,7 +27,9 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.what {
-        What::Simulate { scenario, out, threads } => simulate(&scenario, &out, threads),
+        What::Simulate { scenario, out, threads, summary_window_s } => {
+            simulate(&scenario, &out, threads, summary_window_s)
+        }
         What::Score { scenario, findings, min_precision, min_recall } => {
             score_findings(&scenario, &findings, min_precision, min_recall)
         }
@@ -63,10 +65,15 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 /// `simulate`: the scenario's segments written, and a line on what and how fast.
-fn simulate(scenario: &Path, out: &Path, threads: usize) -> anyhow::Result<i32> {
+fn simulate(scenario: &Path, out: &Path, threads: usize, summary_window_s: u64) -> anyhow::Result<i32> {
+    if summary_window_s > 3600 || (summary_window_s > 0 && 3600 % summary_window_s != 0) {
+        anyhow::bail!(
+            "--summary-window-s {summary_window_s}: use a divisor of 3600 (1, 2, 5, 10, ... 3600), or 0 for none"
+        );
+    }
     let s = Scenario::load(scenario)?;
     let started = Instant::now();
-    let sum = rocemesh_testbeds::simulate(&s, out, threads)?;
+    let sum = rocemesh_testbeds::simulate_summarised(&s, out, threads, summary_window_s * 1_000_000_000)?;
     let secs = started.elapsed().as_secs_f64();
     println!(
         "simulated {:?}: {} RNICs, {} probe records, {} path records, {} segments, {:.1} MiB in {:.2} s ({:.1} M records/s) -> {}",

@@ -127,9 +127,20 @@ impl LogNormal {
     }
 }
 
-/// Simulate `scenario` into `out`: `out/inventory.toml` and `out/segments/*.rseg`.
-/// `threads` = 0 uses every core.
+/// Simulate `scenario` into `out`: `out/inventory.toml` and `out/segments/*.rseg`, with window
+/// summaries as agents of the default configuration write them. `threads` = 0 uses every core.
 pub fn simulate(scenario: &Scenario, out: &Path, threads: usize) -> Result<SimSummary, SimError> {
+    simulate_summarised(scenario, out, threads, rocemesh_formats::window::DEFAULT_WINDOW_S * 1_000_000_000)
+}
+
+/// [`simulate`], with window summaries of `summary_window_ns` (0: none, as agents configured
+/// with `summary_window_s = 0` write).
+pub fn simulate_summarised(
+    scenario: &Scenario,
+    out: &Path,
+    threads: usize,
+    summary_window_ns: u64,
+) -> Result<SimSummary, SimError> {
     let segments = out.join("segments");
     std::fs::create_dir_all(&segments).map_err(|source| SimError::Io { path: segments.clone(), source })?;
     let fabric = Fabric::new(scenario.clone());
@@ -150,7 +161,7 @@ pub fn simulate(scenario: &Scenario, out: &Path, threads: usize) -> Result<SimSu
                     if id >= fabric.rnic_count() || first_error.lock().map(|e| e.is_some()).unwrap_or(true) {
                         break;
                     }
-                    if let Err(e) = simulate_rnic(&fabric, id as u32, &segments, &mut mine) {
+                    if let Err(e) = simulate_rnic(&fabric, id as u32, &segments, summary_window_ns, &mut mine) {
                         if let Ok(mut slot) = first_error.lock() {
                             slot.get_or_insert(e);
                         }
@@ -237,7 +248,14 @@ struct Dists {
     responder: LogNormal,
 }
 
-fn open_agent(f: &Fabric, rnic: u32, incarnation: usize, dir: &Path, start_t: u64) -> Result<Agent, SegmentError> {
+fn open_agent(
+    f: &Fabric,
+    rnic: u32,
+    incarnation: usize,
+    dir: &Path,
+    start_t: u64,
+    summary_window_ns: u64,
+) -> Result<Agent, SegmentError> {
     let s = &f.scenario;
     let host = f.rnic_host[rnic as usize];
     let tor = format!("tor{}", f.rnic_tor[rnic as usize]);
@@ -248,7 +266,7 @@ fn open_agent(f: &Fabric, rnic: u32, incarnation: usize, dir: &Path, start_t: u6
     // Sized to what this agent will write (closed segments are truncated to their data), so a
     // 10,000-RNIC fabric does not preallocate 64 MiB per RNIC.
     let segment_bytes = ((per_rnic * 48.0 * 1.1) as u64 + (4 << 20)).min(256 << 20);
-    let cfg = WriterConfig { segment_bytes, max_age_ns: u64::MAX / 4, ..WriterConfig::new(dir) };
+    let cfg = WriterConfig { segment_bytes, max_age_ns: u64::MAX / 4, summary_window_ns, ..WriterConfig::new(dir) };
     let identity = WriterIdentity {
         host: f.host_names[host as usize].clone(),
         device: f.rnic_names[rnic as usize].rsplit('/').next().unwrap_or("rnic0").to_owned(),
@@ -326,7 +344,13 @@ struct Schedule {
     inter_n: u64,
 }
 
-fn simulate_rnic(f: &Fabric, rnic: u32, dir: &Path, sum: &mut SimSummary) -> Result<(), SimError> {
+fn simulate_rnic(
+    f: &Fabric,
+    rnic: u32,
+    dir: &Path,
+    summary_window_ns: u64,
+    sum: &mut SimSummary,
+) -> Result<(), SimError> {
     let err = |source| SimError::Segment { rnic: f.rnic_names[rnic as usize].clone(), source };
     let s = &f.scenario;
     let host = f.rnic_host[rnic as usize];
@@ -389,7 +413,7 @@ fn simulate_rnic(f: &Fabric, rnic: u32, dir: &Path, sum: &mut SimSummary) -> Res
             if let Some(old) = agent.take() {
                 finish(old, sum).map_err(err)?;
             }
-            agent = Some(open_agent(f, rnic, incarnation, dir, sent).map_err(err)?);
+            agent = Some(open_agent(f, rnic, incarnation, dir, sent, summary_window_ns).map_err(err)?);
             counter = 0;
         }
         let Some(a) = agent.as_mut() else { continue };
@@ -401,6 +425,11 @@ fn simulate_rnic(f: &Fabric, rnic: u32, dir: &Path, sum: &mut SimSummary) -> Res
         r.prober = a.self_id;
         r.target = a.id(f, target);
         r.flow_label = label;
+        let late_ns = sent - intended;
+        if late_ns > rocemesh_formats::window::LATE_SEND_NS {
+            // The agent's schedule slipped while its host was frozen, and it knows by how much.
+            a.writer.note_late(r.t1_unix_ns.saturating_sub(late_ns), late_ns);
+        }
         a.writer.append(&r).map_err(err)?;
         sum.records += 1;
     }

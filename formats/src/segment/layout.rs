@@ -48,6 +48,10 @@ pub enum FrameKind {
     /// New dictionary entries (an rkyv `Vec<Endpoint>`, with service connections), ids
     /// continuing the previous ones.
     Dictionary = 4,
+    /// Window summaries of the probe chunks before it in the same file (an rkyv
+    /// `Vec<WindowSummary>`, [`crate::window`]); the header's record count is the probes they
+    /// summarise.
+    Windows = 5,
 }
 
 impl FrameKind {
@@ -57,6 +61,7 @@ impl FrameKind {
             2 => Some(Self::Probes),
             3 => Some(Self::Paths),
             4 => Some(Self::Dictionary),
+            5 => Some(Self::Windows),
             _ => None,
         }
     }

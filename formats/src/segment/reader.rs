@@ -25,6 +25,7 @@ use crate::record::{
     ArchivedEndpoint, ArchivedEndpointV1, ArchivedPathRecord, ArchivedProbeColumns, Endpoint, EndpointV1, MAX_HOPS,
     READABLE_SCHEMA_HASHES, SCHEMA_HASH,
 };
+use crate::window::ArchivedWindowSummary;
 
 /// A sealed segment never decompresses beyond this: a corrupt or hostile `.zst` must not be
 /// able to exhaust memory.
@@ -45,6 +46,9 @@ pub enum DamageKind {
     CorruptFrameHeader,
     /// The close block is present but damaged, or promises more data than the file has.
     CloseBlock,
+    /// Window summaries that fail validation, or that count other probes than the file's
+    /// records: they are not used, and the records stand (nothing is lost).
+    Summary,
 }
 
 /// One thing the reader had to skip, and where.
@@ -85,6 +89,8 @@ pub struct SegmentReader {
     dictionary: Vec<Endpoint>,
     probe_chunks: Vec<Range<usize>>,
     path_chunks: Vec<Range<usize>>,
+    window_frames: Vec<Range<usize>>,
+    summarized: u64,
     records: u64,
     time_range: Option<(u64, u64)>,
     frames_end: usize,
@@ -165,6 +171,9 @@ impl SegmentReader {
             dictionary: Vec::new(),
             probes: Vec::new(),
             paths: Vec::new(),
+            windows: Vec::new(),
+            summarized: 0,
+            summary_span: (u64::MAX, 0),
             records: 0,
             lo: u64::MAX,
             hi: 0,
@@ -172,7 +181,45 @@ impl SegmentReader {
             end: HEADER_BYTES,
         };
         scan.run();
-        let Scan { dictionary, probes, paths, records, lo, hi, damage, end, .. } = scan;
+        let Scan {
+            dictionary,
+            probes,
+            paths,
+            mut windows,
+            summarized,
+            summary_span,
+            records,
+            lo,
+            hi,
+            mut damage,
+            end,
+            ..
+        } = scan;
+        // A closed segment's summaries count exactly its records (the writer summarises each
+        // chunk it writes, and closes every window into the file before closing it); an open
+        // one's trail them by the windows still open. Summaries that count more, or probes sent
+        // when none of the file's were (another file's, a forgery), are not of this file's
+        // records, and are not used.
+        let problem = if summarized > records || (close.is_some() && summarized != records) {
+            Some(format!("window summaries count {summarized} probes where the file holds {records} records"))
+        } else if summarized > 0 && (summary_span.0 < lo || summary_span.1 > hi) {
+            Some(format!(
+                "window summaries count probes sent at {}..={} ns, outside the records' {lo}..={hi}",
+                summary_span.0, summary_span.1
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem.filter(|_| !windows.is_empty()) {
+            damage.push(Damage {
+                offset: windows[0].start as u64,
+                kind: DamageKind::Summary,
+                records_lost: None,
+                detail: format!("{problem}: the summaries are not used, the records are"),
+            });
+            windows.clear();
+        }
+        let summarized = if windows.is_empty() { 0 } else { summarized };
         Ok(Self {
             path,
             created_unix_ns: header.created_unix_ns,
@@ -181,6 +228,8 @@ impl SegmentReader {
             dictionary,
             probe_chunks: probes,
             path_chunks: paths,
+            window_frames: windows,
+            summarized,
             records,
             time_range: (records > 0).then_some((lo, hi)),
             frames_end: end,
@@ -254,6 +303,28 @@ impl SegmentReader {
         })
     }
 
+    /// The window summaries ([`crate::window`]), in file order: each validated, and together
+    /// counting no probe the file does not hold.
+    pub fn window_summaries(&self) -> impl Iterator<Item = &ArchivedWindowSummary> + '_ {
+        let b = self.bytes.as_slice();
+        self.window_frames.iter().flat_map(move |r| {
+            // SAFETY: validated as `ArchivedVec<ArchivedWindowSummary>` in `open`; bytes immutable.
+            let v = unsafe { rkyv::access_unchecked::<ArchivedVec<ArchivedWindowSummary>>(&b[r.clone()]) };
+            v.iter()
+        })
+    }
+
+    /// Probes the window summaries count.
+    pub fn summarized_records(&self) -> u64 {
+        self.summarized
+    }
+
+    /// Whether the window summaries count every record of the file: a closed segment whose
+    /// writer summarised (an open one's summaries trail its records by the open windows).
+    pub fn summaries_complete(&self) -> bool {
+        !self.window_frames.is_empty() && self.close.is_some() && self.summarized == self.records
+    }
+
     /// The raw (decompressed) bytes.
     pub(crate) fn raw(&self) -> &[u8] {
         self.bytes.as_slice()
@@ -300,6 +371,10 @@ struct Scan<'a> {
     dictionary: Vec<Endpoint>,
     probes: Vec<Range<usize>>,
     paths: Vec<Range<usize>>,
+    windows: Vec<Range<usize>>,
+    summarized: u64,
+    /// Earliest and latest send time the summaries count.
+    summary_span: (u64, u64),
     records: u64,
     lo: u64,
     hi: u64,
@@ -356,17 +431,23 @@ impl Scan<'_> {
             }
             let next = off + frame_span(h.payload_len as usize);
             let payload = &self.b[payload_start..payload_end];
+            // A summary frame's count is of probes whose records are elsewhere in the file: its
+            // damage loses none of them.
+            let (lost, kind) = match h.kind {
+                FrameKind::Windows => (None, DamageKind::Summary),
+                _ => (Some(h.records), DamageKind::CorruptChunk),
+            };
             if crc32c::crc32c(payload) != h.payload_crc {
                 let is_last = next >= self.limit
                     || next + FRAME_HEADER_BYTES > self.limit
                     || decode_frame_header(&self.b[next..next + FRAME_HEADER_BYTES]).is_err();
                 if is_last && !self.closed {
-                    self.torn(off, Some(h.records), "last chunk's payload checksum does not match: torn write".into());
+                    self.torn(off, lost, "last chunk's payload checksum does not match: torn write".into());
                     return;
                 }
-                self.push(off, DamageKind::CorruptChunk, Some(h.records), "payload checksum does not match".into());
+                self.push(off, kind, lost, "payload checksum does not match".into());
             } else if let Err(reason) = self.accept(h.kind, h.records, payload_start..payload_end) {
-                self.push(off, DamageKind::CorruptChunk, Some(h.records), reason);
+                self.push(off, kind, lost, reason);
             }
             self.end = next.min(self.limit);
             off = next;
@@ -416,6 +497,25 @@ impl Scan<'_> {
                     return Err("path chunk length or hop count out of range".into());
                 }
                 self.paths.push(range);
+            }
+            FrameKind::Windows => {
+                let v = rkyv::access::<ArchivedVec<ArchivedWindowSummary>, rancor::Error>(payload)
+                    .map_err(|e| format!("window summaries: {e}"))?;
+                let problem = v.iter().enumerate().find_map(|(i, w)| w.problem().map(|p| format!("summary {i}: {p}")));
+                let probes: u64 = v.iter().map(ArchivedWindowSummary::probes).sum();
+                match problem {
+                    Some(p) => return Err(format!("window summaries: {p}")),
+                    None if probes != u64::from(records) => {
+                        return Err(format!("window summaries count {probes} probes, their frame says {records}"));
+                    }
+                    None => {}
+                }
+                self.summarized += probes;
+                for k in v.iter().flat_map(|w| w.keys.iter()) {
+                    self.summary_span.0 = self.summary_span.0.min(k.first_t1_ns.to_native());
+                    self.summary_span.1 = self.summary_span.1.max(k.last_t1_ns.to_native());
+                }
+                self.windows.push(range);
             }
         }
         Ok(())

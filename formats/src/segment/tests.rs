@@ -282,7 +282,7 @@ fn earlier_dictionary_frames_stay_readable() {
     // they were; unclosed, as an old agent that crashed leaves it.
     let mut bytes = vec![0u8; HEADER_BYTES];
     let id_len = u32::from_le_bytes(full[12..16].try_into().expect("4 bytes")) as usize;
-    encode_header(&mut bytes, 5, READABLE_SCHEMA_HASHES[1], &full[48..48 + id_len]);
+    encode_header(&mut bytes, 5, READABLE_SCHEMA_HASHES[2], &full[48..48 + id_len]);
     let v1: Vec<EndpointV1> = entries
         .iter()
         .map(|e| EndpointV1 { id: e.id, role: e.role, name: e.name.clone(), tor: e.tor.clone(), addr: e.addr })
@@ -641,4 +641,156 @@ fn a_sealed_segment_carries_a_summary_of_what_its_reader_says() {
 /// A zstd file that is no segment.
 fn compress_foreign() -> Vec<u8> {
     zstd::bulk::compress(&[7u8; 5000], 3).expect("compress")
+}
+
+/// Counts per (window, prober, target, label) and RTT buckets, from the records themselves, as
+/// the writer's summaries must give them.
+type Counts = std::collections::BTreeMap<(u64, u32, u32, u32), ([u32; 7], Vec<u16>)>;
+
+fn counts_of_records(r: &SegmentReader, window_ns: u64, same_tor: &dyn Fn(u32) -> bool) -> Counts {
+    let mut out = Counts::new();
+    for rec in all_records(r) {
+        let label = if same_tor(rec.target) { crate::window::ALL_LABELS } else { rec.flow_label };
+        let key = (rec.t1_unix_ns - rec.t1_unix_ns % window_ns, rec.prober, rec.target, label);
+        let e = out.entry(key).or_default();
+        let class = crate::record::Class::of(rec.outcome, rec.arrived);
+        e.0[class as usize] += 1;
+        if class == crate::record::Class::Ok {
+            e.1.push(crate::window::bucket_of(rec.network_rtt_ns as u64));
+        }
+    }
+    out.values_mut().for_each(|v| v.1.sort_unstable());
+    out
+}
+
+fn counts_of_summaries(r: &SegmentReader) -> Counts {
+    let mut out = Counts::new();
+    for w in r.window_summaries() {
+        for (i, k) in w.keys.iter().enumerate() {
+            let key =
+                (w.start_unix_ns.to_native(), k.prober.to_native(), k.target.to_native(), k.flow_label.to_native());
+            let e = out.entry(key).or_default();
+            for (c, n) in e.0.iter_mut().zip(k.counts.iter()) {
+                *c += n.to_native();
+            }
+            for c in w.cells_of(i).iter().filter(|c| c.measure == crate::window::Measure::NetworkRtt as u8) {
+                e.1.extend(std::iter::repeat_n(c.bucket.to_native(), c.count.to_native() as usize));
+            }
+        }
+    }
+    out.values_mut().for_each(|v| v.1.sort_unstable());
+    out
+}
+
+/// Window summaries count exactly the records of the file they are in, rotation mid-window
+/// included (each segment carries its part), open and sealed; probes within the writer's ToR
+/// are keyed under every label; a chunk lost to damage makes the file's summaries unusable,
+/// never wrong.
+#[test]
+fn window_summaries_count_exactly_the_records_of_their_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.chunk_records = 64;
+    cfg.segment_bytes = 2 << 20;
+    // 100 us between records: 1 ms windows of 10 records, segments of 0.25 s.
+    cfg.summary_window_ns = 1_000_000;
+    cfg.summary_grace_ns = 300_000;
+    cfg.max_age_ns = 250_000_000;
+    let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+    w.endpoint(EndpointRole::Rnic, "tor0-h1/mlx5_0", "tor0", [0; 16]);
+    w.endpoint(EndpointRole::Rnic, "tor0-h2/mlx5_0", "tor0", [1; 16]);
+    w.endpoint(EndpointRole::Rnic, "tor1-h1/mlx5_0", "tor1", [2; 16]);
+    w.endpoint(EndpointRole::Rnic, "tor1-h2/mlx5_0", "tor1", [3; 16]);
+    let n = 10_000;
+    for i in 0..n {
+        w.append(&rec(i)).expect("append");
+    }
+    let stats = w.stats();
+    let closed = w.finish().expect("finish");
+    assert!(closed.len() >= 4, "{closed:?}");
+    assert!(stats.summaries_written > 0);
+    let same_tor = |t: u32| t == 1;
+    let mut total = 0;
+    for path in &closed {
+        let r = SegmentReader::open(path).expect("open");
+        assert!(r.summaries_complete(), "{path:?}: {:?}", r.damage());
+        assert_eq!(r.summarized_records(), r.records());
+        assert_eq!(counts_of_summaries(&r), counts_of_records(&r, 1_000_000, &same_tor), "{path:?}");
+        total += r.records();
+        let sealed = seal(path, 1).expect("seal");
+        let s = SegmentReader::open(&sealed.sealed_path).expect("sealed");
+        assert!(s.summaries_complete());
+        assert_eq!(counts_of_summaries(&s), counts_of_records(&s, 1_000_000, &same_tor));
+    }
+    assert_eq!(total, n);
+
+    // A probe chunk lost to a flipped byte: the summaries count records the file no longer
+    // holds, so they are set aside, said as damage that loses nothing.
+    let (_d, path) = {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = WriterConfig::new(dir.path());
+        cfg.chunk_records = 8;
+        cfg.summary_window_ns = 1_000_000;
+        let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+        for i in 0..40 {
+            w.append(&rec(i)).expect("append");
+        }
+        let closed = w.finish().expect("finish");
+        (dir, closed[0].clone())
+    };
+    let mut bytes = std::fs::read(&path).expect("read");
+    let dict_len = u32::from_le_bytes(bytes[HEADER_BYTES + 8..HEADER_BYTES + 12].try_into().expect("4")) as usize;
+    let first = HEADER_BYTES + layout::frame_span(dict_len);
+    bytes[first + FRAME_HEADER_BYTES + 3] ^= 0x40;
+    std::fs::write(&path, &bytes).expect("write");
+    let r = SegmentReader::open(&path).expect("open");
+    assert_eq!(r.records(), 32);
+    assert!(!r.summaries_complete());
+    assert_eq!(r.window_summaries().count(), 0);
+    let kinds: Vec<_> = r.damage().iter().map(|d| (d.kind, d.records_lost)).collect();
+    assert_eq!(kinds, [(DamageKind::CorruptChunk, Some(8)), (DamageKind::Summary, None)]);
+    assert!(r.damage()[1].detail.contains("count 40 probes where the file holds 32"), "{:?}", r.damage()[1]);
+}
+
+/// Summaries that count as many probes as an open segment holds, but sent an hour after its
+/// records: not of this file, so not used, and said.
+#[test]
+fn summaries_of_other_times_than_the_records_are_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut w = writer(dir.path(), 8);
+    for i in 0..40 {
+        w.append(&rec(i)).expect("append");
+    }
+    w.flush().expect("flush");
+    let path = w.current_path().expect("open segment").to_path_buf();
+    w.crash();
+    let end = SegmentReader::open(&path).expect("open").frames_end();
+    let mut cols = crate::record::ProbeColumns::with_capacity(40);
+    for i in 0..40 {
+        cols.push(&ProbeRecord { t1_unix_ns: rec(i).t1_unix_ns + 3_600_000_000_000, ..rec(i) });
+    }
+    let mut s = crate::window::Summariser::new(1_000_000_000, 0);
+    s.fold(&cols, 0);
+    s.close_all();
+    let forged = s.take_ready();
+    let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&forged).expect("serialise");
+    let mut frame = vec![0u8; layout::frame_span(payload.len())];
+    frame[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+    layout::seal_frame_header(&mut frame, layout::FrameKind::Windows, 40, forged[0].start_unix_ns, payload.len());
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[end..end + frame.len()].copy_from_slice(&frame);
+    std::fs::write(&path, &bytes).expect("write");
+    let r = SegmentReader::open(&path).expect("open");
+    assert_eq!(r.records(), 40);
+    assert_eq!((r.window_summaries().count(), r.summarized_records()), (0, 0));
+    let d = r.damage();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!((d[0].kind, d[0].records_lost), (DamageKind::Summary, None));
+    assert!(d[0].detail.contains("outside the records'"), "{}", d[0].detail);
+}
+
+/// A shard's own stall and a long send gap in its records start at the same floor.
+#[test]
+fn a_summary_stall_starts_where_a_long_send_gap_does() {
+    assert_eq!(crate::window::STALL_NS, LONG_GAP_MIN_NS);
 }

@@ -25,6 +25,7 @@ use super::layout::{
 };
 use super::{SegmentError, io_err};
 use crate::record::{Endpoint, EndpointRole, PathRecord, ProbeColumns, ProbeRecord, SCHEMA_HASH, ServiceConn};
+use crate::window::{Summariser, WindowSummary};
 
 /// Path records are rare; flushing them every this many keeps their frames small.
 const PATH_CHUNK_RECORDS: usize = 1024;
@@ -50,6 +51,13 @@ pub struct WriterConfig {
     pub chunk_records: usize,
     /// How frames reach the file. Default [`WriteMode::Pwrite`].
     pub write_mode: WriteMode,
+    /// Window summaries ([`crate::window`]) of this length are written beside the records; 0
+    /// (the default) writes none.
+    pub summary_window_ns: u64,
+    /// A window's summary is closed once a record sent this long after the window's end is
+    /// written: at least the probe timeout, since a record is written when its probe completes.
+    /// Default 2 s.
+    pub summary_grace_ns: u64,
 }
 
 /// How the writer puts frames into the segment file. Either way the file is preallocated, the
@@ -77,6 +85,8 @@ impl WriterConfig {
             max_age_ns: 600 * 1_000_000_000,
             chunk_records: 4096,
             write_mode: WriteMode::default(),
+            summary_window_ns: 0,
+            summary_grace_ns: 2_000_000_000,
         }
     }
 
@@ -117,6 +127,10 @@ pub struct WriterStats {
     pub segments_closed: u64,
     /// Failed attempts to create, write or close a segment.
     pub write_errors: u64,
+    /// Window summaries written (parts of a window count once each).
+    pub summaries_written: u64,
+    /// Records written after their window's summary was closed: each opened a part of its own.
+    pub summary_late_records: u64,
 }
 
 struct OpenSegment {
@@ -240,6 +254,7 @@ pub struct SegmentWriter {
     spare_frame: Option<rkyv::util::AlignedVec<16>>,
     closed: Vec<PathBuf>,
     stats: WriterStats,
+    summariser: Option<Summariser>,
 }
 
 impl std::fmt::Debug for SegmentWriter {
@@ -270,6 +285,8 @@ impl SegmentWriter {
         let columns = ProbeColumns::with_capacity(cfg.chunk_records);
         // One chunk's worth of rkyv scratch so that serialising never allocates in steady state.
         let arena = Arena::with_capacity(4096);
+        let summariser =
+            (cfg.summary_window_ns > 0).then(|| Summariser::new(cfg.summary_window_ns, cfg.summary_grace_ns));
         Ok(Self {
             cfg,
             identity,
@@ -284,6 +301,7 @@ impl SegmentWriter {
             spare_frame: None,
             closed: Vec::new(),
             stats: WriterStats::default(),
+            summariser,
         })
     }
 
@@ -303,6 +321,10 @@ impl SegmentWriter {
             service: None,
         });
         self.dictionary_ids.insert(name.to_owned(), id);
+        if let Some(s) = &mut self.summariser {
+            // Probes between two ends under one ToR take no path a label chooses.
+            s.set_same_tor(id, !tor.is_empty() && tor == self.identity.tor);
+        }
         id
     }
 
@@ -337,6 +359,15 @@ impl SegmentWriter {
         self.columns.push(record);
         self.stats.records_appended += 1;
         if self.columns.len() >= self.cfg.chunk_records { self.flush() } else { Ok(()) }
+    }
+
+    /// A send due at `due_ns` left `late_ns` late: the shard's schedule slipped (a frozen host,
+    /// a busy core). Noted in the window's summary; call it only for sends late by more than
+    /// [`crate::window::LATE_SEND_NS`], which are rare.
+    pub fn note_late(&mut self, due_ns: u64, late_ns: u64) {
+        if let Some(s) = &mut self.summariser {
+            s.note_late(due_ns, late_ns);
+        }
     }
 
     /// Append one path trace.
@@ -424,10 +455,11 @@ impl SegmentWriter {
         let probe_bound =
             if self.columns.is_empty() { 0 } else { frame_span(ProbeColumns::archived_bound(self.columns.len())) };
         let paths_bound = if self.paths.is_empty() { 0 } else { frame_span(self.paths.len() * 64 + 64) };
+        let summaries_bound = self.summariser.as_ref().map_or(0, |s| frame_span(s.bound(self.columns.len())));
         let rotate = match &self.open {
             Some(seg) => {
                 let dict_bound = dictionary_bound(&self.dictionary[seg.dictionary_written..]);
-                let need = dict_bound + probe_bound + paths_bound;
+                let need = dict_bound + probe_bound + paths_bound + summaries_bound;
                 seg.pos + need > seg.len || last_ns.saturating_sub(seg.close.first_unix_ns) > self.cfg.max_age_ns
             }
             None => false,
@@ -441,7 +473,8 @@ impl SegmentWriter {
         let Some(seg) = self.open.as_mut() else {
             return Err(SegmentError::Config("internal: no open segment after opening one".into()));
         };
-        let need = dictionary_bound(&self.dictionary[seg.dictionary_written..]) + probe_bound + paths_bound;
+        let need =
+            dictionary_bound(&self.dictionary[seg.dictionary_written..]) + probe_bound + paths_bound + summaries_bound;
         if seg.pos + need > seg.len {
             return Err(SegmentError::ChunkTooLarge { chunk_bytes: need, segment_bytes: self.cfg.segment_bytes });
         }
@@ -468,12 +501,18 @@ impl SegmentWriter {
             seg.close.chunks += 1;
             self.stats.records_written += n as u64;
             self.stats.chunks_written += 1;
+            if let Some(s) = &mut self.summariser {
+                s.fold(&self.columns, 0);
+            }
             self.columns.clear();
         }
         if !self.paths.is_empty() {
             let bytes = rkyv::to_bytes::<rancor::Error>(&self.paths).map_err(|e| encode_failure("path chunk", e))?;
             seg.write_frame(FrameKind::Paths, self.paths.len() as u32, first_ns, &bytes)?;
             self.paths.clear();
+        }
+        if let Some(s) = &mut self.summariser {
+            write_summaries(seg, s, &mut self.stats)?;
         }
         seg.close.first_unix_ns = seg.close.first_unix_ns.min(first_ns);
         seg.close.last_unix_ns = seg.close.last_unix_ns.max(last_ns);
@@ -552,6 +591,17 @@ impl SegmentWriter {
     }
 
     fn close_segment(&mut self, mut seg: OpenSegment) -> Result<PathBuf, SegmentError> {
+        if let Some(s) = &mut self.summariser {
+            // Its records' windows close with it (the next segment summarises its own records),
+            // so that a closed segment's summaries count exactly its records. Room for them was
+            // kept by every flush's bound.
+            s.close_all();
+            // Best effort: without them the file's records are read instead (its reader sees
+            // summaries that do not count them all).
+            if write_summaries(&mut seg, s, &mut self.stats).is_err() {
+                self.stats.write_errors += 1;
+            }
+        }
         if seg.close.chunks == 0 {
             seg.close.first_unix_ns = seg.close.first_unix_ns.min(seg.close.last_unix_ns);
         }
@@ -582,6 +632,21 @@ impl Drop for SegmentWriter {
             let _ = self.rotate();
         }
     }
+}
+
+/// Write the summaries `s` has closed as one frame of `seg`.
+fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut WriterStats) -> Result<(), SegmentError> {
+    stats.summary_late_records = s.late_records;
+    let ready = s.take_ready();
+    let Some(first) = ready.first() else { return Ok(()) };
+    let probes: u64 = ready.iter().map(WindowSummary::probes).sum();
+    let bytes = rkyv::to_bytes::<rancor::Error>(&ready).map_err(|e| encode_failure("window summary", e))?;
+    if seg.pos + frame_span(bytes.len()) > seg.len {
+        return Err(SegmentError::ChunkTooLarge { chunk_bytes: bytes.len(), segment_bytes: seg.len as u64 });
+    }
+    seg.write_frame(FrameKind::Windows, probes as u32, first.start_unix_ns, &bytes)?;
+    stats.summaries_written += ready.len() as u64;
+    Ok(())
 }
 
 /// Size of an archived [`Endpoint`] without its strings' bytes.
