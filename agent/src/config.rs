@@ -115,8 +115,8 @@ pub struct AgentConfig {
     /// 0 = none, the default: no analysis reads them yet, and where a key holds about one probe
     /// per window (a wide fleet's inter-ToR labels) they cost more bytes than the records. 5 is
     /// the length they are designed for. The windows start at multiples of it since the Unix
-    /// epoch, so it divides an hour: analysis windows of whole minutes are made of whole
-    /// summary windows.
+    /// epoch, and it divides an hour, so every agent's windows line up and every hour starts
+    /// one.
     #[serde(default)]
     pub summary_window_s: u64,
     /// Disk budget for all of this agent's sealed segments (MiB); the oldest are evicted. Each

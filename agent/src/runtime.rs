@@ -541,6 +541,11 @@ async fn run_shard<T: Transport>(
     wc.segment_bytes = cfg.segment_mib << 20;
     wc.max_age_ns = cfg.segment_max_age_s * 1_000_000_000;
     wc.summary_window_ns = cfg.summary_window_s * 1_000_000_000;
+    // A record is written when its probe completes, up to the pinglist's timeout after it was
+    // sent (at most MAX_TIMEOUT_MS, whatever a reload brings), and reaches the writer within a
+    // flush interval: a window is closed no sooner.
+    wc.summary_grace_ns =
+        (u64::from(rocemesh_formats::pinglist::MAX_TIMEOUT_MS) + cfg.flush_interval_ms) * 1_000_000 + 1_000_000_000;
     let identity = WriterIdentity {
         host: cfg.host.clone(),
         device: sc.device.clone(),

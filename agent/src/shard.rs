@@ -976,10 +976,6 @@ impl<T: Transport> Shard<T> {
                 break;
             }
             self.schedule.pop();
-            if now > due.saturating_add(LATE_SEND_NS) {
-                // The schedule slipped (a frozen host, a busy core): the window's summary says so.
-                self.writer.note_late(due, now - due);
-            }
             let (id, kind, interval, label, addr, tor_slot) = if ti & SERVICE_BIT != 0 {
                 // A removed connection's entry is dropped here, not rescheduled.
                 let Some(s) = self.services.get(ti) else { continue };
@@ -994,6 +990,10 @@ impl<T: Transport> Shard<T> {
                 }
                 (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize], t.tor_slot)
             };
+            if now > due.saturating_add(LATE_SEND_NS) {
+                // The schedule slipped (a frozen host, a busy core): the window's summary says so.
+                self.writer.note_late(due, now - due);
+            }
             // After a stall, resume the cadence instead of firing the backlog in a burst.
             let next = if due + interval < now { now + interval } else { due + interval };
             self.schedule.push(Reverse((next, ti)));

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rocemesh_formats::segment::{SEALED_SUFFIX, SegmentReader, name_first_ms};
+use rocemesh_formats::segment::{DamageKind, SEALED_SUFFIX, SegmentReader, name_first_ms};
 
 use crate::remote::{RemotePath, Ssh, run_parallel, sh_quote};
 
@@ -405,7 +405,10 @@ fn receive_one(stream: &mut impl BufRead, f: &Listed, local: &Path) -> Result<Re
 fn verify_and_place(part: &Path, f: &Listed, local: &Path, damaged: &Path) -> Fetched {
     let verdict = match SegmentReader::open(part) {
         Ok(r) if !r.is_sealed() => Err("not sealed".to_owned()),
-        Ok(r) if !r.damage().is_empty() => Err(format!("{} damaged region(s)", r.damage().len())),
+        // Summaries set aside cost no record: the file's records are whole.
+        Ok(r) if r.damage().iter().any(|d| d.kind != DamageKind::Summary) => {
+            Err(format!("{} damaged region(s)", r.damage().len()))
+        }
         Ok(_) => Ok(()),
         Err(e) => Err(e
             .to_string()

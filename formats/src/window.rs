@@ -257,8 +257,14 @@ impl ArchivedWindowSummary {
 /// The frame payload: the summaries one flush closed.
 pub type WindowSummaries = Vec<WindowSummary>;
 
-/// Windows a summariser keeps open at once; a record past them closes the oldest.
+/// Windows a summariser keeps open at once, at least; more where the grace spans more
+/// windows (`Summariser::new`), up to [`MAX_OPEN_CAP`]. A record past them closes the oldest.
 const MAX_OPEN: usize = 4;
+/// The most windows ever open at once (1 s windows under a grace of a minute).
+const MAX_OPEN_CAP: usize = 64;
+/// Closed summaries kept while none can be written (no segment can be opened: a full disk);
+/// older ones are dropped and counted.
+const MAX_READY: usize = 256;
 
 /// One open window: counters by key and cells, in tables reused from window to window, so that
 /// a shard's steady state allocates nothing per probe.
@@ -363,8 +369,13 @@ pub struct Summariser {
     ready: Vec<WindowSummary>,
     /// Latest T1 folded: windows that ended a grace before it are closed.
     watermark: u64,
-    /// Records that came after their window was closed (each opened a part of its own).
-    pub late_records: u64,
+    /// Windows open at once at most (see [`MAX_OPEN`]).
+    max_open: usize,
+    /// Parts of a window opened for records that came after its summary was closed (a probe
+    /// completing more than the grace after its window ended).
+    pub late_parts: u64,
+    /// Closed summaries dropped unwritten ([`MAX_READY`]).
+    pub dropped: u64,
     /// Which dictionary ids are RNICs under one ToR with the writer's (their probes' label
     /// chooses no path): ids of the writer's dictionary, grown as it grows.
     same_tor: Vec<bool>,
@@ -375,14 +386,20 @@ impl Summariser {
     /// has been written (records are written when their probe completes, up to a timeout after
     /// it was sent).
     pub fn new(window_ns: u64, grace_ns: u64) -> Summariser {
+        // A window stays open until a grace past its end: the windows the grace spans, the one
+        // it ends in, the current one and one spare.
+        let spanned = usize::try_from(grace_ns / window_ns.max(1)).unwrap_or(usize::MAX).saturating_add(3);
+        let max_open = spanned.clamp(MAX_OPEN, MAX_OPEN_CAP);
         Summariser {
             window_ns,
             grace_ns,
-            open: Vec::with_capacity(MAX_OPEN + 1),
-            spare: Vec::with_capacity(MAX_OPEN + 1),
+            open: Vec::with_capacity(max_open + 1),
+            spare: Vec::with_capacity(max_open + 1),
             ready: Vec::new(),
             watermark: 0,
-            late_records: 0,
+            max_open,
+            late_parts: 0,
+            dropped: 0,
             same_tor: Vec::new(),
         }
     }
@@ -401,15 +418,15 @@ impl Summariser {
         self.same_tor[id] = same;
     }
 
-    fn window(&mut self, t_ns: u64) -> &mut Open {
+    fn window(&mut self, t_ns: u64, record: bool) -> &mut Open {
         let start = t_ns - t_ns % self.window_ns;
         if let Some(i) = self.open.iter().rposition(|o| o.start == start) {
             return &mut self.open[i];
         }
-        if start.saturating_add(self.window_ns).saturating_add(self.grace_ns) <= self.watermark {
-            self.late_records += 1;
+        if record && start.saturating_add(self.window_ns).saturating_add(self.grace_ns) <= self.watermark {
+            self.late_parts += 1;
         }
-        if self.open.len() >= MAX_OPEN {
+        if self.open.len() >= self.max_open {
             let oldest = (0..self.open.len()).min_by_key(|&i| self.open[i].start).unwrap_or(0);
             let o = self.open.swap_remove(oldest);
             self.close(o);
@@ -423,6 +440,10 @@ impl Summariser {
 
     fn close(&mut self, o: Open) {
         if !o.is_empty() {
+            if self.ready.len() >= MAX_READY {
+                self.ready.remove(0);
+                self.dropped += 1;
+            }
             self.ready.push(o.summary(self.window_ns));
         }
         self.spare.push(o);
@@ -438,7 +459,7 @@ impl Summariser {
             let same_tor = self.same_tor.get(target as usize).copied().unwrap_or(false);
             let label = if same_tor { ALL_LABELS } else { cols.flow_label[i] };
             let class = Class::of(cols.outcome[i], cols.arrived[i]);
-            let o = self.window(t1);
+            let o = self.window(t1, true);
             let next = o.keys.len() as u32;
             let k = *o.index.entry(((u64::from(prober) << 32) | u64::from(target), label)).or_insert(next);
             if k == next {
@@ -481,7 +502,7 @@ impl Summariser {
 
     /// A send due at `due_ns` left `late_ns` late (the shard's own schedule slipping).
     pub fn note_late(&mut self, due_ns: u64, late_ns: u64) {
-        let o = self.window(due_ns);
+        let o = self.window(due_ns, false);
         o.late_max_ns = o.late_max_ns.max(late_ns);
         o.late_sends += u32::from(late_ns > LATE_SEND_NS);
         if late_ns <= STALL_NS {
@@ -507,19 +528,34 @@ impl Summariser {
     }
 
     /// Closed summaries not yet written, oldest first.
+    pub fn ready(&mut self) -> &WindowSummaries {
+        self.ready.sort_by_key(|s| s.start_unix_ns);
+        &self.ready
+    }
+
+    /// Forget the closed summaries (written, or belonging to a segment that closed without
+    /// them).
+    pub fn clear_ready(&mut self) {
+        self.ready.clear();
+    }
+
+    /// Closed summaries not yet written, oldest first, taken.
     pub fn take_ready(&mut self) -> WindowSummaries {
         self.ready.sort_by_key(|s| s.start_unix_ns);
         std::mem::take(&mut self.ready)
     }
 
-    /// Bytes the summaries of every open and closed window archive to, at most, plus what `records`
-    /// more records could add.
-    pub fn bound(&self, records: usize) -> usize {
+    /// Bytes the summaries of every open and closed window archive to, at most, plus what
+    /// `records` more records sent over `span_ns` could add: a key and three cells each, and a
+    /// window of their own for every window they span (records in send order, as a shard's
+    /// nearly are; a pathological order can open more, and then the summaries do not fit and
+    /// are dropped, never the records).
+    pub fn bound(&self, records: usize, span_ns: u64) -> usize {
         let open: usize = self.open.iter().map(Open::bound).sum();
         let ready: usize = self.ready.iter().map(|s| summary_bound(s.keys.len(), s.cells.len(), s.stalls.len())).sum();
-        // A record may open a window, add a key and three cells.
-        let more = if records == 0 { 0 } else { (MAX_OPEN + 1) * summary_bound(0, 0, MAX_STALLS) };
-        64 + open + ready + more + summary_bound(records, 3 * records, 0)
+        let spanned = usize::try_from(span_ns / self.window_ns.max(1)).unwrap_or(usize::MAX).saturating_add(2);
+        let windows = if records == 0 { 0 } else { spanned.min(records) };
+        64 + open + ready + windows * summary_bound(0, 0, 0) + summary_bound(records, 3 * records, 0)
     }
 
     /// Whether nothing is open or waiting.
@@ -612,7 +648,7 @@ mod tests {
         assert_eq!(rtt.len(), 2, "{rtt:?}");
         // A record of the closed window opens a part of its own, counted.
         s.fold(&cols(&[(104 * S, 1, 5, 0, 9_000)]), 0);
-        assert_eq!(s.late_records, 1);
+        assert_eq!(s.late_parts, 1);
         s.close_all();
         let parts: Vec<(u64, u64)> = s.take_ready().iter().map(|w| (w.start_unix_ns / S, w.probes())).collect();
         assert_eq!(parts, [(100, 1), (105, 2)]);

@@ -128,7 +128,8 @@ impl LogNormal {
 }
 
 /// Simulate `scenario` into `out`: `out/inventory.toml` and `out/segments/*.rseg`, with window
-/// summaries as agents of the default configuration write them. `threads` = 0 uses every core.
+/// summaries of 5 s (agents write none unless configured; the simulator writes them so that
+/// the analysis of them has data). `threads` = 0 uses every core.
 pub fn simulate(scenario: &Scenario, out: &Path, threads: usize) -> Result<SimSummary, SimError> {
     simulate_summarised(scenario, out, threads, rocemesh_formats::window::DEFAULT_WINDOW_S * 1_000_000_000)
 }
@@ -265,7 +266,10 @@ fn open_agent(
         * s.duration_s as f64;
     // Sized to what this agent will write (closed segments are truncated to their data), so a
     // 10,000-RNIC fabric does not preallocate 64 MiB per RNIC.
-    let segment_bytes = ((per_rnic * 48.0 * 1.1) as u64 + (4 << 20)).min(256 << 20);
+    // Window summaries cost up to about 112 bytes per probe where keys are sparse (a probe per
+    // key and window).
+    let per_probe = if summary_window_ns > 0 { 48.0 + 112.0 } else { 48.0 };
+    let segment_bytes = ((per_rnic * per_probe * 1.1) as u64 + (4 << 20)).min(256 << 20);
     let cfg = WriterConfig { segment_bytes, max_age_ns: u64::MAX / 4, summary_window_ns, ..WriterConfig::new(dir) };
     let identity = WriterIdentity {
         host: f.host_names[host as usize].clone(),

@@ -195,12 +195,14 @@ impl SegmentReader {
             end,
             ..
         } = scan;
-        // A closed segment's summaries count exactly its records (the writer summarises each
-        // chunk it writes, and closes every window into the file before closing it); an open
-        // one's trail them by the windows still open. Summaries that count more, or probes sent
-        // when none of the file's were (another file's, a forgery), are not of this file's
-        // records, and are not used.
-        let problem = if summarized > records || (close.is_some() && summarized != records) {
+        // A segment's summaries count its records, or fewer: the writer summarises each chunk
+        // it writes and closes every window into the file before closing it, but an open
+        // segment's trail its records by the windows still open, and a writer that died, or had
+        // no room for them, left some unwritten (`summaries_complete` says whether they count
+        // them all). Summaries that count more, or probes sent when none of the file's were,
+        // are not of these records: explained when records were lost to damage (they are then
+        // simply not used), else another file's or a forgery, which is said.
+        let problem = if summarized > records {
             Some(format!("window summaries count {summarized} probes where the file holds {records} records"))
         } else if summarized > 0 && (summary_span.0 < lo || summary_span.1 > hi) {
             Some(format!(
@@ -210,6 +212,10 @@ impl SegmentReader {
         } else {
             None
         };
+        let explained = damage.iter().any(|d| d.kind != DamageKind::Summary);
+        if problem.is_some() && explained {
+            windows.clear();
+        }
         if let Some(problem) = problem.filter(|_| !windows.is_empty()) {
             damage.push(Damage {
                 offset: windows[0].start as u64,

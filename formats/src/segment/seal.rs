@@ -27,8 +27,8 @@ pub struct SealReport {
     /// Size of the sealed file.
     pub sealed_bytes: u64,
     /// Damage found in the source (a torn tail after a crash is normal); torn tails are not
-    /// carried into the sealed copy, corrupt chunks are (as evidence), and are reported again by
-    /// every reader of it.
+    /// carried into the sealed copy, corrupt chunks are (as evidence), and so are window
+    /// summaries that are not of the records; every reader of it reports them again.
     pub damage: Vec<Damage>,
 }
 
@@ -57,7 +57,14 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
             path.display()
         )));
     }
-    let carried: Vec<Damage> = source.damage().iter().filter(|d| d.kind == DamageKind::CorruptChunk).cloned().collect();
+    // Corrupt chunks stay as evidence, and summaries that are not of the records stay set
+    // aside: the sealed copy's reader finds both again.
+    let carried: Vec<Damage> = source
+        .damage()
+        .iter()
+        .filter(|d| matches!(d.kind, DamageKind::CorruptChunk | DamageKind::Summary))
+        .cloned()
+        .collect();
 
     if sealed_path.exists() {
         return finish_interrupted_seal(path, &dir, &source, sealed_path);
@@ -198,7 +205,7 @@ fn verify_sealed(
         (Ok(r), Ok(SummaryRead::Found(back))) => {
             r.records() == source.records()
                 && r.is_closed()
-                && r.damage().iter().all(|d| d.kind == DamageKind::CorruptChunk)
+                && r.damage().iter().all(|d| matches!(d.kind, DamageKind::CorruptChunk | DamageKind::Summary))
                 && r.damage().len() == carried.len()
                 && r.dictionary() == source.dictionary()
                 && back.facts == *summary

@@ -725,7 +725,7 @@ fn window_summaries_count_exactly_the_records_of_their_file() {
     assert_eq!(total, n);
 
     // A probe chunk lost to a flipped byte: the summaries count records the file no longer
-    // holds, so they are set aside, said as damage that loses nothing.
+    // holds, which the damage explains: they are not used, and the file still seals.
     let (_d, path) = {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = WriterConfig::new(dir.path());
@@ -748,8 +748,34 @@ fn window_summaries_count_exactly_the_records_of_their_file() {
     assert!(!r.summaries_complete());
     assert_eq!(r.window_summaries().count(), 0);
     let kinds: Vec<_> = r.damage().iter().map(|d| (d.kind, d.records_lost)).collect();
-    assert_eq!(kinds, [(DamageKind::CorruptChunk, Some(8)), (DamageKind::Summary, None)]);
-    assert!(r.damage()[1].detail.contains("count 40 probes where the file holds 32"), "{:?}", r.damage()[1]);
+    assert_eq!(kinds, [(DamageKind::CorruptChunk, Some(8))]);
+    drop(r);
+    let sealed = seal(&path, 1).expect("a file with a corrupt chunk and its summaries seals");
+    let s = SegmentReader::open(&sealed.sealed_path).expect("sealed");
+    assert_eq!((s.records(), s.window_summaries().count()), (32, 0));
+
+    // A writer killed with windows open: its summaries count fewer records than it holds. They
+    // are incomplete, not damage, and the segment seals as every crashed one does.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.chunk_records = 8;
+    cfg.summary_window_ns = 1_000_000;
+    cfg.summary_grace_ns = 0;
+    let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+    for i in 0..100 {
+        w.append(&rec(i)).expect("append");
+    }
+    w.flush().expect("flush");
+    let path = w.current_path().expect("open segment").to_path_buf();
+    w.crash();
+    let r = SegmentReader::open(&path).expect("open");
+    assert!(r.summarized_records() > 0 && r.summarized_records() < r.records(), "{r:?}");
+    assert!(!r.summaries_complete() && r.damage().is_empty(), "{:?}", r.damage());
+    drop(r);
+    let sealed = seal(&path, 1).expect("a crashed segment with summaries seals");
+    let s = SegmentReader::open(&sealed.sealed_path).expect("sealed");
+    assert!(s.is_closed() && !s.summaries_complete() && s.damage().is_empty(), "{:?}", s.damage());
+    assert_eq!(s.records(), 100);
 }
 
 /// Summaries that count as many probes as an open segment holds, but sent an hour after its

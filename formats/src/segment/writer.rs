@@ -99,7 +99,13 @@ impl WriterConfig {
             )));
         }
         let chunk_bytes = frame_span(ProbeColumns::archived_bound(self.chunk_records));
-        let needed = HEADER_BYTES as u64 + 2 * chunk_bytes as u64 + DICTIONARY_HEADROOM_BYTES;
+        // With summaries, room for what one chunk's records can add to them (sent in order).
+        let summaries = if self.summary_window_ns == 0 {
+            0
+        } else {
+            frame_span(crate::window::summary_bound(self.chunk_records, 3 * self.chunk_records, 0)) as u64
+        };
+        let needed = HEADER_BYTES as u64 + 2 * chunk_bytes as u64 + DICTIONARY_HEADROOM_BYTES + summaries;
         if self.segment_bytes < needed {
             return Err(SegmentError::ChunkTooLarge { chunk_bytes, segment_bytes: self.segment_bytes });
         }
@@ -129,8 +135,11 @@ pub struct WriterStats {
     pub write_errors: u64,
     /// Window summaries written (parts of a window count once each).
     pub summaries_written: u64,
-    /// Records written after their window's summary was closed: each opened a part of its own.
-    pub summary_late_records: u64,
+    /// Parts of a window opened for records written after its summary was closed.
+    pub summary_late_parts: u64,
+    /// Summaries never written: no room for them in their segment (which then reads its
+    /// records rather than its summaries), or too many waiting while no segment could be opened.
+    pub summaries_dropped: u64,
 }
 
 struct OpenSegment {
@@ -455,11 +464,14 @@ impl SegmentWriter {
         let probe_bound =
             if self.columns.is_empty() { 0 } else { frame_span(ProbeColumns::archived_bound(self.columns.len())) };
         let paths_bound = if self.paths.is_empty() { 0 } else { frame_span(self.paths.len() * 64 + 64) };
-        let summaries_bound = self.summariser.as_ref().map_or(0, |s| frame_span(s.bound(self.columns.len())));
+        let span_ns = last_ns.saturating_sub(first_ns);
+        // Room kept for the summaries the chunk closes: a segment without it is rotated first
+        // (summaries that still do not fit are dropped, never the records).
+        let summary_room = self.summariser.as_ref().map_or(0, |s| frame_span(s.bound(self.columns.len(), span_ns)));
         let rotate = match &self.open {
             Some(seg) => {
                 let dict_bound = dictionary_bound(&self.dictionary[seg.dictionary_written..]);
-                let need = dict_bound + probe_bound + paths_bound + summaries_bound;
+                let need = dict_bound + probe_bound + paths_bound + summary_room;
                 seg.pos + need > seg.len || last_ns.saturating_sub(seg.close.first_unix_ns) > self.cfg.max_age_ns
             }
             None => false,
@@ -473,8 +485,7 @@ impl SegmentWriter {
         let Some(seg) = self.open.as_mut() else {
             return Err(SegmentError::Config("internal: no open segment after opening one".into()));
         };
-        let need =
-            dictionary_bound(&self.dictionary[seg.dictionary_written..]) + probe_bound + paths_bound + summaries_bound;
+        let need = dictionary_bound(&self.dictionary[seg.dictionary_written..]) + probe_bound + paths_bound;
         if seg.pos + need > seg.len {
             return Err(SegmentError::ChunkTooLarge { chunk_bytes: need, segment_bytes: self.cfg.segment_bytes });
         }
@@ -511,11 +522,12 @@ impl SegmentWriter {
             seg.write_frame(FrameKind::Paths, self.paths.len() as u32, first_ns, &bytes)?;
             self.paths.clear();
         }
-        if let Some(s) = &mut self.summariser {
-            write_summaries(seg, s, &mut self.stats)?;
-        }
         seg.close.first_unix_ns = seg.close.first_unix_ns.min(first_ns);
         seg.close.last_unix_ns = seg.close.last_unix_ns.max(last_ns);
+        if let Some(s) = &mut self.summariser {
+            // The records are in the file whatever becomes of their summaries.
+            write_summaries(seg, s, &mut self.stats);
+        }
         Ok(())
     }
 
@@ -596,11 +608,7 @@ impl SegmentWriter {
             // so that a closed segment's summaries count exactly its records. Room for them was
             // kept by every flush's bound.
             s.close_all();
-            // Best effort: without them the file's records are read instead (its reader sees
-            // summaries that do not count them all).
-            if write_summaries(&mut seg, s, &mut self.stats).is_err() {
-                self.stats.write_errors += 1;
-            }
+            write_summaries(&mut seg, s, &mut self.stats);
         }
         if seg.close.chunks == 0 {
             seg.close.first_unix_ns = seg.close.first_unix_ns.min(seg.close.last_unix_ns);
@@ -634,19 +642,27 @@ impl Drop for SegmentWriter {
     }
 }
 
-/// Write the summaries `s` has closed as one frame of `seg`.
-fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut WriterStats) -> Result<(), SegmentError> {
-    stats.summary_late_records = s.late_records;
-    let ready = s.take_ready();
-    let Some(first) = ready.first() else { return Ok(()) };
+/// Write the summaries `s` has closed as one frame of `seg`. They are of `seg`'s records and of
+/// no other file's: ones that do not fit (or fail to write) are dropped and counted, and the
+/// segment's reader then finds summaries that do not count all its records, and reads the
+/// records.
+fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut WriterStats) {
+    stats.summary_late_parts = s.late_parts;
+    let ready = s.ready();
+    let Some(first) = ready.first() else { return };
+    let (n, start) = (ready.len() as u64, first.start_unix_ns);
     let probes: u64 = ready.iter().map(WindowSummary::probes).sum();
-    let bytes = rkyv::to_bytes::<rancor::Error>(&ready).map_err(|e| encode_failure("window summary", e))?;
-    if seg.pos + frame_span(bytes.len()) > seg.len {
-        return Err(SegmentError::ChunkTooLarge { chunk_bytes: bytes.len(), segment_bytes: seg.len as u64 });
+    let written = rkyv::to_bytes::<rancor::Error>(ready).ok().is_some_and(|bytes| {
+        seg.pos + frame_span(bytes.len()) <= seg.len
+            && seg.write_frame(FrameKind::Windows, probes as u32, start, &bytes).is_ok()
+    });
+    if written {
+        stats.summaries_written += n;
+    } else {
+        stats.summaries_dropped += n;
     }
-    seg.write_frame(FrameKind::Windows, probes as u32, first.start_unix_ns, &bytes)?;
-    stats.summaries_written += ready.len() as u64;
-    Ok(())
+    s.clear_ready();
+    stats.summaries_dropped += std::mem::take(&mut s.dropped);
 }
 
 /// Size of an archived [`Endpoint`] without its strings' bytes.
