@@ -764,12 +764,8 @@ impl AgentConfig {
             // a date a day after it can hold anything new: a segment must span less than a day.
             return Err(format!("segment_max_age_s = {}: use 1 to 86400 (a day)", self.segment_max_age_s));
         }
-        if self.summary_window_s > 3600 || (self.summary_window_s > 0 && 3600 % self.summary_window_s != 0) {
-            return Err(format!(
-                "summary_window_s = {}: use a divisor of 3600 (1, 2, 5, 10, 15, 30, 60, ... 3600), or 0 for no summaries",
-                self.summary_window_s
-            ));
-        }
+        rocemesh_formats::window::check_window_s(self.summary_window_s)
+            .map_err(|e| format!("summary_window_s = {e}"))?;
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!("zstd_level = {}: use 1 to 19", self.zstd_level));
         }

@@ -313,7 +313,9 @@ impl<T: Transport> Shard<T> {
     /// Counters.
     pub fn stats(&self) -> ShardStats {
         let mut s = self.stats;
-        s.records_dropped = self.writer.stats().records_dropped;
+        let w = self.writer.stats();
+        (s.records_dropped, s.summaries_written, s.summaries_dropped, s.summary_late_parts) =
+            (w.records_dropped, w.summaries_written, w.summaries_dropped, w.summary_late_parts);
         s.recv_errors = self.errors.count(ERR_RECV);
         s.tx_stamp_errors = self.errors.count(ERR_TX_STAMPS);
         s.write_errors = self.errors.count(ERR_WRITE);

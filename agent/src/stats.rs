@@ -67,6 +67,12 @@ pub struct ShardStats {
     pub inflight_overflow: u64,
     /// Records the segment writer could not store.
     pub records_dropped: u64,
+    /// Window summaries written, dropped (no room in their segment: that file's records are
+    /// read instead), and parts opened for records completing after their window closed
+    /// (`summary_window_s`; all 0 without summaries).
+    pub summaries_written: u64,
+    pub summaries_dropped: u64,
+    pub summary_late_parts: u64,
     /// Traced service connections: probed now, taken, ended, refused.
     pub services: ServiceStats,
     /// Other agents' path trace packets that reached this shard (their last TTL): expected,

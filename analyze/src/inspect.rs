@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rocemesh_formats::record::Class;
 use rocemesh_formats::segment::{DamageKind, OPEN_SUFFIX, SEALED_SUFFIX, SegmentReader};
-use rocemesh_formats::window::{Measure, bucket_value};
+use rocemesh_formats::window::{ArchivedWindowSummary, Measure, bucket_value};
 
 /// One file's verdict.
 #[derive(Debug)]
@@ -42,6 +42,9 @@ pub struct Summary {
     /// Window summaries (parts of a window each count), and the probes they count.
     pub window_summaries: u64,
     pub summarized: u64,
+    /// Its window summaries as `analyze inspect --windows` prints them, a line per window after
+    /// the file's name; empty unless asked for ([`inspect`]).
+    pub windows: Vec<String>,
 }
 
 /// Every segment file under `inputs` (files are taken as given; directories are walked).
@@ -72,8 +75,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Validate one file.
-pub fn inspect(path: &Path) -> FileReport {
+/// Validate one file; with `windows`, also render its window summaries (from the same read).
+pub fn inspect(path: &Path, windows: bool) -> FileReport {
     let outcome = SegmentReader::open(path).map_err(|e| e.to_string()).map(|r| {
         let id = r.identity();
         Summary {
@@ -103,6 +106,7 @@ pub fn inspect(path: &Path) -> FileReport {
             records_lost: r.damage().iter().filter_map(|d| d.records_lost).map(u64::from).sum(),
             window_summaries: r.window_summaries().count() as u64,
             summarized: r.summarized_records(),
+            windows: if windows { r.window_summaries().map(window_line).collect() } else { Vec::new() },
         }
     });
     FileReport { path: path.to_path_buf(), outcome }
@@ -165,8 +169,8 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
 }
 
 /// Every readable file's window summaries, a line per window (or part of one): what `analyze
-/// inspect --windows` prints after the table.
-pub fn render_windows(files: &[PathBuf]) -> String {
+/// inspect --windows` prints after the table (unreadable files are said there).
+pub fn render_windows(reports: &[FileReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -184,39 +188,41 @@ pub fn render_windows(files: &[PathBuf]) -> String {
         "LATE_MS",
         "STALLS"
     );
-    for path in files {
-        let Ok(r) = SegmentReader::open(path) else { continue };
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        for w in r.window_summaries() {
-            let sum =
-                |class: Class| -> u64 { w.keys.iter().map(|k| u64::from(k.counts[class as usize].to_native())).sum() };
-            // Every key's RTT cells, by bucket: a histogram of the window's ok probes.
-            let mut rtt: Vec<(u16, u64)> = (0..w.keys.len())
-                .flat_map(|i| w.cells_of(i).iter())
-                .filter(|c| c.measure == Measure::NetworkRtt as u8)
-                .map(|c| (c.bucket.to_native(), u64::from(c.count.to_native())))
-                .collect();
-            rtt.sort_unstable();
-            let q = |p: f64| histogram_quantile(&rtt, p).map_or_else(|| "-".to_owned(), |v| v.to_string());
-            let _ = writeln!(
-                s,
-                "{:<64} {:<20} {:>5} {:>8} {:>8} {:>8} {:>8} {:>11} {:>11} {:>6} {:>9.1} {:>6}",
-                name,
-                utc(w.start_unix_ns.to_native()),
-                w.window_ns.to_native() / 1_000_000_000,
-                w.keys.len(),
-                w.probes(),
-                sum(Class::Ok),
-                sum(Class::Lost),
-                q(0.5),
-                q(0.99),
-                w.late_sends.to_native(),
-                w.late_max_ns.to_native() as f64 / 1e6,
-                w.stalls.len() as u64 + u64::from(w.stalls_dropped.to_native()),
-            );
+    for r in reports {
+        let Ok(m) = &r.outcome else { continue };
+        let name = r.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for line in &m.windows {
+            let _ = writeln!(s, "{name:<64} {line}");
         }
     }
     s
+}
+
+/// One window summary's columns, after the file's name.
+fn window_line(w: &ArchivedWindowSummary) -> String {
+    let sum = |class: Class| -> u64 { w.keys.iter().map(|k| u64::from(k.counts[class as usize].to_native())).sum() };
+    // Every key's RTT cells, by bucket: a histogram of the window's ok probes.
+    let mut rtt: Vec<(u16, u64)> = (0..w.keys.len())
+        .flat_map(|i| w.cells_of(i).iter())
+        .filter(|c| c.measure == Measure::NetworkRtt as u8)
+        .map(|c| (c.bucket.to_native(), u64::from(c.count.to_native())))
+        .collect();
+    rtt.sort_unstable();
+    let q = |p: f64| histogram_quantile(&rtt, p).map_or_else(|| "-".to_owned(), |v| v.to_string());
+    format!(
+        "{:<20} {:>5} {:>8} {:>8} {:>8} {:>8} {:>11} {:>11} {:>6} {:>9.1} {:>6}",
+        utc(w.start_unix_ns.to_native()),
+        w.window_ns.to_native() / 1_000_000_000,
+        w.keys.len(),
+        w.probes(),
+        sum(Class::Ok),
+        sum(Class::Lost),
+        q(0.5),
+        q(0.99),
+        w.late_sends.to_native(),
+        w.late_max_ns.to_native() as f64 / 1e6,
+        w.stalls.len() as u64 + u64::from(w.stalls_dropped.to_native()),
+    )
 }
 
 /// The nearest-rank `p` quantile of a histogram given as (bucket, count) ascending by bucket,
@@ -271,7 +277,7 @@ mod tests {
         }
         w.note_late(T + 500_000_000, 250_000_000);
         let files = w.finish().expect("finish");
-        let out = render_windows(&files);
+        let out = render_windows(&files.iter().map(|p| inspect(p, true)).collect::<Vec<_>>());
         let line = out.lines().nth(2).expect("a window line");
         let cols: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(&cols[1..7], ["2023-11-14T22:13:20Z", "1", "1", "101", "100", "1"], "{out}");
@@ -306,7 +312,7 @@ mod tests {
 
         let clean = find_segments(&[dir.path().to_path_buf()]).expect("find");
         assert_eq!(clean, vec![sealed.clone()]);
-        let (table, problems) = render(&clean.iter().map(|p| inspect(p)).collect::<Vec<_>>());
+        let (table, problems) = render(&clean.iter().map(|p| inspect(p, false)).collect::<Vec<_>>());
         assert!(!problems, "{table}");
         assert!(table.contains("h1/mlx5_0 (000000ab)") && table.contains(" 25 "), "{table}");
         // Windows of 10 ns over 25 records 1 ns apart: 3 summaries.
@@ -318,7 +324,7 @@ mod tests {
 
         std::fs::write(dir.path().join("junk.rseg"), b"GIF89a not a segment").expect("write");
         let all = find_segments(&[dir.path().to_path_buf()]).expect("find");
-        let (table, problems) = render(&all.iter().map(|p| inspect(p)).collect::<Vec<_>>());
+        let (table, problems) = render(&all.iter().map(|p| inspect(p, false)).collect::<Vec<_>>());
         assert!(problems);
         assert!(
             table.contains("junk.rseg") && table.contains("UNREADABLE") && table.contains("not a rocemesh segment")

@@ -64,11 +64,11 @@ fn main() {
                 exit::USAGE
             }
             Ok(files) => {
-                let reports: Vec<_> = files.iter().map(|f| inspect::inspect(f)).collect();
+                let reports: Vec<_> = files.iter().map(|f| inspect::inspect(f, windows)).collect();
                 let (table, problems) = inspect::render(&reports);
                 print!("{table}");
                 if windows {
-                    print!("{}", inspect::render_windows(&files));
+                    print!("{}", inspect::render_windows(&reports));
                 }
                 if problems { exit::PROBLEMS } else { exit::OK }
             }

@@ -42,6 +42,17 @@ pub const RELATIVE_ERROR: f64 = 1.0 / (2 * SUB) as f64;
 /// enough to hold a few probes of each ToR-mesh peer. Agents write none unless configured
 /// (`summary_window_s`); the simulator and the bench write summaries of this length.
 pub const DEFAULT_WINDOW_S: u64 = 5;
+/// Whether `window_s` is a summary window length a writer takes: a divisor of an hour (so that
+/// every agent's windows line up and every hour starts one), or 0 for none; the error says so.
+pub fn check_window_s(window_s: u64) -> Result<(), String> {
+    if window_s > 3600 || (window_s > 0 && !3600u64.is_multiple_of(window_s)) {
+        return Err(format!(
+            "{window_s}: use a divisor of 3600 (1, 2, 5, 10, 15, 30, 60, ... 3600), or 0 for no summaries"
+        ));
+    }
+    Ok(())
+}
+
 /// The label of a key whose probes stay under one ToR (the label chooses no path there).
 pub const ALL_LABELS: u32 = u32::MAX;
 /// Sends later than this past their due time are counted as late ([`WindowSummary::late_sends`]).
@@ -404,11 +415,6 @@ impl Summariser {
         }
     }
 
-    /// The window length.
-    pub fn window_ns(&self) -> u64 {
-        self.window_ns
-    }
-
     /// Dictionary id `id` is (`true`) or is not an endpoint under the writer's own ToR.
     pub fn set_same_tor(&mut self, id: u32, same: bool) {
         let id = id as usize;
@@ -449,10 +455,10 @@ impl Summariser {
         self.spare.push(o);
     }
 
-    /// Count `cols[from..]` (records just written), then close the windows the newest of them
-    /// has left a grace behind.
-    pub fn fold(&mut self, cols: &ProbeColumns, from: usize) {
-        for i in from..cols.t1_unix_ns.len() {
+    /// Count `cols` (records just written), then close the windows the newest of them has left
+    /// a grace behind.
+    pub fn fold(&mut self, cols: &ProbeColumns) {
+        for i in 0..cols.t1_unix_ns.len() {
             let t1 = cols.t1_unix_ns[i];
             self.watermark = self.watermark.max(t1);
             let (prober, target) = (cols.prober[i], cols.target[i]);
@@ -524,7 +530,6 @@ impl Summariser {
         while let Some(o) = self.open.pop() {
             self.close(o);
         }
-        self.ready.sort_by_key(|s| s.start_unix_ns);
     }
 
     /// Closed summaries not yet written, oldest first.
@@ -539,10 +544,12 @@ impl Summariser {
         self.ready.clear();
     }
 
-    /// Closed summaries not yet written, oldest first, taken.
-    pub fn take_ready(&mut self) -> WindowSummaries {
-        self.ready.sort_by_key(|s| s.start_unix_ns);
-        std::mem::take(&mut self.ready)
+    /// Closed summaries not yet written, oldest first, taken (tests look at them so).
+    #[cfg(test)]
+    pub(crate) fn take_ready(&mut self) -> WindowSummaries {
+        let ready = self.ready().clone();
+        self.clear_ready();
+        ready
     }
 
     /// Bytes the summaries of every open and closed window archive to, at most, plus what
@@ -559,7 +566,8 @@ impl Summariser {
     }
 
     /// Whether nothing is open or waiting.
-    pub fn is_idle(&self) -> bool {
+    #[cfg(test)]
+    fn is_idle(&self) -> bool {
         self.ready.is_empty() && self.open.iter().all(Open::is_empty)
     }
 }
@@ -623,10 +631,10 @@ mod tests {
             (103 * S, 2, 6, 0, 20_000),
             (106 * S, 2, 6, 0, 20_000),
         ]);
-        s.fold(&c, 0);
+        s.fold(&c);
         assert!(s.take_ready().is_empty(), "106 s is not a grace past 105 s");
         let c2 = cols(&[(107 * S, 2, 6, 0, 20_000), (104 * S, 1, 5, 0, 9_000)]);
-        s.fold(&c2, 0);
+        s.fold(&c2);
         let ready = s.take_ready();
         assert_eq!(ready.len(), 1);
         let w = &ready[0];
@@ -647,7 +655,7 @@ mod tests {
         assert_eq!(rtt.iter().map(|r| r.1).sum::<u32>(), 3);
         assert_eq!(rtt.len(), 2, "{rtt:?}");
         // A record of the closed window opens a part of its own, counted.
-        s.fold(&cols(&[(104 * S, 1, 5, 0, 9_000)]), 0);
+        s.fold(&cols(&[(104 * S, 1, 5, 0, 9_000)]));
         assert_eq!(s.late_parts, 1);
         s.close_all();
         let parts: Vec<(u64, u64)> = s.take_ready().iter().map(|w| (w.start_unix_ns / S, w.probes())).collect();
@@ -677,7 +685,7 @@ mod tests {
     #[test]
     fn a_checked_summary_is_one_the_summariser_writes_and_forgeries_are_named() {
         let mut s = Summariser::new(5 * S, 2 * S);
-        s.fold(&cols(&[(100 * S, 1, 5, 0, 10_000), (101 * S, 2, 6, 0, 30_000), (102 * S, 2, 6, 1, 0)]), 0);
+        s.fold(&cols(&[(100 * S, 1, 5, 0, 10_000), (101 * S, 2, 6, 0, 30_000), (102 * S, 2, 6, 1, 0)]));
         s.close_all();
         let ready = s.take_ready();
         let check = |w: &WindowSummary| {

@@ -66,11 +66,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 
 /// `simulate`: the scenario's segments written, and a line on what and how fast.
 fn simulate(scenario: &Path, out: &Path, threads: usize, summary_window_s: u64) -> anyhow::Result<i32> {
-    if summary_window_s > 3600 || (summary_window_s > 0 && 3600 % summary_window_s != 0) {
-        anyhow::bail!(
-            "--summary-window-s {summary_window_s}: use a divisor of 3600 (1, 2, 5, 10, ... 3600), or 0 for none"
-        );
-    }
+    rocemesh_formats::window::check_window_s(summary_window_s)
+        .map_err(|e| anyhow::anyhow!("--summary-window-s {e}"))?;
     let s = Scenario::load(scenario)?;
     let started = Instant::now();
     let sum = rocemesh_testbeds::simulate_summarised(&s, out, threads, summary_window_s * 1_000_000_000)?;

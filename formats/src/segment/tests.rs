@@ -796,7 +796,7 @@ fn summaries_of_other_times_than_the_records_are_set_aside() {
         cols.push(&ProbeRecord { t1_unix_ns: rec(i).t1_unix_ns + 3_600_000_000_000, ..rec(i) });
     }
     let mut s = crate::window::Summariser::new(1_000_000_000, 0);
-    s.fold(&cols, 0);
+    s.fold(&cols);
     s.close_all();
     let forged = s.take_ready();
     let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&forged).expect("serialise");

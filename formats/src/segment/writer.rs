@@ -513,7 +513,7 @@ impl SegmentWriter {
             self.stats.records_written += n as u64;
             self.stats.chunks_written += 1;
             if let Some(s) = &mut self.summariser {
-                s.fold(&self.columns, 0);
+                s.fold(&self.columns);
             }
             self.columns.clear();
         }
