@@ -112,8 +112,9 @@ pub struct AgentConfig {
     pub segment_max_age_s: u64,
     /// Each shard writes a summary of every window of this many seconds beside its records
     /// (probes by class and RTT histograms per target and flow label, its own schedule slips);
-    /// 0 = none, the default: no analysis reads them yet, and where a key holds about one probe
-    /// per window (a wide fleet's inter-ToR labels) they cost more bytes than the records. 5 is
+    /// 0 = none, the default: where a key holds about one probe per window (a wide fleet's
+    /// inter-ToR labels) they cost more bytes than the records. `analyze localize` reads them
+    /// where they are (one read instead of four passes over the records). 5 is
     /// the length they are designed for. The windows start at multiples of it since the Unix
     /// epoch, and it divides an hour, so every agent's windows line up and every hour starts
     /// one.

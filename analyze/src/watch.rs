@@ -48,9 +48,11 @@
 //!   (a fault's edge), so windows are localised in fixed blocks of `block_windows` (aligned to
 //!   multiples of the block's length, whatever the passes), each read with one window of
 //!   context either side: a block's findings go out once the window after it is emitted (at
-//!   `--flush`, at once), and are those of `localize_ranges` over the files overlapping the
-//!   block and its context, so a restart or another grouping of passes gives the same lines.
-//!   A block's windows are read `(block + 2) / block` times over, and four passes each.
+//!   `--flush`, at once), and are those of `analyze localize` over the files overlapping the
+//!   block and its context (from their window summaries where the agents write them, else
+//!   `localize_ranges` over their records), so a restart or another grouping of passes gives
+//!   the same lines. A block's windows are read `(block + 2) / block` times over (from
+//!   records, four passes each).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, Write};
@@ -745,20 +747,32 @@ impl<'a> Watch<'a> {
             if files.is_empty() {
                 continue;
             }
-            let mut plan = ingest::plan(&files, Fields::All, self.inventory, window_ns);
-            if let Some(inv) = self.inventory {
-                plan.ds.add_single_paths(inv);
-            }
-            let ranges: Vec<(u64, u64)> = plan
-                .ranges(self.cfg.range_records)
-                .into_iter()
-                .map(|(a, b)| (a.max(lo), b.min(hi)))
-                .filter(|(a, b)| a < b)
-                .collect();
-            let l = localize::localize_ranges(&mut plan, ranges, &opts);
+            // The agents' window summaries where they write them, as `analyze localize` reads
+            // them by default; else the records, a range at a time.
+            let l = if ingest::writes_window_summaries(&files) {
+                let (ds, mut w) = ingest::ingest_windows(&files, self.inventory, window_ns);
+                w.retain_span(lo, hi);
+                records += w.probes;
+                let l = localize::localize_windows(&ds, &w, &opts);
+                self.say_problems(ds.problems, pass, lines);
+                l
+            } else {
+                let mut plan = ingest::plan(&files, Fields::All, self.inventory, window_ns);
+                if let Some(inv) = self.inventory {
+                    plan.ds.add_single_paths(inv);
+                }
+                let ranges: Vec<(u64, u64)> = plan
+                    .ranges(self.cfg.range_records)
+                    .into_iter()
+                    .map(|(a, b)| (a.max(lo), b.min(hi)))
+                    .filter(|(a, b)| a < b)
+                    .collect();
+                let l = localize::localize_ranges(&mut plan, ranges, &opts);
+                records += plan.records_read() as u64;
+                self.say_problems(plan.finish().problems, pass, lines);
+                l
+            };
             localised += 1;
-            records += plan.records_read() as u64;
-            self.say_problems(plan.finish().problems, pass, lines);
             let mut blamed: Vec<&Blamed> =
                 l.blamed.iter().filter(|x| (start..end).contains(&x.window_start_ns)).collect();
             blamed

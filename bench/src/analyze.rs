@@ -158,13 +158,20 @@ fn time_report(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
     })
 }
 
-/// `analyze localize` of `segments` with its JSON written to `json`, the median run.
-fn time_localize(opt: &Options, segments: &Path, json: &Path, range_records: Option<u64>) -> Result<Timed> {
+/// `analyze localize --evidence EVIDENCE` of `segments` with its JSON written to `json`, the
+/// median run.
+fn time_localize(
+    opt: &Options,
+    segments: &Path,
+    json: &Path,
+    range_records: Option<u64>,
+    evidence: &str,
+) -> Result<Timed> {
     let window = opt.window_s.to_string();
     // `--range-records` None: the default ranges; Some(n): ranges of n records.
     median_of(opt.runs, || {
         let mut cmd = Command::new(&opt.analyze_bin);
-        cmd.args(["localize", "--window-s", &window, "--format", "json", "--output"]).arg(json);
+        cmd.args(["localize", "--evidence", evidence, "--window-s", &window, "--format", "json", "--output"]).arg(json);
         if let Some(n) = range_records {
             cmd.arg("--range-records").arg(n.to_string());
         }
@@ -176,7 +183,7 @@ fn time_localize(opt: &Options, segments: &Path, json: &Path, range_records: Opt
 fn measure_localize(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<Timed> {
     let n = opt.records as f64;
     let localize_json = opt.dir.join("analyze-localize.json");
-    let localize = time_localize(opt, segments, &localize_json, None)?;
+    let localize = time_localize(opt, segments, &localize_json, None, "records")?;
     out.push(timed_figure(
         "analyze localize (4 passes over ranges of whole windows), process wall time".into(),
         n,
@@ -187,7 +194,7 @@ fn measure_localize(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Re
     // The same localisation with one range holding the whole input: what it cost before it
     // read ranges. Its output must be the same, byte for byte.
     let whole_json = opt.dir.join("analyze-localize-one-range.json");
-    let whole = time_localize(opt, segments, &whole_json, Some(1 << 40))?;
+    let whole = time_localize(opt, segments, &whole_json, Some(1 << 40), "records")?;
     ensure!(
         std::fs::read(&whole_json)? == std::fs::read(&localize_json)?,
         "analyze localize: one range and the default ranges disagree ({} and {})",
@@ -208,7 +215,54 @@ fn measure_localize(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Re
             whole.cpu_s
         ),
     });
+    measure_localize_summaries(opt, segments, &localize_json, &localize, out)?;
     Ok(localize)
+}
+
+/// `analyze localize` from the data's window summaries against the records' run: its time, and
+/// that it names the same findings (kind, entity, start, end).
+fn measure_localize_summaries(
+    opt: &Options,
+    segments: &Path,
+    records_json: &Path,
+    records: &Timed,
+    out: &mut Vec<Figure>,
+) -> Result<()> {
+    let json = opt.dir.join("analyze-localize-summaries.json");
+    let summaries = time_localize(opt, segments, &json, None, "summaries")?;
+    let findings = |path: &Path| -> Result<(Vec<String>, serde_json::Value)> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        let f = v["findings"].as_array().context("findings")?;
+        let named =
+            f.iter().map(|f| format!("{} {} {} {}", f["kind"], f["entity"], f["start_ns"], f["end_ns"])).collect();
+        Ok((named, v["evidence"].clone()))
+    };
+    let ((from_records, _), (from_summaries, evidence)) = (findings(records_json)?, findings(&json)?);
+    ensure!(
+        from_records == from_summaries,
+        "analyze localize: the window summaries name other findings than the records ({} and {})",
+        json.display(),
+        records_json.display()
+    );
+    ensure!(evidence["files_folded"] == 0, "analyze localize folded records of the bench's data: {evidence}");
+    out.push(Figure {
+        what: "analyze localize from the window summaries (one read), against the records (4 passes)".into(),
+        value: records.wall_s / summaries.wall_s,
+        unit: "x",
+        note: format!(
+            "median of {} runs ({}): {:.2} s wall, {:.2} s CPU, {:.2} GB peak RSS, against {:.2} s, {:.2} s, {:.2} GB; the same {} findings",
+            opt.runs,
+            summaries.spread,
+            summaries.wall_s,
+            summaries.cpu_s,
+            rss_gb(&summaries),
+            records.wall_s,
+            records.cpu_s,
+            rss_gb(records),
+            from_records.len()
+        ),
+    });
+    Ok(())
 }
 
 /// `--scale`: report and localize on the longer input, and how their peak RSS grew.
@@ -245,7 +299,7 @@ fn measure_scale(
             rss_gb(report)
         ),
     });
-    let big_localize = time_localize(opt, &big_segments, &dir.join("analyze-localize.json"), None)?;
+    let big_localize = time_localize(opt, &big_segments, &dir.join("analyze-localize.json"), None, "records")?;
     out.push(timed_figure(
         format!("analyze localize on {records} records (same fleet, longer)"),
         records as f64,

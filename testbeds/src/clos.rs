@@ -16,7 +16,8 @@
 //! label is the next hop `ip route get` gives for that label's UDP 5-tuple.
 //!
 //! Everything lands under `--out`: inventory.toml, pinglists/, agents/ (configs and logs),
-//! segments/, faults/ (the nft rules), scenario.toml, localize.json, result.json.
+//! segments/, faults/ (the nft rules), scenario.toml, localize.json (from the records),
+//! localize-summaries.json (from the window summaries), result.json.
 
 pub mod net;
 pub mod traces;
@@ -119,6 +120,10 @@ pub struct ClosResult {
     pub score: String,
     pub precision: f64,
     pub recall: f64,
+    /// The same, localised from the agents' window summaries (`analyze localize --evidence
+    /// summaries`).
+    pub precision_summaries: f64,
+    pub recall_summaries: f64,
     /// Findings that ended before the timeline began (agents starting), not scored.
     pub start_up_findings: Vec<String>,
     pub path_tracing: bool,
@@ -327,7 +332,8 @@ fn agent_config(opts: &ClosOptions, out: &Path, t: u32, h: u32, core: usize, pat
     let host = Plan::host(t, h);
     let text = format!(
         "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"event\"\n\
-         stats_interval_s = 10\nflush_interval_ms = 200\nsegment_mib = 4\nsegment_quota_mib = 256\n\n\
+         stats_interval_s = 10\nflush_interval_ms = 200\nsegment_mib = 4\nsegment_quota_mib = 256\n\
+         summary_window_s = {SUMMARY_WINDOW_S}\n\n\
          [[shard]]\ndevice = \"{DEVICE}\"\ntransport = \"udp\"\ntor = \"{tor}\"\nbind = \"{ip}:{AGENT_PORT}\"\n\
          core = {core}\nsource_ports = {sp}\n",
         pl = out.join("pinglists").join(format!("{host}.toml")).display(),
@@ -341,6 +347,10 @@ fn agent_config(opts: &ClosOptions, out: &Path, t: u32, h: u32, core: usize, pat
         None => text,
     }
 }
+
+/// The agents write window summaries of this many seconds, and the run is localised from them
+/// as well as from the records (issue 35: every check holds either way).
+const SUMMARY_WINDOW_S: u64 = 5;
 
 fn config_path(out: &Path, host: &str) -> PathBuf {
     out.join("agents").join(format!("{host}.toml"))
@@ -561,6 +571,8 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         score: String::new(),
         precision: f64::NAN,
         recall: f64::NAN,
+        precision_summaries: f64::NAN,
+        recall_summaries: f64::NAN,
         start_up_findings: Vec::new(),
         path_tracing: tracing,
         inventory_addrs,
@@ -574,17 +586,29 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         seconds: 0.0,
     };
     if timeline {
-        let findings = localize(opts, out, &inventory)?;
         let scenario = scenario(opts, out, &tl, end_ns, tracing)?;
         std::fs::write(out.join("scenario.toml"), scenario.to_toml_string()?)?;
-        let (scored, early): (Vec<Finding>, Vec<Finding>) =
-            findings.into_iter().partition(|f| f.end_ns.is_none_or(|e| e > tl.start_ns));
-        result.start_up_findings = early.iter().map(|f| format!("{} {}", f.kind, f.entity)).collect();
-        let sc = score::score(&scenario, &scored);
-        result.score = sc.render();
-        result.precision = sc.precision();
-        result.recall = sc.recall();
-        result.checks.extend(verdicts(&tl, &records, &scored, &sc, w, tracing));
+        for evidence in ["records", "summaries"] {
+            let findings = localize(opts, out, &inventory, evidence)?;
+            let (scored, early): (Vec<Finding>, Vec<Finding>) =
+                findings.into_iter().partition(|f| f.end_ns.is_none_or(|e| e > tl.start_ns));
+            let sc = score::score(&scenario, &scored);
+            let mut checks = verdicts(&tl, &records, &scored, &sc, w, tracing);
+            if evidence == "records" {
+                result.start_up_findings = early.iter().map(|f| format!("{} {}", f.kind, f.entity)).collect();
+                result.score = sc.render();
+                result.precision = sc.precision();
+                result.recall = sc.recall();
+            } else {
+                result.score.push_str(&format!("localised from the window summaries:\n{}", sc.render()));
+                result.precision_summaries = sc.precision();
+                result.recall_summaries = sc.recall();
+                for c in &mut checks {
+                    c.name = format!("{} (summaries)", c.name);
+                }
+            }
+            result.checks.extend(checks);
+        }
     }
     result.seconds = started.elapsed().as_secs_f64();
     std::fs::write(out.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
@@ -699,9 +723,10 @@ fn run_timeline(
     Ok(())
 }
 
-/// `analyze localize --format json` over the run's segments (kept in localize.json).
-fn localize(opts: &ClosOptions, out: &Path, inventory: &Path) -> anyhow::Result<Vec<Finding>> {
-    let r = crate::harness::localize(&opts.bin.join("analyze"), opts.window_s, inventory, out)?;
+/// `analyze localize --format json --evidence EVIDENCE` over the run's segments (kept in
+/// localize.json, localize-summaries.json).
+fn localize(opts: &ClosOptions, out: &Path, inventory: &Path, evidence: &str) -> anyhow::Result<Vec<Finding>> {
+    let r = crate::harness::localize(&opts.bin.join("analyze"), opts.window_s, inventory, out, evidence)?;
     if !r.status.success() {
         bail!("analyze localize failed ({}): {}", r.status, String::from_utf8_lossy(&r.stderr));
     }

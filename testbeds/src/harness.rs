@@ -157,15 +157,23 @@ pub(crate) fn gen_pinglists(
 
 /// `analyze localize --format json` over `<dir>/segments`; its stdout and stderr are kept as
 /// `<dir>/localize.json` and `<dir>/localize.stderr`.
-pub(crate) fn localize(analyze: &Path, window_s: u64, inventory: &Path, dir: &Path) -> anyhow::Result<Output> {
+pub(crate) fn localize(
+    analyze: &Path,
+    window_s: u64,
+    inventory: &Path,
+    dir: &Path,
+    evidence: &str,
+) -> anyhow::Result<Output> {
     let out = Command::new(analyze)
-        .args(["localize", "--format", "json", "--window-s", &window_s.to_string(), "--inventory"])
+        .args(["localize", "--format", "json", "--window-s", &window_s.to_string(), "--evidence", evidence])
+        .arg("--inventory")
         .arg(inventory)
         .arg(dir.join("segments"))
         .output()
         .context("running analyze localize")?;
-    std::fs::write(dir.join("localize.json"), &out.stdout)?;
-    std::fs::write(dir.join("localize.stderr"), &out.stderr)?;
+    let name = if evidence == "records" { "localize".to_owned() } else { format!("localize-{evidence}") };
+    std::fs::write(dir.join(format!("{name}.json")), &out.stdout)?;
+    std::fs::write(dir.join(format!("{name}.stderr")), &out.stderr)?;
     Ok(out)
 }
 

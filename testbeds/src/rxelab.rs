@@ -472,7 +472,8 @@ fn storm_phase(tl: &mut Timeline, opts: &LabOptions, agents: &Agents) -> anyhow:
 
 /// `analyze localize` over the lab's segments, its JSON parsed.
 fn localize_findings(opts: &LabOptions, inventory: &Path) -> anyhow::Result<serde_json::Value> {
-    let out = localize(&opts.bin.join("analyze"), opts.window_s, inventory, &opts.lab)?;
+    // The lab's agents write no window summaries: the records, as `auto` would read them.
+    let out = localize(&opts.bin.join("analyze"), opts.window_s, inventory, &opts.lab, "records")?;
     serde_json::from_slice(&out.stdout)
         .with_context(|| format!("analyze localize printed no JSON ({})", String::from_utf8_lossy(&out.stderr)))
 }

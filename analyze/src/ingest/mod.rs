@@ -7,6 +7,9 @@
 //! ([`Probes::into_frame`]). Damaged files contribute what validated; unreadable ones are
 //! reported and skipped.
 //!
+//! [`ingest_windows`] reads the files' window summaries instead of their records, for
+//! localisation on counters and histograms.
+//!
 //! Ingest also keeps what only the file structure tells: which agent instance wrote which file
 //! (restarts), and each prober's send-time gaps (a frozen host's timers fire late).
 //!
@@ -40,6 +43,7 @@ mod paths;
 mod plan;
 #[cfg(test)]
 mod tests;
+mod windows;
 
 use columns::{fill, split};
 use dict::{Merger, Remap, agent_file, claim_services, unknown_ids_problem};
@@ -54,6 +58,7 @@ use rayon::prelude::*;
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::segment::SegmentReader;
 use std::path::PathBuf;
+pub use windows::{WindowKey, Windows, ingest_windows, writes_window_summaries};
 
 /// A send gap is host-noise evidence from this length up (see [`send_gaps`]).
 pub use rocemesh_formats::segment::LONG_GAP_MIN_NS;

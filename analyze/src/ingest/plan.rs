@@ -34,6 +34,8 @@ pub(super) struct Planned {
     pub(super) offset: u64,
     /// Its path traces were gathered ([`Plan::with_paths`]).
     pub(super) traced: bool,
+    /// Its entry in [`Dataset::agents`].
+    pub(super) agent: usize,
 }
 
 /// Ingest one time range at a time, for passes whose windows are independent (`analyze
@@ -186,6 +188,7 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
                 left_out: false,
                 offset,
                 traced: false,
+                agent: ds.agents.len() - 1,
             });
         }
         offset += h.facts.records;

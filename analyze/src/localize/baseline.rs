@@ -289,14 +289,7 @@ impl Sampler {
                 samples[c] = w;
             }
         }
-        let mut out = Baselines {
-            by_code: Default::default(),
-            shifts: HashMap::new(),
-            slow_default_ns: opts.slow_margin_ns,
-            noise_default_ns: opts.host_delay_noise_ns,
-            late_share: [None; TS_CODES],
-            leg_p99_robust_ns: [None; TS_CODES],
-        };
+        let mut out = Baselines::empty(opts);
         for (c, s) in samples.iter_mut().enumerate() {
             if s.is_empty() {
                 continue;
@@ -304,17 +297,50 @@ impl Sampler {
             let k = (s.len() * 99 / 100).min(s.len() - 1);
             s.select_nth_unstable_by_key(k, |x| x.1.max(x.2));
             let host_delay_ns_p99 = i64::from(s[k].1.max(s[k].2));
+            let legs: Vec<f64> = s.iter().flat_map(|x| [x.1, x.2]).map(|d| f64::from(d.max(1))).collect();
+            let rtt = std::array::from_fn(|scope| {
+                s.iter().filter(|x| usize::from(x.3) == scope).map(|x| f64::from(x.0.max(1))).collect()
+            });
+            out.set_source(c, rtt, legs, host_delay_ns_p99, opts);
+        }
+        out.measure_shifts(shift);
+        out
+    }
+}
+
+impl Baselines {
+    /// No baseline yet: what a source without samples gets.
+    pub(super) fn empty(opts: &Options) -> Baselines {
+        Baselines {
+            by_code: Default::default(),
+            shifts: HashMap::new(),
+            slow_default_ns: opts.slow_margin_ns,
+            noise_default_ns: opts.host_delay_noise_ns,
+            late_share: [None; TS_CODES],
+            leg_p99_robust_ns: [None; TS_CODES],
+        }
+    }
+
+    /// Source `c`'s baselines from its samples: ok RTTs by scope, host-delay legs (prober and
+    /// responder delays pooled, each at least 1 ns) and the p99 of a probe's larger host delay.
+    pub(super) fn set_source(
+        &mut self,
+        c: usize,
+        rtt: [Vec<f64>; 2],
+        mut legs: Vec<f64>,
+        host_delay_ns_p99: i64,
+        opts: &Options,
+    ) {
+        let out = self;
+        {
             let host_noise_threshold_ns =
                 opts.host_delay_noise_ns.max(host_delay_ns_p99.saturating_mul(HOST_NOISE_OVER_FLEET_P99));
-            let late = s.iter().flat_map(|x| [x.1, x.2]).filter(|&d| i64::from(d) > host_noise_threshold_ns).count();
-            out.late_share[c] = Some((late + 1) as f64 / (2 * s.len() + 1) as f64);
-            let mut legs: Vec<f64> = s.iter().flat_map(|x| [x.1, x.2]).map(|d| f64::from(d.max(1))).collect();
+            let late = legs.iter().filter(|&&d| d > host_noise_threshold_ns as f64).count();
+            out.late_share[c] = Some((late + 1) as f64 / (legs.len() + 1) as f64);
             // Whole ns: a fleet of equal delays must not find its own delays above their p99
             // for the rounding of exp(ln).
             out.leg_p99_robust_ns[c] = Some(robust_p99(&mut legs).ceil());
-            for (scope, name) in SCOPES.iter().enumerate() {
-                let mut rtt: Vec<f64> =
-                    s.iter().filter(|x| usize::from(x.3) == scope).map(|x| f64::from(x.0.max(1))).collect();
+            for (scope, (name, mut rtt)) in SCOPES.iter().zip(rtt).enumerate() {
                 if rtt.is_empty() {
                     continue;
                 }
@@ -336,8 +362,6 @@ impl Sampler {
                 });
             }
         }
-        out.measure_shifts(shift);
-        out
     }
 }
 

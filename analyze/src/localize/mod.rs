@@ -12,7 +12,9 @@
 //! its prober's host) and unknown outcome bytes are no evidence at all.
 //!
 //! The input is one table ([`localize`]) or a plan's ranges of whole windows ([`localize_ranges`],
-//! what `analyze localize` runs), read in four passes (`run`): both give the same output, exactly.
+//! what `analyze localize --evidence records` runs), read in four passes (`run`): both give the
+//! same output, exactly. Or the agents' window summaries ([`localize_windows`]): stages 1 to 3
+//! from counts and histograms (`windows`), the rest the same.
 //! Each stage keeps across ranges only what the whole input decides, and says where that grows
 //! with the input.
 //!
@@ -94,8 +96,9 @@ mod statistics;
 mod tally;
 #[cfg(test)]
 mod testkit;
+mod windows;
 
-use crate::ingest::{Dataset, Plan, Probes, Resolution, UnmappedHop};
+use crate::ingest::{Dataset, Plan, Probes, Resolution, UnmappedHop, Windows};
 use crate::probe::Sla;
 pub use baseline::{Baselines, SHIFT_MIN_SAMPLES};
 use baseline::{Sampler, shift_min_samples, tor_ids};
@@ -304,6 +307,8 @@ pub struct Localization {
     pub unmapped_hops: Vec<UnmappedHop>,
     /// Records that were no evidence.
     pub not_evidence: NotEvidence,
+    /// What the counters were gathered from.
+    pub evidence: EvidenceUsed,
     /// Traced service connections, worst first (see the module documentation for the rule).
     pub services: Vec<ServiceImpact>,
     /// Names of the services whose remote RNIC nothing resolved (no agent name, no inventory or
@@ -313,6 +318,20 @@ pub struct Localization {
     /// consumer of single windows (`analyze watch`) emits. Not in the JSON (the findings say it).
     #[serde(skip)]
     pub blamed: Vec<Blamed>,
+}
+
+/// What localisation's counters were gathered from: the records, or the window summaries
+/// (`formats::window`) of files that have them and the records of those that do not, folded
+/// into summaries as an agent folds them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct EvidenceUsed {
+    /// `records` or `window_summaries`.
+    pub from: &'static str,
+    /// Files read from their own summaries.
+    pub files_summarised: u64,
+    /// Files whose records were folded into summaries (none written, or not every record
+    /// summarised: an open segment, a writer that died, summaries dropped or damaged).
+    pub files_folded: u64,
 }
 
 /// One entity blamed in one window.
@@ -547,10 +566,7 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
             kept = Some(e);
         }
     });
-    let mut held = Held::default();
-    for ((host, w), why) in &noise.windows {
-        held.hold("host", &hosts.names[*host as usize], *w, 1.0, why.clone());
-    }
+    let mut held = held_hosts(&noise, &hosts);
     let mut stream = BlameStream::new(llrs.cuts());
     if let Some(e) = kept {
         stream.add(e, &el, &blamer, &base, opts, &mut held);
@@ -563,8 +579,66 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
         });
     }
     stream.finish(&el, &base, &mut held);
-    let ds = input.ds();
-    tally.finish(ds, &noise, &hosts);
+    let mut l = conclude(input.ds(), opts, window_ns, &base, &noise, &hosts, tally, el, held);
+    l.evidence.from = "records";
+    l
+}
+
+/// Runs localisation over window summaries ([`crate::ingest::ingest_windows`]) instead of
+/// records: stages 1 to 3 from counts and histograms (`windows`, which says where that differs
+/// from records), the stages after them as [`localize`] runs them. `opts.window_s` must be a
+/// multiple of the summaries' windows (ingest folds the records of files whose are not).
+pub fn localize_windows(ds: &Dataset, w: &Windows, opts: &Options) -> Localization {
+    let window_ns = opts.window_s.max(1) * 1_000_000_000;
+    let tor_of = tor_ids(ds);
+    let base = windows::baselines(w, &tor_of, opts, window_ns);
+    let hosts = Hosts::of(ds);
+    let agents = Agents::of(ds, window_ns);
+    let scan = windows::noise_scan(ds, w, &hosts, &tor_of, &base, opts, window_ns);
+    let noise = Noise::new(ds, &hosts, &base, opts, window_ns, scan);
+    let cx = TallyContext { base: &base, tor_of: &tor_of, noise: &noise, hosts: &hosts, agents: &agents, window_ns };
+    let blamer = Blamer::new(ds);
+    let (mut tally, mut el) = (Tally::new(ds), Elements::new(ds));
+    let range = windows::tally(ds, w, &cx, &mut tally);
+    let e = evidence(ds, &range, &tally, &cx, &mut el);
+    let mut llrs = Llrs::new(opts.fdr);
+    llrs.add(&e, el.names.len(), &blamer, opts);
+    let mut held = held_hosts(&noise, &hosts);
+    let mut stream = BlameStream::new(llrs.cuts());
+    stream.add(e, &el, &blamer, &base, opts, &mut held);
+    stream.finish(&el, &base, &mut held);
+    let mut l = conclude(ds, opts, window_ns, &base, &noise, &hosts, tally, el, held);
+    l.evidence = EvidenceUsed {
+        from: "window_summaries",
+        files_summarised: w.files_summarised as u64,
+        files_folded: w.files_folded as u64,
+    };
+    l
+}
+
+/// The noisy hosts' windows, held as `host` findings.
+fn held_hosts(noise: &Noise, hosts: &Hosts) -> Held {
+    let mut held = Held::default();
+    for ((host, w), why) in &noise.windows {
+        held.hold("host", &hosts.names[*host as usize], *w, 1.0, why.clone());
+    }
+    held
+}
+
+/// The findings from what the evidence stages held: hysteresis, services, and the figures.
+#[allow(clippy::too_many_arguments, reason = "the stages' products, named")]
+fn conclude(
+    ds: &Dataset,
+    opts: &Options,
+    window_ns: u64,
+    base: &Baselines,
+    noise: &Noise,
+    hosts: &Hosts,
+    mut tally: Tally,
+    el: Elements,
+    mut held: Held,
+) -> Localization {
+    tally.finish(ds, noise, hosts);
     absorb_edges(&el, &mut held);
     let last_window = tally.windows.iter().next_back().copied();
     let blamed = held
@@ -581,7 +655,7 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
         })
         .collect();
     let findings = hysteresis(held, window_ns, last_window, opts.close_after_quiet_windows);
-    let services = service_impacts(ds, &tally.services, &findings, &base, opts, window_ns);
+    let services = service_impacts(ds, &tally.services, &findings, base, opts, window_ns);
     let mut baselines: Vec<Baseline> = base.all().cloned().collect();
     baselines.sort_by_key(|b| std::cmp::Reverse(b.samples));
     let (rtt_ns_p50, slow_threshold_ns) =
@@ -597,6 +671,7 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
         inter_tor_without_path: el.without_path,
         unmapped_hops: ds.unmapped_hops.clone(),
         not_evidence: tally.not_evidence,
+        evidence: EvidenceUsed::default(),
         services,
         unresolved_services: ds.unresolved_services().map(|s| s.name.clone()).collect(),
         blamed,

@@ -177,8 +177,9 @@ pub(super) struct Noise {
 /// each host was busy.
 #[derive(Default)]
 pub(super) struct NoiseScan {
-    /// (host, start, end, RNIC, answering), ns; few (late probes only).
-    pub(super) events: Vec<(u32, u64, u64, u32, bool)>,
+    /// (host, start, end, RNIC, answering, late legs), ns; few (late probes only). A record
+    /// is one late leg; a window summary's cell as many as it counts, over its key's span.
+    pub(super) events: Vec<(u32, u64, u64, u32, bool, u32)>,
     /// By host: (host-delay legs, first T1, last T1).
     pub(super) legs: HashMap<u32, (u64, u64, u64)>,
     /// (host, window) where the host was busy ([`busy_host`]) and its host-stamped RTTs no
@@ -244,12 +245,17 @@ impl NoiseScan {
             // Saturating: T1 and the delays are what the files say.
             let end = t1.saturating_add((i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64);
             if pd > noise_ns {
-                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false));
+                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, 1));
             }
             if rd > noise_ns {
-                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true));
+                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, 1));
             }
         }
+        self.decide_busy(own, opts);
+    }
+
+    /// The busy (host, window)s of `own` (one range's whole windows).
+    pub(super) fn decide_busy(&mut self, own: HashMap<(u32, u32), Own>, opts: &Options) {
         // The null of each window: the late share of a typical host there, the lower quartile
         // over hosts with enough legs to say (as the loss and slowness nulls, over RNICs), at
         // least the 1% a host like the fleet has.
@@ -316,13 +322,13 @@ impl Noise {
         // Events of one host closer than the pad are one cluster.
         let mut i = 0;
         while i < events.len() {
-            let (host, start, mut end, rnic, answering) = events[i];
+            let (host, start, mut end, rnic, answering, mut count) = events[i];
             let mut j = i + 1;
             while j < events.len() && events[j].0 == host && events[j].1 <= end.saturating_add(opts.stall_pad_ns) {
                 end = end.max(events[j].2);
+                count = count.saturating_add(events[j].5);
                 j += 1;
             }
-            let count = (j - i) as u32;
             let legs_per_s = legs.get(&host).map_or(0.0, |l| l.0 as f64 / (span_of(l) as f64 / 1e9));
             if stall(count, end - start, pad, legs_per_s, p_late, alpha) {
                 spans[host as usize].push((start, end));
@@ -354,6 +360,14 @@ impl Noise {
     /// Whether `host` was busy in window `w` ([`busy_host`]), its slowness not beyond it.
     pub(super) fn busy(&self, host: u32, w: u32) -> bool {
         self.busy.contains(&(host, w))
+    }
+
+    /// Whether probes sent from `from_ns` to `to_ns` from or to `host` may have met its stall,
+    /// `pad_ns` either side (a window summary's key knows its probes' span, not each send).
+    pub(super) fn hit_span(&self, host: u32, from_ns: u64, to_ns: u64, pad_ns: u64) -> bool {
+        self.spans.get(host as usize).is_some_and(|s| {
+            s.iter().any(|&(a, b)| to_ns.saturating_add(pad_ns) >= a && from_ns <= b.saturating_add(pad_ns))
+        })
     }
 
     /// Whether a probe sent at `t_ns` from or to `host` met its stall, `pad_ns` either side.

@@ -48,6 +48,17 @@ pub(super) fn slow_sources(ts: TsSources, base: &Baselines, w: u32) -> String {
 pub fn render_table(l: &Localization) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{} findings over {} windows, {} records", l.findings.len(), l.windows, l.records);
+    if l.evidence.from == "window_summaries" {
+        let folded = match l.evidence.files_folded {
+            0 => String::new(),
+            n => format!(", and the records of {n} files without complete summaries, folded alike"),
+        };
+        let _ = writeln!(
+            s,
+            "counted from the window summaries of {} files{folded} (values within 1/64 of the records')",
+            l.evidence.files_summarised
+        );
+    }
     for b in &l.baselines {
         let _ = writeln!(
             s,

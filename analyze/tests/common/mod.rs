@@ -31,7 +31,7 @@ impl Rng {
 /// Every agent probes the other three twice a second; a few losses, partials, invalid, refused
 /// and local drops everywhere, and wb-h1 -> wa-h0 dead for minutes 5 and 6. Returns each agent's sealed files, in order.
 pub fn write_agents(dir: &Path) -> Vec<Vec<PathBuf>> {
-    write_fleet(dir, false)
+    write_fleet(dir, false, 0)
 }
 
 /// The label `analyze report --scope service` gives [`write_agents_with_services`]' connection
@@ -46,10 +46,16 @@ pub const UNKNOWN_REMOTE: &str = "10.9.9.9";
 /// which no dictionary or inventory names, and dead for minutes 8 and 9 (its unreachable
 /// windows). Outcomes and timestamp sources are drawn as for the mesh probes.
 pub fn write_agents_with_services(dir: &Path) -> Vec<Vec<PathBuf>> {
-    write_fleet(dir, true)
+    write_fleet(dir, true, 0)
 }
 
-fn write_fleet(dir: &Path, services: bool) -> Vec<Vec<PathBuf>> {
+/// [`write_agents_with_services`], the writers summarising windows of `summary_window_ns` as an
+/// agent with `summary_window_s` set does.
+pub fn write_agents_summarised(dir: &Path, summary_window_ns: u64) -> Vec<Vec<PathBuf>> {
+    write_fleet(dir, true, summary_window_ns)
+}
+
+fn write_fleet(dir: &Path, services: bool, summary_window_ns: u64) -> Vec<Vec<PathBuf>> {
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut out = Vec::new();
     for (me, (name, tor)) in RNICS.iter().enumerate() {
@@ -57,6 +63,7 @@ fn write_fleet(dir: &Path, services: bool) -> Vec<Vec<PathBuf>> {
         let mut cfg = WriterConfig::new(dir.join(host));
         cfg.chunk_records = 64;
         cfg.max_age_ns = SEGMENT_NS;
+        cfg.summary_window_ns = summary_window_ns;
         let id = WriterIdentity {
             host: host.into(),
             device: device.into(),

@@ -1,0 +1,306 @@
+//! Ingest of window summaries (`formats::window`) instead of records: every file's summaries,
+//! their keys in fleet-wide ids, for localisation on counters and histograms
+//! (`crate::localize::localize_windows`). A file whose summaries do not count every one of its
+//! records (written without them, still open, its summaries dropped or damaged) has its records
+//! folded into summaries here, by the writer's own [`Summariser`], so each file is read one way
+//! and counted exactly once.
+
+use super::dict::Remap;
+use super::model::{Dataset, Fields, FileProblem, NO_SERVICE};
+use super::plan::{Plan, READ_AGAIN_FAILED, as_planned};
+use rayon::prelude::*;
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::record::{EndpointRole, ProbeColumns};
+use rocemesh_formats::segment::SegmentReader;
+use rocemesh_formats::window::{ArchivedWindowSummary, Cell, STALL_NS, Summariser, WindowSummary};
+use std::path::PathBuf;
+
+/// Summary windows of folded files are this long where it divides the analysis window (the
+/// agent's default), else the analysis window: short enough that a stall leaves out seconds of
+/// a host's probes, not a whole analysis window.
+const FOLD_WINDOW_S: u64 = rocemesh_formats::window::DEFAULT_WINDOW_S;
+
+/// One (summary window, prober, target, label)'s probes, ids fleet-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowKey {
+    /// Start of the summary window, Unix ns.
+    pub start_ns: u64,
+    /// Prober and target RNIC ids ([`Dataset::rnics`]; `u32::MAX` for an id no dictionary
+    /// defines); a service probe's target is its connection's remote RNIC.
+    pub prober: u32,
+    pub target: u32,
+    /// The traced connection probed ([`Dataset::services`]), or [`NO_SERVICE`].
+    pub service: u32,
+    /// The flow label, or `formats::window::ALL_LABELS` when both ends share a ToR.
+    pub flow_label: u32,
+    /// Probe kind (0 tor_mesh, 1 inter_tor, 2 service).
+    pub kind: u8,
+    /// Probes by `crate::probe::Class`, in its discriminant order.
+    pub counts: [u32; 7],
+    /// Earliest and latest send, and earliest ok send (`u64::MAX` when none), Unix ns.
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub first_ok_ns: u64,
+    /// Responder epoch changes seen between its ok probes.
+    pub epoch_changes: u32,
+    /// Its histogram cells: `cells[cells.0..cells.1]` of its file's part.
+    pub cells: (u32, u32),
+}
+
+/// Every file's window summaries.
+#[derive(Debug, Default)]
+pub struct Windows {
+    /// One file's keys (in window and key order) and their cells, per file in file order: kept
+    /// apart, so that a wide input is never copied into one growing table.
+    parts: Vec<(Vec<WindowKey>, Vec<Cell>)>,
+    /// Summary windows' lengths seen, ns (one, normally).
+    pub window_ns: Vec<u64>,
+    /// Files read from their summaries, and files whose records were folded here.
+    pub files_summarised: usize,
+    pub files_folded: usize,
+    /// Probes the keys count.
+    pub probes: u64,
+}
+
+impl Windows {
+    /// Keeps the keys of the summary windows that start in `[from_ns, to_ns)` (whole analysis
+    /// windows, when both are multiples of one).
+    pub fn retain_span(&mut self, from_ns: u64, to_ns: u64) {
+        for (keys, _) in &mut self.parts {
+            keys.retain(|k| (from_ns..to_ns).contains(&k.start_ns));
+        }
+        self.probes = self.iter().map(|(k, _)| k.probes()).sum();
+    }
+
+    /// Every key with its cells, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = (&WindowKey, &[Cell])> + '_ {
+        self.parts
+            .iter()
+            .flat_map(|(keys, cells)| keys.iter().map(move |k| (k, &cells[k.cells.0 as usize..k.cells.1 as usize])))
+    }
+}
+
+impl WindowKey {
+    /// Probes of every class.
+    pub fn probes(&self) -> u64 {
+        self.counts.iter().map(|&c| u64::from(c)).sum()
+    }
+}
+
+/// What one file contributes: its keys (file-local cell ranges), cells, stalls.
+#[derive(Default)]
+struct FileWindows {
+    keys: Vec<WindowKey>,
+    cells: Vec<Cell>,
+    window_ns: Vec<u64>,
+    /// The shard's own stalls: (due, late), ns.
+    stalls: Vec<(u64, u64)>,
+    /// Probes whose prober or target id the file's dictionary does not define.
+    unknown_ids: u64,
+    folded: bool,
+}
+
+/// Whether the agents wrote window summaries, as the first of `files` that opens and holds
+/// records says (one file read: `--evidence auto` chooses by it, the same way on every machine
+/// and every run over the same files).
+pub fn writes_window_summaries(files: &[PathBuf]) -> bool {
+    files
+        .iter()
+        .filter_map(|p| SegmentReader::open(p).ok())
+        .find(|r| r.records() > 0)
+        .is_some_and(|r| r.window_summaries().next().is_some())
+}
+
+/// Reads `files` as [`super::plan`] plans them, then every file once for its window summaries
+/// instead of its records (one reader per thread at a time; nothing of a file is kept but its
+/// summaries' keys and cells). A file whose summaries do not divide the analysis windows of
+/// `window_ns` has its records folded again. The dataset is the plan's, with the path traces
+/// placed, and the shards' own stalls added to their files' long send gaps (a shard knows when
+/// its schedule slipped; records leave it to be inferred from T1 gaps).
+pub fn ingest_windows(files: &[PathBuf], inventory: Option<&Inventory>, window_ns: u64) -> (Dataset, Windows) {
+    let mut plan = super::plan(files, Fields::All, inventory, window_ns);
+    if let Some(inv) = inventory {
+        plan.ds.add_single_paths(inv);
+    }
+    plan.with_paths();
+    let w = plan.read_windows();
+    plan.place_paths();
+    (plan.finish(), w)
+}
+
+impl Plan {
+    /// Every planned file's window summaries, read once (see [`ingest_windows`]).
+    fn read_windows(&mut self) -> Windows {
+        let mut out = Windows::default();
+        let batch = rayon::current_num_threads().max(1);
+        for first in (0..self.files.len()).step_by(batch) {
+            let idx: Vec<usize> = (first..(first + batch).min(self.files.len())).collect();
+            let (files, ds, window_ns) = (&self.files, &self.ds, self.window_ns);
+            let opened: Vec<Result<(SegmentReader, FileWindows), String>> = idx
+                .par_iter()
+                .map(|&i| {
+                    let f = &files[i];
+                    let r = SegmentReader::open(&f.path).map_err(|e| e.to_string())?;
+                    let rnic = ds.agents[f.agent].rnic;
+                    let fw = file_windows(ds, &r, &f.remap, rnic, window_ns);
+                    Ok((r, fw))
+                })
+                .collect();
+            for (i, r) in idx.into_iter().zip(opened) {
+                let path = self.files[i].path.clone();
+                match r {
+                    Ok((r, fw)) if as_planned(&r, &self.files[i]) => {
+                        if let Some(traces) = &mut self.traces {
+                            traces.add(&mut self.ds, &path, &r, &self.files[i].remap);
+                        }
+                        let agent = &mut self.ds.agents[self.files[i].agent];
+                        agent.long_gaps.extend(fw.stalls.iter().copied());
+                        agent.long_gaps.sort_unstable();
+                        self.read_records += self.files[i].records;
+                        self.unknown_ids[i] += fw.unknown_ids;
+                        out.add(fw);
+                    }
+                    Ok((r, _)) => self.left_out(
+                        i,
+                        FileProblem {
+                            path,
+                            problem: format!(
+                                "{READ_AGAIN_FAILED}: it holds {} records where the first pass said {}: left out",
+                                r.records(),
+                                self.files[i].records
+                            ),
+                            skipped: false,
+                        },
+                    ),
+                    Err(problem) => self.left_out(
+                        i,
+                        FileProblem { path, problem: format!("{READ_AGAIN_FAILED}: {problem}"), skipped: false },
+                    ),
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Windows {
+    fn add(&mut self, f: FileWindows) {
+        self.probes += f.keys.iter().map(WindowKey::probes).sum::<u64>();
+        self.parts.push((f.keys, f.cells));
+        for w in f.window_ns {
+            if !self.window_ns.contains(&w) {
+                self.window_ns.push(w);
+            }
+        }
+        if f.folded {
+            self.files_folded += 1;
+        } else {
+            self.files_summarised += 1;
+        }
+    }
+}
+
+/// One file's summaries in fleet ids: its own where they count every record and divide the
+/// analysis window, else its records folded.
+fn file_windows(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, window_ns: u64) -> FileWindows {
+    let own = reader.summaries_complete()
+        && reader
+            .window_summaries()
+            .all(|s| s.window_ns.to_native() > 0 && window_ns.is_multiple_of(s.window_ns.to_native()));
+    let mut f = FileWindows { folded: !own, ..FileWindows::default() };
+    if own {
+        let (keys, cells) = reader.window_summaries().fold((0, 0), |(k, c), s| (k + s.keys.len(), c + s.cells.len()));
+        f.keys.reserve_exact(keys);
+        f.cells.reserve_exact(cells);
+        for s in reader.window_summaries() {
+            add_summary(&mut f, s, m);
+        }
+    } else {
+        for s in fold(ds, reader, m, rnic, window_ns) {
+            // Archived and native summaries hold the same fields; one path reads them.
+            let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&s).expect("a summary always serialises");
+            let a = rkyv::access::<ArchivedWindowSummary, rkyv::rancor::Error>(&bytes)
+                .expect("a summary just serialised reads back");
+            add_summary(&mut f, a, m);
+        }
+    }
+    f
+}
+
+/// `s`'s keys and cells into `f`, ids remapped; its stalls become the file's long send gaps
+/// (the shard knew its schedule slipped, where records leave it to be inferred from T1 gaps).
+fn add_summary(f: &mut FileWindows, s: &ArchivedWindowSummary, m: &Remap) {
+    let start_ns = s.start_unix_ns.to_native();
+    let w = s.window_ns.to_native();
+    if !f.window_ns.contains(&w) {
+        f.window_ns.push(w);
+    }
+    for st in s.stalls.iter() {
+        let (due, late) = (st.0.to_native(), st.1.to_native());
+        if late > STALL_NS {
+            f.stalls.push((due, late));
+        }
+    }
+    let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
+    for (i, k) in s.keys.iter().enumerate() {
+        let (pr, tg) = (k.prober.to_native(), k.target.to_native());
+        let prober = remap(&m.prober, pr);
+        let target = remap(&m.target, tg);
+        let service = if m.service.is_empty() { NO_SERVICE } else { remap(&m.service, tg) };
+        let counts: [u32; 7] = std::array::from_fn(|c| k.counts[c].to_native());
+        if prober == u32::MAX || target == u32::MAX {
+            f.unknown_ids += counts.iter().map(|&c| u64::from(c)).sum::<u64>();
+        }
+        let from = f.cells.len() as u32;
+        f.cells.extend(s.cells_of(i).iter().map(|c| Cell {
+            count: c.count.to_native(),
+            bucket: c.bucket.to_native(),
+            measure: c.measure,
+            ts_source: c.ts_source,
+        }));
+        f.keys.push(WindowKey {
+            start_ns,
+            prober,
+            target,
+            service: if service == u32::MAX { NO_SERVICE } else { service },
+            flow_label: k.flow_label.to_native(),
+            kind: k.kind,
+            counts,
+            first_ns: k.first_t1_ns.to_native(),
+            last_ns: k.last_t1_ns.to_native(),
+            first_ok_ns: k.first_ok_t1_ns.to_native(),
+            epoch_changes: k.epoch_changes.to_native(),
+            cells: (from, f.cells.len() as u32),
+        });
+    }
+}
+
+/// `reader`'s records folded into summaries by the writer's [`Summariser`], with the writer's
+/// ToR known from the fleet's RNICs.
+fn fold(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, window_ns: u64) -> Vec<WindowSummary> {
+    let fold_ns =
+        if window_ns.is_multiple_of(FOLD_WINDOW_S * 1_000_000_000) { FOLD_WINDOW_S * 1_000_000_000 } else { window_ns };
+    // Records are in completion order: a generous grace, and every window closed at the end.
+    let mut s = Summariser::new(fold_ns, 60_000_000_000);
+    let own_tor = ds.rnics.get(rnic as usize).map_or("", |r| r.tor.as_str());
+    for e in reader.dictionary() {
+        let tg = m.target.get(e.id as usize).copied().unwrap_or(u32::MAX);
+        let tor = ds.rnics.get(tg as usize).map_or("", |r| r.tor.as_str());
+        let same = e.role != EndpointRole::Service as u8 && !own_tor.is_empty() && tor == own_tor;
+        s.set_same_tor(e.id, same);
+    }
+    let mut cols = ProbeColumns::default();
+    let mut out = Vec::new();
+    for c in reader.probe_chunks() {
+        cols.clear();
+        for i in 0..c.len() {
+            cols.push(&c.row(i));
+        }
+        s.fold(&cols);
+        out.extend(s.ready().iter().cloned());
+        s.clear_ready();
+    }
+    s.close_all();
+    out.extend(s.ready().iter().cloned());
+    out
+}

@@ -1,0 +1,386 @@
+//! Stages 1 to 3 fed by window summaries ([`crate::ingest::Windows`]) instead of records: the
+//! same baselines, noise and counters per (window, prober, target, label), from per-key counts
+//! and histograms, for the stages after them to run unchanged ([`super::localize_windows`]).
+//!
+//! Where a summary holds less than the records, the rule is said where it is applied:
+//! - a value is its bucket's midpoint, within `formats::window::RELATIVE_ERROR` (1/64): a
+//!   probe is slow, a leg late or a stall's, when its bucket's midpoint is above the threshold;
+//! - baselines are computed from the histograms expanded at bucket midpoints (a stride keeps
+//!   them to the records' sample sizes), and the p99 of a probe's larger host delay from the
+//!   prober and responder delays' histograms taken as independent (`P(max <= x) = F_pd(x)
+//!   F_rd(x)`), since a summary keeps no pairs;
+//! - a probe's send time is known to its key's span in a summary window (5 s by default):
+//!   late host delays are dated to that span, and a stall leaves out a key's probes in every
+//!   summary window its padded span touches (records: only the probes within the pad);
+//! - a restarted target is heard again at its key's first ok send after the restart, or at the
+//!   key's last send where the responder's epoch changed inside the key.
+
+use super::Options;
+use super::baseline::{Baselines, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET};
+use super::noise::{Agents, Hosts, NoiseScan, Own, host_in_rtt};
+use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext};
+use crate::ingest::{Dataset, NO_SERVICE, WindowKey, Windows};
+use crate::probe::{Class, TS_CODES, TsSources, ts_code};
+use rocemesh_formats::window::{BUCKETS, Cell, Measure, bucket_value};
+use std::collections::HashMap;
+
+/// A histogram of the whole input: a count per bucket, dense (a few of them, 15 KiB each).
+#[derive(Clone)]
+struct Hist(Vec<u64>);
+
+impl Default for Hist {
+    fn default() -> Self {
+        Hist(vec![0; usize::from(BUCKETS)])
+    }
+}
+
+impl Hist {
+    fn add(&mut self, bucket: u16, n: u64) {
+        if let Some(x) = self.0.get_mut(usize::from(bucket)) {
+            *x += n;
+        }
+    }
+
+    /// (bucket, count) of the non-empty buckets, ascending.
+    fn iter(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        self.0.iter().enumerate().filter(|(_, n)| **n > 0).map(|(b, &n)| (b as u16, n))
+    }
+
+    fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// Whether `k`'s probes run between two ToRs (by its ends, as records are judged).
+fn is_inter(k: &WindowKey, tor_of: &[u32]) -> bool {
+    match (tor_of.get(k.prober as usize), tor_of.get(k.target as usize)) {
+        (Some(a), Some(b)) => a != b,
+        _ => k.kind == 1,
+    }
+}
+
+/// The analysis window of `k`.
+fn window_of(k: &WindowKey, window_ns: u64) -> u32 {
+    (k.start_ns / window_ns) as u32
+}
+
+/// A histogram given as (bucket, count) ascending, as values at bucket midpoints, one per
+/// `stride` probes (a stride that keeps every bucket's share, rounding aside).
+fn expand(h: impl Iterator<Item = (u16, u64)>, stride: u64) -> Vec<f64> {
+    let stride = stride.max(1);
+    let mut out = Vec::new();
+    let mut cum = 0u64;
+    for (b, n) in h {
+        let take = (cum + n) / stride - cum / stride;
+        cum += n;
+        out.extend(std::iter::repeat_n(bucket_value(b).max(1) as f64, take as usize));
+    }
+    out
+}
+
+/// The smallest bucket midpoint at which `P(pd <= x) P(rd <= x)` reaches 0.99: the p99 of a
+/// probe's larger host delay, the two taken as independent.
+fn max_p99(pd: &Hist, rd: &Hist) -> i64 {
+    let (np, nr) = (pd.total() as f64, rd.total() as f64);
+    if np == 0.0 || nr == 0.0 {
+        return 0;
+    }
+    let (mut cp, mut cr) = (0u64, 0u64);
+    let mut last = 0;
+    for (b, (p, r)) in pd.0.iter().zip(&rd.0).enumerate().filter(|(_, (p, r))| **p + **r > 0) {
+        cp += p;
+        cr += r;
+        last = b as u16;
+        if (cp as f64 / np) * (cr as f64 / nr) >= 0.99 {
+            break;
+        }
+    }
+    i64::try_from(bucket_value(last)).unwrap_or(i64::MAX)
+}
+
+/// Stage 1 from summaries: [`Baselines`] from the ok probes' histograms.
+pub(super) fn baselines(w: &Windows, tor_of: &[u32], opts: &Options, window_ns: u64) -> Baselines {
+    let mut rtt: [[Hist; 2]; TS_CODES] = Default::default();
+    let mut legs: [[Hist; 2]; TS_CODES] = Default::default();
+    // The ToR-mesh RTTs by (window, source, ToR, bucket): sparse, since a long input has many
+    // windows and each ToR's RTTs fill few buckets.
+    let mut shift: HashMap<(u32, usize, u32, u16), u64, foldhash::fast::RandomState> = HashMap::default();
+    for (k, cells) in w.iter() {
+        let inter = is_inter(k, tor_of);
+        let win = window_of(k, window_ns);
+        let tor = tor_of.get(k.prober as usize).copied().unwrap_or(u32::MAX);
+        for c in cells {
+            let code = usize::from(ts_code(c.ts_source));
+            let n = u64::from(c.count);
+            match Measure::from_u8(c.measure) {
+                Some(Measure::NetworkRtt) => {
+                    rtt[code][usize::from(inter)].add(c.bucket, n);
+                    if !inter {
+                        *shift.entry((win, code, tor, c.bucket)).or_default() += n;
+                    }
+                }
+                Some(Measure::ProberDelay) => legs[code][0].add(c.bucket, n),
+                Some(Measure::ResponderDelay) => legs[code][1].add(c.bucket, n),
+                None => {}
+            }
+        }
+    }
+    let mut out = Baselines::empty(opts);
+    for code in 0..TS_CODES {
+        let total: u64 = rtt[code].iter().map(Hist::total).sum();
+        if total == 0 {
+            continue;
+        }
+        // The records' strided sample holds about SAMPLE_TARGET ok probes: so do these.
+        let stride = total.div_ceil(SAMPLE_TARGET as u64);
+        let scoped = std::array::from_fn(|scope| expand(rtt[code][scope].iter(), stride));
+        let [pd, rd] = &legs[code];
+        let pooled = pd.0.iter().zip(&rd.0).enumerate().filter(|(_, (p, r))| **p + **r > 0);
+        let legs_sample = expand(pooled.map(|(b, (p, r))| (b as u16, p + r)), stride);
+        out.set_source(code, scoped, legs_sample, max_p99(pd, rd), opts);
+    }
+    let stride = shift.values().sum::<u64>().div_ceil(SHIFT_SAMPLE_TARGET as u64);
+    let mut cells: Vec<((u32, usize, u32, u16), u64)> = shift.into_iter().collect();
+    cells.sort_unstable_by_key(|c| c.0);
+    let mut samples: HashMap<(u32, usize, u32), Vec<f64>> = HashMap::new();
+    for run in cells.chunk_by(|a, b| (a.0.0, a.0.1, a.0.2) == (b.0.0, b.0.1, b.0.2)) {
+        let (w, c, tor, _) = run[0].0;
+        samples.insert((w, c, tor), expand(run.iter().map(|&((.., b), n)| (b, n)), stride));
+    }
+    out.measure_shifts(samples);
+    out
+}
+
+/// Stage 2's scan from summaries: late host delays (dated to their key's span), each host's
+/// legs and span, and the busy (host, window)s, as [`NoiseScan::add`] gathers them from records.
+pub(super) fn noise_scan(
+    ds: &Dataset,
+    w: &Windows,
+    hosts: &Hosts,
+    tor_of: &[u32],
+    base: &Baselines,
+    opts: &Options,
+    window_ns: u64,
+) -> NoiseScan {
+    let mut scan = NoiseScan::default();
+    let mut own: HashMap<(u32, u32), Own> = HashMap::new();
+    let rnics = ds.rnics.len();
+    for (k, cells) in w.iter() {
+        let (pr, tg) = (k.prober as usize, k.target as usize);
+        let ok = k.counts[Class::Ok as usize];
+        if pr >= rnics || tg >= rnics || ok == 0 {
+            continue;
+        }
+        let (hp, ht) = (hosts.of_rnic[pr], hosts.of_rnic[tg]);
+        for host in [hp, ht] {
+            let l = scan.legs.entry(host).or_insert((0, k.first_ns, k.last_ns));
+            *l = (l.0 + u64::from(ok), l.1.min(k.first_ns), l.2.max(k.last_ns));
+        }
+        let win = window_of(k, window_ns);
+        let inter = is_inter(k, tor_of);
+        for c in cells {
+            let v = bucket_value(c.bucket);
+            let busy_test = host_in_rtt(c.ts_source).then(|| base.leg_late_ns(c.ts_source)).flatten();
+            match Measure::from_u8(c.measure) {
+                Some(Measure::NetworkRtt) if busy_test.is_some() => {
+                    let slow = v as f64 > base.slow_ns_in(c.ts_source, inter, win);
+                    for host in [hp, ht] {
+                        let o = own.entry((host, win)).or_default();
+                        o.slow += if slow { c.count } else { 0 };
+                        o.rtts += c.count;
+                    }
+                }
+                Some(m @ (Measure::ProberDelay | Measure::ResponderDelay)) => {
+                    let (host, rnic, answering) =
+                        if m == Measure::ProberDelay { (hp, pr, false) } else { (ht, tg, true) };
+                    if let Some(late_ns) = busy_test {
+                        let o = own.entry((host, win)).or_default();
+                        o.delayed += if v as f64 > late_ns { c.count } else { 0 };
+                        o.legs += c.count;
+                    }
+                    if i64::try_from(v).unwrap_or(i64::MAX) > base.noise_ns(c.ts_source) {
+                        let end = k.last_ns.saturating_add(v);
+                        scan.events.push((host, k.first_ns, end, rnic as u32, answering, c.count));
+                    }
+                }
+                Some(Measure::NetworkRtt) | None => {}
+            }
+        }
+    }
+    scan.decide_busy(own, opts);
+    scan
+}
+
+/// Stage 3 from summaries: the counters per (window, prober, target, label), leaving out the
+/// keys whose span met a stall, and when each prober first heard a restarted target.
+pub(super) fn tally(ds: &Dataset, w: &Windows, cx: &TallyContext, t: &mut Tally) -> RangeTally {
+    let rnics = ds.rnics.len();
+    let mut acc: HashMap<(u32, u32, u32, u32), (Acc, bool), foldhash::fast::RandomState> = HashMap::default();
+    for (k, cells) in w.iter() {
+        let probes = k.probes();
+        t.records += probes;
+        let win = window_of(k, cx.window_ns);
+        if let Some(s) = t.services.get_mut(k.service as usize) {
+            service(s, k, cells, cx, win);
+        }
+        if k.prober as usize >= rnics || k.target as usize >= rnics {
+            t.not_evidence.unknown_rnic += probes;
+            continue;
+        }
+        t.windows.insert(win);
+        let Some((a, inter)) = key_acc(ds, k, cells, cx, t, win) else { continue };
+        let label = if inter { k.flow_label } else { NO_LABEL };
+        let e = acc.entry((win, k.prober, k.target, label)).or_default();
+        e.0.add(&a);
+        e.1 |= inter;
+    }
+    t.last_range_keys = acc.len();
+    let mut acc: Vec<_> = acc.into_iter().map(|(k, (a, inter))| (k, a, inter)).collect();
+    acc.sort_unstable_by_key(|e| e.0);
+    RangeTally { acc }
+}
+
+/// One key's counters, and whether its probes cross the fabric; `None` when nothing of it is
+/// evidence (what is not is counted by why).
+fn key_acc(
+    ds: &Dataset,
+    k: &WindowKey,
+    cells: &[Cell],
+    cx: &TallyContext,
+    t: &mut Tally,
+    win: u32,
+) -> Option<(Acc, bool)> {
+    let TallyContext { base, tor_of, noise, hosts, agents, .. } = *cx;
+    let count = |c: Class| k.counts[c as usize];
+    let (hp, ht) = (hosts.of_rnic[k.prober as usize], hosts.of_rnic[k.target as usize]);
+    let met =
+        |pad: u64| noise.hit_span(hp, k.first_ns, k.last_ns, pad) || noise.hit_span(ht, k.first_ns, k.last_ns, pad);
+    let (ok_met, lost_met) = (met(noise.pad_ns), met(noise.lost_pad_ns));
+    let ne = &mut t.not_evidence;
+    ne.invalid += u64::from(count(Class::Invalid));
+    ne.refused += u64::from(count(Class::Refused));
+    ne.unknown_outcome += u64::from(count(Class::Unknown));
+    t.local_drops[k.prober as usize] += u64::from(count(Class::LocalDrop));
+    let mut a = Acc::default();
+    if lost_met {
+        ne.host_noise += u64::from(count(Class::Lost) + count(Class::Partial));
+    } else {
+        a.valid += count(Class::Lost) + count(Class::Partial);
+        a.lost += count(Class::Lost);
+    }
+    if ok_met {
+        ne.host_noise += u64::from(count(Class::Ok));
+    } else if count(Class::Ok) > 0 {
+        a.valid += count(Class::Ok);
+        let inter = is_inter(k, tor_of);
+        for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
+            if host_in_rtt(c.ts_source) && (noise.busy(hp, win) || noise.busy(ht, win)) {
+                ne.busy_host_rtt += u64::from(c.count);
+                continue;
+            }
+            a.ok += c.count;
+            if bucket_value(c.bucket) as f64 > base.slow_ns_in(c.ts_source, inter, win) {
+                a.slow += c.count;
+                a.slow_ts |= TsSources::of(c.ts_source).0;
+            }
+        }
+        heard(k, agents, t);
+    }
+    if a.valid == 0 {
+        return None;
+    }
+    // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
+    let inter = k.kind == 1
+        || (k.service != NO_SERVICE && {
+            let (tp, tt) = (&ds.rnics[k.prober as usize].tor, &ds.rnics[k.target as usize].tor);
+            !tp.is_empty() && !tt.is_empty() && tp != tt
+        });
+    Some((a, inter))
+}
+
+/// When `k`'s prober heard its restarted target again (see the module documentation).
+fn heard(k: &WindowKey, agents: &Agents, t: &mut Tally) {
+    let Some(list) = agents.restarts.get(&k.target) else { return };
+    for &(_, back) in list {
+        let at = if k.first_ok_ns >= back && k.first_ok_ns != u64::MAX {
+            k.first_ok_ns
+        } else if k.last_ns >= back && k.epoch_changes > 0 {
+            k.last_ns
+        } else {
+            continue;
+        };
+        let e = t.heard_again.entry((k.prober, k.target, back)).or_insert(u64::MAX);
+        *e = (*e).min(at);
+    }
+}
+
+/// A traced service's own figures from one of its keys (every probe counted, evidence or not).
+fn service(s: &mut super::tally::ServiceTally, k: &WindowKey, cells: &[Cell], cx: &TallyContext, win: u32) {
+    s.probes += k.probes();
+    if (k.first_ns, k.prober) < (s.first_ns, s.prober) {
+        s.prober = k.prober;
+    }
+    (s.first_ns, s.last_ns) = (s.first_ns.min(k.first_ns), s.last_ns.max(k.last_ns));
+    let a = s.windows.entry(win).or_default();
+    let (ok, lost, partial) =
+        (k.counts[Class::Ok as usize], k.counts[Class::Lost as usize], k.counts[Class::Partial as usize]);
+    a.valid += ok + lost + partial;
+    a.lost += lost;
+    a.ok += ok;
+    let inter = is_inter(k, cx.tor_of);
+    for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
+        let v = bucket_value(c.bucket);
+        if v as f64 > cx.base.slow_ns_in(c.ts_source, inter, win) {
+            a.slow += c.count;
+            a.slow_ts |= TsSources::of(c.ts_source).0;
+        }
+        let rtt = i32::try_from(v).unwrap_or(i32::MAX);
+        let excess = i64::from(rtt) - cx.base.slow_ns(c.ts_source, inter).ceil() as i64;
+        s.rtt.extend(std::iter::repeat_n(rtt, c.count as usize));
+        s.excess.extend(std::iter::repeat_n(excess, c.count as usize));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocemesh_formats::window::bucket_of;
+
+    fn hist(values: &[(u64, u64)]) -> Hist {
+        let mut h = Hist::default();
+        for &(v, n) in values {
+            h.add(bucket_of(v), n);
+        }
+        h
+    }
+
+    #[test]
+    fn expansion_keeps_every_buckets_share_at_its_midpoint() {
+        let h = hist(&[(1_000, 300), (2_000, 600), (50_000, 100)]);
+        let all = expand(h.iter(), 1);
+        assert_eq!(all.len(), 1_000);
+        let strided = expand(h.iter(), 10);
+        assert_eq!(strided.len(), 100);
+        let at = |v: u64| strided.iter().filter(|&&x| x == bucket_value(bucket_of(v)) as f64).count();
+        assert_eq!((at(1_000), at(2_000), at(50_000)), (30, 60, 10));
+        for x in all {
+            let nearest = [1_000.0, 2_000.0, 50_000.0].into_iter().map(|v: f64| (x - v).abs() / v).fold(1.0, f64::min);
+            assert!(nearest <= rocemesh_formats::window::RELATIVE_ERROR, "{x}");
+        }
+    }
+
+    /// The p99 of the larger of two independent delays: with 2% of responder delays at 100 us
+    /// and every prober delay at 1 us, 2% of probes have a 100 us larger delay, so the p99 is
+    /// there; with 0.5% it is 1 us. Control: both sources late 0.6% of the time, independently,
+    /// make about 1.2% of probes late, above 1%.
+    #[test]
+    fn the_larger_host_delays_p99_takes_the_two_delays_as_independent() {
+        let pd = hist(&[(1_000, 1_000)]);
+        let near = |x: i64, v: f64| (x as f64 - v).abs() <= v / 64.0;
+        assert!(near(max_p99(&pd, &hist(&[(1_000, 980), (100_000, 20)])), 100_000.0));
+        assert!(near(max_p99(&pd, &hist(&[(1_000, 995), (100_000, 5)])), 1_000.0));
+        let both = hist(&[(1_000, 994), (100_000, 6)]);
+        assert!(near(max_p99(&both, &both), 100_000.0));
+        assert_eq!(max_p99(&Hist::default(), &pd), 0, "no legs, no p99");
+    }
+}
