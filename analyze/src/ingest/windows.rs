@@ -5,6 +5,7 @@
 //! folded into summaries here, by the writer's own [`Summariser`], so each file is read one way
 //! and counted exactly once.
 
+use super::columns::planned_chunks;
 use super::dict::Remap;
 use super::model::{Dataset, Fields, FileProblem, NO_SERVICE};
 use super::plan::{Plan, READ_AGAIN_FAILED, as_planned};
@@ -12,6 +13,7 @@ use rayon::prelude::*;
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::{EndpointRole, ProbeColumns};
 use rocemesh_formats::segment::SegmentReader;
+use rocemesh_formats::segment::{LONG_GAP_FACTOR, LONG_GAP_MIN_NS};
 use rocemesh_formats::window::{ArchivedWindowSummary, Cell, STALL_NS, Summariser, WindowSummary};
 use std::path::PathBuf;
 
@@ -142,7 +144,7 @@ impl Plan {
                     let f = &files[i];
                     let r = SegmentReader::open(&f.path).map_err(|e| e.to_string())?;
                     let rnic = ds.agents[f.agent].rnic;
-                    let fw = file_windows(ds, &r, &f.remap, rnic, window_ns);
+                    let fw = file_windows(ds, &r, &f.remap, rnic, window_ns, f.records);
                     Ok((r, fw))
                 })
                 .collect();
@@ -153,8 +155,12 @@ impl Plan {
                         if let Some(traces) = &mut self.traces {
                             traces.add(&mut self.ds, &path, &r, &self.files[i].remap);
                         }
+                        // A shard's slip counts as a frozen host by the rule its records' send
+                        // gaps are held to (`send_gaps`): beyond twice the usual spacing plus
+                        // 100 ms.
                         let agent = &mut self.ds.agents[self.files[i].agent];
-                        agent.long_gaps.extend(fw.stalls.iter().copied());
+                        let limit = agent.median_gap_ns.saturating_mul(LONG_GAP_FACTOR).saturating_add(LONG_GAP_MIN_NS);
+                        agent.long_gaps.extend(fw.stalls.iter().copied().filter(|s| s.1 > limit));
                         agent.long_gaps.sort_unstable();
                         self.read_records += self.files[i].records;
                         self.unknown_ids[i] += fw.unknown_ids;
@@ -202,7 +208,14 @@ impl Windows {
 
 /// One file's summaries in fleet ids: its own where they count every record and divide the
 /// analysis window, else its records folded.
-fn file_windows(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, window_ns: u64) -> FileWindows {
+fn file_windows(
+    ds: &Dataset,
+    reader: &SegmentReader,
+    m: &Remap,
+    rnic: u32,
+    window_ns: u64,
+    planned: usize,
+) -> FileWindows {
     let own = reader.summaries_complete()
         && reader
             .window_summaries()
@@ -216,7 +229,7 @@ fn file_windows(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, wind
             add_summary(&mut f, s, m);
         }
     } else {
-        for s in fold(ds, reader, m, rnic, window_ns) {
+        for s in fold(ds, reader, m, rnic, window_ns, planned) {
             // Archived and native summaries hold the same fields; one path reads them.
             let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&s).expect("a summary always serialises");
             let a = rkyv::access::<ArchivedWindowSummary, rkyv::rancor::Error>(&bytes)
@@ -275,9 +288,16 @@ fn add_summary(f: &mut FileWindows, s: &ArchivedWindowSummary, m: &Remap) {
     }
 }
 
-/// `reader`'s records folded into summaries by the writer's [`Summariser`], with the writer's
+/// `reader`'s first `planned` records folded into summaries by the writer's [`Summariser`], with the writer's
 /// ToR known from the fleet's RNICs.
-fn fold(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, window_ns: u64) -> Vec<WindowSummary> {
+fn fold(
+    ds: &Dataset,
+    reader: &SegmentReader,
+    m: &Remap,
+    rnic: u32,
+    window_ns: u64,
+    planned: usize,
+) -> Vec<WindowSummary> {
     let fold_ns =
         if window_ns.is_multiple_of(FOLD_WINDOW_S * 1_000_000_000) { FOLD_WINDOW_S * 1_000_000_000 } else { window_ns };
     // Records are in completion order: a generous grace, and every window closed at the end.
@@ -291,9 +311,10 @@ fn fold(ds: &Dataset, reader: &SegmentReader, m: &Remap, rnic: u32, window_ns: u
     }
     let mut cols = ProbeColumns::default();
     let mut out = Vec::new();
-    for c in reader.probe_chunks() {
+    // The records the plan counted: an open segment may have grown since.
+    for (c, keep) in planned_chunks(reader, planned) {
         cols.clear();
-        for i in 0..c.len() {
+        for i in 0..keep {
             cols.push(&c.row(i));
         }
         s.fold(&cols);

@@ -5,18 +5,23 @@
 //! Where a summary holds less than the records, the rule is said where it is applied:
 //! - a value is its bucket's midpoint, within `formats::window::RELATIVE_ERROR` (1/64): a
 //!   probe is slow, a leg late or a stall's, when its bucket's midpoint is above the threshold;
-//! - baselines are computed from the histograms expanded at bucket midpoints (a stride keeps
-//!   them to the records' sample sizes), and the p99 of a probe's larger host delay from the
+//! - baselines are computed from the histograms expanded at bucket midpoints, one probe in the
+//!   records' stride over the whole input (a source thinner than that whole, as for records),
+//!   and the p99 of a probe's larger host delay from the
 //!   prober and responder delays' histograms taken as independent (`P(max <= x) = F_pd(x)
 //!   F_rd(x)`), since a summary keeps no pairs;
 //! - a probe's send time is known to its key's span in a summary window (5 s by default):
-//!   late host delays are dated to that span, and a stall leaves out a key's probes in every
-//!   summary window its padded span touches (records: only the probes within the pad);
+//!   late host delays are dated to that span, which widens a cluster and so weakens the stall
+//!   test for a short freeze (its Poisson null grows with the span), and a stall leaves out a
+//!   key's probes in every summary window its padded span touches (records: only the probes
+//!   within the pad);
+//! - a frozen host is also one whose shard said its schedule slipped by more than its send gaps
+//!   must be (twice its usual spacing plus 100 ms, `formats::segment::send_gaps`' rule);
 //! - a restarted target is heard again at its key's first ok send after the restart, or at the
 //!   key's last send where the responder's epoch changed inside the key.
 
 use super::Options;
-use super::baseline::{Baselines, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET};
+use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET};
 use super::noise::{Agents, Hosts, NoiseScan, Own, host_in_rtt};
 use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext};
 use crate::ingest::{Dataset, NO_SERVICE, WindowKey, Windows};
@@ -125,21 +130,24 @@ pub(super) fn baselines(w: &Windows, tor_of: &[u32], opts: &Options, window_ns: 
             }
         }
     }
+    let fleet_stride = (w.probes / SAMPLE_TARGET as u64).max(1);
     let mut out = Baselines::empty(opts);
     for code in 0..TS_CODES {
         let total: u64 = rtt[code].iter().map(Hist::total).sum();
         if total == 0 {
             continue;
         }
-        // The records' strided sample holds about SAMPLE_TARGET ok probes: so do these.
-        let stride = total.div_ceil(SAMPLE_TARGET as u64);
+        // The records' sample: one probe in `n / SAMPLE_TARGET` of the whole input, and every
+        // ok probe of a source that leaves fewer than SAMPLE_MIN in that stride.
+        let stride = if total / fleet_stride < SAMPLE_MIN as u64 { 1 } else { fleet_stride };
         let scoped = std::array::from_fn(|scope| expand(rtt[code][scope].iter(), stride));
         let [pd, rd] = &legs[code];
         let pooled = pd.0.iter().zip(&rd.0).enumerate().filter(|(_, (p, r))| **p + **r > 0);
         let legs_sample = expand(pooled.map(|(b, (p, r))| (b as u16, p + r)), stride);
         out.set_source(code, scoped, legs_sample, max_p99(pd, rd), opts);
     }
-    let stride = shift.values().sum::<u64>().div_ceil(SHIFT_SAMPLE_TARGET as u64);
+    // The records' shift sample: one probe in `n / SHIFT_SAMPLE_TARGET` of the whole input.
+    let stride = (w.probes / SHIFT_SAMPLE_TARGET as u64).max(1);
     let mut cells: Vec<((u32, usize, u32, u16), u64)> = shift.into_iter().collect();
     cells.sort_unstable_by_key(|c| c.0);
     let mut samples: HashMap<(u32, usize, u32), Vec<f64>> = HashMap::new();
