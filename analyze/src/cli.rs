@@ -274,20 +274,6 @@ pub enum FindingsFormat {
     Json,
 }
 
-/// What `analyze localize` gathers its counters from.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EvidenceFrom {
-    /// The window summaries when the agents write them (as the first file in path order that
-    /// holds records says; the records of files without complete ones folded alike), else the
-    /// records.
-    Auto,
-    /// The records: exact send times and values, read in four passes over the ranges.
-    Records,
-    /// The window summaries (the records of files without complete ones folded alike): one
-    /// read of each file, values within 1/64, send times within a summary window.
-    Summaries,
-}
-
 /// `analyze localize`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LocalizeArgs {
@@ -328,8 +314,8 @@ pub struct LocalizeArgs {
     /// records. Summaries are read once and held whole (their keys, not the records:
     /// --range-records does not apply); a summary window must divide --window-s, else that
     /// file's records are folded.
-    #[arg(long, value_enum, default_value_t = EvidenceFrom::Auto)]
-    pub evidence: EvidenceFrom,
+    #[arg(long, value_enum, default_value_t = crate::localize::EvidenceFrom::Auto)]
+    pub evidence: crate::localize::EvidenceFrom,
     /// Localisation from records reads these ranges four times (see `localize::localize_ranges`).
     #[command(flatten)]
     pub ranges: RangeArgs,
@@ -706,26 +692,14 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         sla,
         ..crate::localize::Options::default()
     };
-    let window_ns = args.window_s * 1_000_000_000;
-    let summarised = match args.evidence {
-        EvidenceFrom::Records => None,
-        EvidenceFrom::Auto if !ingest::writes_window_summaries(&files) => None,
-        EvidenceFrom::Auto | EvidenceFrom::Summaries => {
-            let (ds, w) = ingest::ingest_windows(&files, inv.as_ref(), window_ns);
-            Some((crate::localize::localize_windows(&ds, &w, &opts), ds))
-        }
-    };
-    let (result, ds) = summarised.unwrap_or_else(|| {
-        // Read a range of whole windows at a time, pass by pass: memory follows
-        // --range-records and the fleet, not the hours read.
-        let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), window_ns);
-        if let Some(inv) = &inv {
-            plan.ds.add_single_paths(inv);
-        }
-        let ranges = plan.ranges(args.ranges.range_records as usize);
-        let result = crate::localize::localize_ranges(&mut plan, ranges, &opts);
-        (result, plan.finish())
-    });
+    let (result, ds, _) = crate::localize::localize_files(
+        &files,
+        inv.as_ref(),
+        &opts,
+        args.evidence,
+        args.ranges.range_records as usize,
+        (0, u64::MAX),
+    );
     say_problems("localize", &ds, inv.as_ref());
     // Encoded only when something takes it: a wide fleet's findings and services are large.
     let json = match (args.format == FindingsFormat::Json || args.json.is_some())

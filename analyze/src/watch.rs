@@ -747,31 +747,18 @@ impl<'a> Watch<'a> {
             if files.is_empty() {
                 continue;
             }
-            // The agents' window summaries where they write them, as `analyze localize` reads
-            // them by default; else the records, a range at a time.
-            let l = if ingest::writes_window_summaries(&files) {
-                let (ds, mut w) = ingest::ingest_windows(&files, self.inventory, window_ns);
-                w.retain_span(lo, hi);
-                records += w.probes;
-                let l = localize::localize_windows(&ds, &w, &opts);
-                self.say_problems(ds.problems, pass, lines);
-                l
-            } else {
-                let mut plan = ingest::plan(&files, Fields::All, self.inventory, window_ns);
-                if let Some(inv) = self.inventory {
-                    plan.ds.add_single_paths(inv);
-                }
-                let ranges: Vec<(u64, u64)> = plan
-                    .ranges(self.cfg.range_records)
-                    .into_iter()
-                    .map(|(a, b)| (a.max(lo), b.min(hi)))
-                    .filter(|(a, b)| a < b)
-                    .collect();
-                let l = localize::localize_ranges(&mut plan, ranges, &opts);
-                records += plan.records_read() as u64;
-                self.say_problems(plan.finish().problems, pass, lines);
-                l
-            };
+            // As `analyze localize` reads them by default: the agents' window summaries where
+            // they write them, else the records, a range at a time.
+            let (l, ds, read) = localize::localize_files(
+                &files,
+                self.inventory,
+                &opts,
+                localize::EvidenceFrom::Auto,
+                self.cfg.range_records,
+                (lo, hi),
+            );
+            records += read;
+            self.say_problems(ds.problems, pass, lines);
             localised += 1;
             let mut blamed: Vec<&Blamed> =
                 l.blamed.iter().filter(|x| (start..end).contains(&x.window_start_ns)).collect();

@@ -55,8 +55,6 @@ pub struct Windows {
     /// One file's keys (in window and key order) and their cells, per file in file order: kept
     /// apart, so that a wide input is never copied into one growing table.
     parts: Vec<(Vec<WindowKey>, Vec<Cell>)>,
-    /// Summary windows' lengths seen, ns (one, normally).
-    pub window_ns: Vec<u64>,
     /// Files read from their summaries, and files whose records were folded here.
     pub files_summarised: usize,
     pub files_folded: usize,
@@ -94,7 +92,6 @@ impl WindowKey {
 struct FileWindows {
     keys: Vec<WindowKey>,
     cells: Vec<Cell>,
-    window_ns: Vec<u64>,
     /// The shard's own stalls: (due, late), ns.
     stalls: Vec<(u64, u64)>,
     /// Probes whose prober or target id the file's dictionary does not define.
@@ -193,11 +190,6 @@ impl Windows {
     fn add(&mut self, f: FileWindows) {
         self.probes += f.keys.iter().map(WindowKey::probes).sum::<u64>();
         self.parts.push((f.keys, f.cells));
-        for w in f.window_ns {
-            if !self.window_ns.contains(&w) {
-                self.window_ns.push(w);
-            }
-        }
         if f.folded {
             self.files_folded += 1;
         } else {
@@ -244,10 +236,6 @@ fn file_windows(
 /// (the shard knew its schedule slipped, where records leave it to be inferred from T1 gaps).
 fn add_summary(f: &mut FileWindows, s: &ArchivedWindowSummary, m: &Remap) {
     let start_ns = s.start_unix_ns.to_native();
-    let w = s.window_ns.to_native();
-    if !f.window_ns.contains(&w) {
-        f.window_ns.push(w);
-    }
     for st in s.stalls.iter() {
         let (due, late) = (st.0.to_native(), st.1.to_native());
         if late > STALL_NS {

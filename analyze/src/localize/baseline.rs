@@ -212,9 +212,15 @@ pub(super) fn tor_ids(ds: &Dataset) -> Vec<u32> {
 
 /// Whether probe `i` runs between two ToRs (by its ends, so service probes count too).
 pub(super) fn is_inter(p: &Probes, tor_of: &[u32], i: usize) -> bool {
-    match (tor_of.get(p.prober[i] as usize), tor_of.get(p.target[i] as usize)) {
+    ends_inter(tor_of, p.prober[i], p.target[i], p.kind[i])
+}
+
+/// Whether probes from `prober` to `target` run between two ToRs, by their ends' ToRs; by the
+/// probe `kind` where an end is no known RNIC.
+pub(super) fn ends_inter(tor_of: &[u32], prober: u32, target: u32, kind: u8) -> bool {
+    match (tor_of.get(prober as usize), tor_of.get(target as usize)) {
         (Some(a), Some(b)) => a != b,
-        _ => p.kind[i] == 1,
+        _ => kind == 1,
     }
 }
 

@@ -584,6 +584,56 @@ fn run(input: &mut Input, opts: &Options) -> Localization {
     l
 }
 
+/// What localisation gathers its counters from (`analyze localize --evidence`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvidenceFrom {
+    /// The window summaries when the agents write them (as the first file in path order that
+    /// holds records says; the records of files without complete ones folded alike), else the
+    /// records.
+    Auto,
+    /// The records: exact send times and values, read in four passes over the ranges.
+    Records,
+    /// The window summaries (the records of files without complete ones folded alike): one
+    /// read of each file, values within 1/64, send times within a summary window.
+    Summaries,
+}
+
+/// Localises the windows of `files` in `[from_ns, to_ns)` (whole windows of `opts.window_s`)
+/// from the evidence `from` chooses: [`localize_windows`] over their summaries, or
+/// [`localize_ranges`] over ranges of at most `range_records` records. Returns the result,
+/// the dataset (its problems to be said) and the probes counted.
+pub fn localize_files(
+    files: &[std::path::PathBuf],
+    inventory: Option<&rocemesh_formats::inventory::Inventory>,
+    opts: &Options,
+    from: EvidenceFrom,
+    range_records: usize,
+    (from_ns, to_ns): (u64, u64),
+) -> (Localization, Dataset, u64) {
+    let window_ns = opts.window_s.max(1) * 1_000_000_000;
+    if from == EvidenceFrom::Summaries || (from == EvidenceFrom::Auto && crate::ingest::writes_window_summaries(files))
+    {
+        let (ds, mut w) = crate::ingest::ingest_windows(files, inventory, window_ns);
+        w.retain_span(from_ns, to_ns);
+        return (localize_windows(&ds, &w, opts), ds, w.probes);
+    }
+    // A range of whole windows at a time, pass by pass: memory follows `range_records` and the
+    // fleet, not the hours read.
+    let mut plan = crate::ingest::plan(files, crate::ingest::Fields::All, inventory, window_ns);
+    if let Some(inv) = inventory {
+        plan.ds.add_single_paths(inv);
+    }
+    let ranges: Vec<(u64, u64)> = plan
+        .ranges(range_records)
+        .into_iter()
+        .map(|(a, b)| (a.max(from_ns), b.min(to_ns)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    let l = localize_ranges(&mut plan, ranges, opts);
+    let read = plan.records_read() as u64;
+    (l, plan.finish(), read)
+}
+
 /// Runs localisation over window summaries ([`crate::ingest::ingest_windows`]) instead of
 /// records: stages 1 to 3 from counts and histograms (`windows`, which says where that differs
 /// from records), the stages after them as [`localize`] runs them. `opts.window_s` must be a

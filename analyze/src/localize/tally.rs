@@ -263,12 +263,7 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
                 continue;
             }
         }
-        // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
-        let inter = p.kind[i] == 1
-            || (service != NO_SERVICE && {
-                let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
-                !tp.is_empty() && !tt.is_empty() && tp != tt
-            });
+        let inter = crosses_fabric(ds, p.kind[i], service, pr, tg);
         let key = (w, pr, tg, if inter { p.flow_label[i] } else { NO_LABEL });
         let e = acc.entry(key).or_default();
         e.0.add(&a);
@@ -278,6 +273,17 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
     let mut acc: Vec<(Key, Acc, bool)> = acc.into_iter().map(|(k, (a, inter))| (k, a, inter)).collect();
     acc.sort_unstable_by_key(|e| e.0);
     RangeTally { acc }
+}
+
+/// Whether probes of `kind` (to traced connection `service`, or [`NO_SERVICE`]) from `pr` to
+/// `tg` (both known RNICs) vote on links and spines: inter-ToR probes, and a service probe
+/// between two ToRs, which crosses the fabric as an inter-ToR probe does.
+pub(super) fn crosses_fabric(ds: &Dataset, kind: u8, service: u32, pr: u32, tg: u32) -> bool {
+    kind == 1
+        || (service != NO_SERVICE && {
+            let (tp, tt) = (&ds.rnics[pr as usize].tor, &ds.rnics[tg as usize].tor);
+            !tp.is_empty() && !tt.is_empty() && tp != tt
+        })
 }
 
 /// Stage 4: whether the probes of (window, prober, target) are no network evidence, beyond the

@@ -21,10 +21,10 @@
 //!   key's last send where the responder's epoch changed inside the key.
 
 use super::Options;
-use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET};
+use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET, ends_inter};
 use super::noise::{Agents, Hosts, NoiseScan, Own, host_in_rtt};
-use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext};
-use crate::ingest::{Dataset, NO_SERVICE, WindowKey, Windows};
+use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric};
+use crate::ingest::{Dataset, WindowKey, Windows};
 use crate::probe::{Class, TS_CODES, TsSources, ts_code};
 use rocemesh_formats::window::{BUCKETS, Cell, Measure, bucket_value};
 use std::collections::HashMap;
@@ -58,10 +58,7 @@ impl Hist {
 
 /// Whether `k`'s probes run between two ToRs (by its ends, as records are judged).
 fn is_inter(k: &WindowKey, tor_of: &[u32]) -> bool {
-    match (tor_of.get(k.prober as usize), tor_of.get(k.target as usize)) {
-        (Some(a), Some(b)) => a != b,
-        _ => k.kind == 1,
-    }
+    ends_inter(tor_of, k.prober, k.target, k.kind)
 }
 
 /// The analysis window of `k`.
@@ -297,13 +294,7 @@ fn key_acc(
     if a.valid == 0 {
         return None;
     }
-    // A service probe between two ToRs crosses the fabric as an inter-ToR probe does.
-    let inter = k.kind == 1
-        || (k.service != NO_SERVICE && {
-            let (tp, tt) = (&ds.rnics[k.prober as usize].tor, &ds.rnics[k.target as usize].tor);
-            !tp.is_empty() && !tt.is_empty() && tp != tt
-        });
-    Some((a, inter))
+    Some((a, crosses_fabric(ds, k.kind, k.service, k.prober, k.target)))
 }
 
 /// When `k`'s prober heard its restarted target again (see the module documentation).
