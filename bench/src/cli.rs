@@ -71,6 +71,10 @@ pub enum What {
         /// Where the data of --scale-records goes (default: `DIR-scale`).
         #[arg(long)]
         scale_dir: Option<std::path::PathBuf>,
+        /// Skip the DuckDB baseline (a machine without PyPI or python3-venv): analyze's own
+        /// figures only, said in the output.
+        #[arg(long)]
+        no_duckdb: bool,
     },
     /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
     Formats {

@@ -218,6 +218,15 @@ fn measure_appends(
             with as f64 / without as f64
         ),
     );
+    // Sealed, the summaries sit in frames of their own between the chunks' (not timed).
+    let mut sealed = Vec::new();
+    let mut sealed_bytes = 0u64;
+    for p in &paths {
+        let rep = seal(p, opt.zstd_level)?;
+        sealed_bytes += rep.sealed_bytes;
+        sealed.push(rep.sealed_path);
+    }
+    sealed_bytes_row(report, " with window summaries", &sealed, sealed_bytes, opt.records, opt.zstd_level)?;
     std::fs::remove_dir_all(&out).with_context(|| format!("remove {}", out.display()))?;
     Ok(closed)
 }
@@ -265,8 +274,38 @@ fn measure_seal(report: &mut Report, closed: &[PathBuf], n: usize, zstd_level: i
         "MB/s",
         format!("{:.1} M records/s", rate(n, seal_s) / 1e6),
     );
+    sealed_bytes_row(report, "", &sealed, sealed_bytes, n, zstd_level)?;
     let per_probe = sealed_bytes as f64 / n as f64;
     Ok((sealed, per_probe))
+}
+
+/// The bytes of `sealed` files (zstd frames per group of one content, summary and frame index)
+/// against the same segments as one zstd frame each, as files were sealed before the index
+/// (`formats::segment::frames`): what cutting a file into independent frames costs.
+fn sealed_bytes_row(
+    report: &mut Report,
+    what: &str,
+    sealed: &[PathBuf],
+    sealed_bytes: u64,
+    n: usize,
+    zstd_level: i32,
+) -> Result<()> {
+    let mut one_frame = 0u64;
+    for p in sealed {
+        let raw = zstd::stream::decode_all(std::fs::File::open(p)?)?;
+        one_frame += zstd::bulk::compress(&raw, zstd_level)?.len() as u64;
+    }
+    report.push(
+        &format!("sealed bytes{what}: zstd-{zstd_level} frames per group of one content, summary and index"),
+        sealed_bytes as f64 / n as f64,
+        "B/record",
+        format!(
+            "{:.3}x one zstd frame of the same segments, without summary ({:.2} B/record)",
+            sealed_bytes as f64 / one_frame as f64,
+            one_frame as f64 / n as f64
+        ),
+    );
+    Ok(())
 }
 
 /// Validated read of the sealed segments, beside the streaming inflate it replaced.

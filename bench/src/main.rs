@@ -36,7 +36,18 @@ fn main() -> Result<()> {
                 println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
             }
         }
-        What::Analyze { records, rnics, sealed, window_s, runs, dir, analyze_bin, scale_records, scale_dir } => {
+        What::Analyze {
+            records,
+            rnics,
+            sealed,
+            window_s,
+            runs,
+            dir,
+            analyze_bin,
+            scale_records,
+            scale_dir,
+            no_duckdb,
+        } => {
             if cfg!(debug_assertions) {
                 eprintln!(
                     "warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers"
@@ -73,7 +84,7 @@ fn main() -> Result<()> {
                 dir,
                 sealed,
                 analyze_bin,
-                venv: home.join(".cache/rocemesh/venv"),
+                venv: (!no_duckdb).then(|| home.join(".cache/rocemesh/venv")),
                 window_s,
                 runs,
                 scale,

@@ -15,7 +15,7 @@ use rocemesh_formats::record::{
     Arrived, EndpointRole, MAX_HOPS, Outcome, PathRecord, ProbeRecord, ServiceConn, TsSource,
 };
 use rocemesh_formats::segment::{
-    HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, SealedSummary, SegmentReader, SegmentWriter, SummaryRead, WriterConfig,
+    HEADER_BYTES, OPEN_SUFFIX, Pick, SEALED_SUFFIX, SealedSummary, SegmentReader, SegmentWriter, SummaryRead, WriterConfig,
     WriterIdentity, read_summary, seal,
 };
 
@@ -106,8 +106,19 @@ pub fn read_all(path: &Path) -> Option<Contents> {
     // The summary parser sees every input too (hostile tails included); a summary cannot be
     // checked against the data without reading it, which is `analyze`'s job, so only that it
     // does not panic and, when found, agrees with the close block it was checked against.
+    // A partial read through a hostile index is refused or read, never a panic; what it reads
+    // it holds to the index.
     if let Ok(SummaryRead::Found(s)) = read_summary(path) {
         let _ = format!("{s:?}");
+        for pick in [
+            Pick { windows: true, paths: true, probes: None },
+            Pick { probes: Some((0, u64::MAX)), ..Pick::default() },
+        ] {
+            if let Ok(part) = SegmentReader::open_part(path, &s.facts.frames, &pick) {
+                assert!(part.records() <= part.file_records(), "a partial read holds more than its file");
+                let _ = part.window_summaries().count() + part.path_records().count();
+            }
+        }
     }
     let r = SegmentReader::open(path).ok()?;
     let (mut records, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
@@ -162,7 +173,12 @@ pub fn check_open(bytes: &[u8]) {
     let reader = SegmentReader::open(&sealed_path).expect("read above");
     match read_summary(&sealed_path) {
         Ok(SummaryRead::Found(s)) => {
-            assert_eq!(s.facts, SealedSummary::of(&reader, reader.damage().to_vec()), "seal() wrote a wrong summary")
+            let of = SealedSummary { frames: s.facts.frames.clone(), ..SealedSummary::of(&reader, reader.damage().to_vec()) };
+            assert_eq!(s.facts, of, "seal() wrote a wrong summary");
+            // Read in part for every record, the sealed copy gives every record.
+            let all = Pick { probes: Some((0, u64::MAX)), windows: true, paths: true };
+            let part = SegmentReader::open_part(&sealed_path, &s.facts.frames, &all).expect("its own index reads");
+            assert_eq!(part.records(), reader.records(), "a partial read of everything reads other records");
         }
         other => panic!("seal() wrote no usable summary: {other:?}"),
     }

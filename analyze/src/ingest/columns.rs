@@ -88,16 +88,14 @@ pub(super) fn fill(
     planned: usize,
 ) -> u64 {
     let mut at = 0;
-    // Position of the current chunk's first record in the file, skipped chunks included.
-    let mut chunk_at = offset;
     let mut unknown_ids = 0u64;
     let remap = |table: &[u32], v: u32| table.get(v as usize).copied().unwrap_or(u32::MAX);
     // Which of a chunk's rows to take: all of them (a plain copy, the usual case), or the
     // ones inside the range (and planned), which only a chunk straddling a boundary needs.
     let mut picked: Vec<u32> = Vec::new();
-    for (c, keep) in planned_chunks(reader, planned) {
-        let first = chunk_at;
-        chunk_at += c.len() as u64;
+    for (base, c, keep) in planned_chunks(reader, planned) {
+        // Position of the chunk's first record in the whole input.
+        let first = offset + base;
         let mut whole = keep == c.len();
         if let Some((from, to)) = range {
             let (lo, hi) = chunk_span(c);
@@ -177,21 +175,18 @@ pub(super) fn chunk_span(c: &rocemesh_formats::record::ArchivedProbeColumns) -> 
     c.t1_unix_ns.iter().fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t.to_native()), hi.max(t.to_native())))
 }
 
-/// A file's chunks, each with how many of its records were planned: the first `planned` of
-/// the file. A file that grew since its plan (an open segment an agent still appends to) is
-/// read as planned, so that every pass over a plan's ranges sees the same records.
+/// A file's chunks (those the reader holds: a partial read holds some), each with its first
+/// record's position in the file and how many of its records were planned: those among the
+/// first `planned` of the file. A file that grew since its plan (an open segment an agent still
+/// appends to) is read as planned, so that every pass over a plan's ranges sees the same records.
 pub(super) fn planned_chunks(
     reader: &SegmentReader,
     planned: usize,
-) -> impl Iterator<Item = (&rocemesh_formats::record::ArchivedProbeColumns, usize)> {
-    let mut left = planned;
-    reader.probe_chunks().map_while(move |c| {
-        if left == 0 {
-            return None;
-        }
-        let keep = c.len().min(left);
-        left -= keep;
-        Some((c, keep))
+) -> impl Iterator<Item = (u64, &rocemesh_formats::record::ArchivedProbeColumns, usize)> {
+    let planned = planned as u64;
+    reader.probe_chunks_at().map_while(move |(base, c)| {
+        let keep = (c.len() as u64).min(planned.saturating_sub(base)) as usize;
+        (keep > 0).then_some((base, c, keep))
     })
 }
 

@@ -11,7 +11,9 @@ use super::paths::PathTraces;
 use rayon::prelude::*;
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::Endpoint;
-use rocemesh_formats::segment::{SealedSummary, SegmentReader, SummaryRead, WriterIdentity, read_summary};
+use rocemesh_formats::segment::{
+    Pick, SealedFrame, SealedSummary, SegmentError, SegmentReader, SummaryRead, WriterIdentity, read_summary,
+};
 use std::path::PathBuf;
 
 /// How a problem of a file the first pass read, and a range could not, begins.
@@ -36,6 +38,31 @@ pub(super) struct Planned {
     pub(super) traced: bool,
     /// Its entry in [`Dataset::agents`].
     pub(super) agent: usize,
+    /// The index of its zstd frames, from its sealed summary: empty for a file read whole
+    /// (open, or sealed as one frame).
+    pub(super) frames: Vec<SealedFrame>,
+}
+
+impl Planned {
+    /// Opens the file for `pick`: in part where its frames are indexed, whole otherwise, and
+    /// whole too when the index disagrees with what it inflates (a forged or damaged summary:
+    /// the data is still read as it is), with why.
+    pub(super) fn open(&self, pick: &Pick) -> Result<(SegmentReader, Option<String>), String> {
+        match SegmentReader::open_part(&self.path, &self.frames, pick) {
+            Ok(r) => Ok((r, None)),
+            Err(e @ SegmentError::BadSealed { .. }) if !self.frames.is_empty() => {
+                let why = format!("its frame index does not hold ({e}): read whole from now on");
+                SegmentReader::open(&self.path).map(|r| (r, Some(why))).map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Said once by whoever opened the file: its index is not used again.
+    pub(super) fn index_failed(&mut self, why: String) -> FileProblem {
+        self.frames.clear();
+        FileProblem { path: self.path.clone(), problem: why, skipped: false }
+    }
 }
 
 /// Ingest one time range at a time, for passes whose windows are independent (`analyze
@@ -113,7 +140,7 @@ pub(super) fn as_planned(r: &SegmentReader, f: &Planned) -> bool {
     let (entries, hash) = f.dictionary;
     let d = r.dictionary();
     if r.is_sealed() {
-        r.records() as usize == f.records && d.len() == entries && dictionary_hash(d) == hash
+        r.file_records() as usize == f.records && d.len() == entries && dictionary_hash(d) == hash
     } else {
         r.records() as usize >= f.records && d.len() >= entries && dictionary_hash(&d[..entries]) == hash
     }
@@ -189,6 +216,7 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
                 offset,
                 traced: false,
                 agent: ds.agents.len() - 1,
+                frames: h.facts.frames,
             });
         }
         offset += h.facts.records;
@@ -278,18 +306,36 @@ impl Plan {
     }
 
     /// The records with T1 in `[from, to)`, read from the files whose span overlaps it.
+    ///
+    /// A sealed file with a frame index is read in part: the zstd frames whose records reach
+    /// into the range (and its path traces, the first time they are wanted), so a range holds
+    /// about one frame group per file beyond its own records. A file sealed as one frame is
+    /// inflated whole, and its reader kept for the next range while the file goes on past this
+    /// one, so that it is not inflated again for each range.
     pub fn read(&mut self, from: u64, to: u64) -> Probes {
-        // Readers of files that went on past the last range are kept for this one: a sealed
-        // file is decompressed whole, and is then not decompressed again for each range.
         let mut readers: Vec<(usize, SegmentReader)> =
             std::mem::take(&mut self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
         let chosen: Vec<usize> = (0..self.files.len())
             .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from && !self.files[i].left_out)
             .filter(|i| !readers.iter().any(|(c, _)| c == i))
             .collect();
-        let opened: Vec<Result<SegmentReader, String>> =
-            chosen.par_iter().map(|&i| SegmentReader::open(&self.files[i].path).map_err(|e| e.to_string())).collect();
+        let last = if to == u64::MAX { to } else { to.saturating_sub(1) };
+        let paths = self.traces.is_some();
+        let opened: Vec<Result<(SegmentReader, Option<String>), String>> = chosen
+            .par_iter()
+            .map(|&i| {
+                let f = &self.files[i];
+                f.open(&Pick { probes: Some((from, last)), windows: false, paths: paths && !f.traced })
+            })
+            .collect();
         for (&i, r) in chosen.iter().zip(opened) {
+            let r = r.map(|(r, why)| {
+                if let Some(why) = why {
+                    let problem = self.files[i].index_failed(why);
+                    self.ds.problems.push(problem);
+                }
+                r
+            });
             let f = &self.files[i];
             match r {
                 Ok(r) if as_planned(&r, f) => readers.push((i, r)),
@@ -299,7 +345,7 @@ impl Plan {
                     path: f.path.clone(),
                     problem: format!(
                         "{READ_AGAIN_FAILED}: it holds {} records and {} dictionary entries where the first pass (its summary, when sealed) said {} and {}{}: left out",
-                        r.records(),
+                        r.file_records(),
                         r.dictionary().len(),
                         f.records,
                         f.dictionary.0,
@@ -346,8 +392,8 @@ impl Plan {
             self.unknown_ids[*i] += u;
         }
         // At most one file per writer goes on past a range: what is kept is bounded by the
-        // fleet, not by the input.
-        self.carried = readers.into_iter().filter(|(i, _)| self.files[*i].last_ns >= to).collect();
+        // fleet, not by the input. A partial reader holds this range's frames only.
+        self.carried = readers.into_iter().filter(|(i, r)| !r.is_partial() && self.files[*i].last_ns >= to).collect();
         probes
     }
 
@@ -372,6 +418,6 @@ impl Plan {
 /// Planned records of a file (see [`planned_chunks`]) with T1 in `[from, to)`.
 pub(super) fn records_in(reader: &SegmentReader, from: u64, to: u64, planned: usize) -> usize {
     planned_chunks(reader, planned)
-        .map(|(c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
+        .map(|(_, c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
         .sum()
 }

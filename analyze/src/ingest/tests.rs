@@ -42,3 +42,100 @@ fn a_path_that_changed_is_the_one_in_force_at_the_time_asked() {
     assert_eq!(ds.path_at(&(1, 0, 7), 0), Some(&vec![2, 1, 0]));
     assert_eq!(ds.path_at(&(5, 0, 7), 0), None);
 }
+
+/// A sealed file is read by ranges in part (the zstd frames that reach into each range, found
+/// through its index), never carried whole from range to range, and gives every record once,
+/// at its place in the input, as the whole read does; an index that lies about a frame is said
+/// once and the file read whole, its records all counted.
+#[test]
+fn ranges_read_indexed_sealed_files_in_part_and_whole_files_when_the_index_lies() {
+    use rocemesh_formats::record::{Arrived, EndpointRole, Outcome, ProbeRecord, TsSource};
+    use rocemesh_formats::segment::{SegmentWriter, SummaryRead, WriterConfig, WriterIdentity, read_summary, seal};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.chunk_records = 1024;
+    cfg.segment_bytes = 16 << 20;
+    cfg.summary_window_ns = 5_000_000_000;
+    let identity = |host: &str| WriterIdentity {
+        host: host.into(),
+        device: "mlx5_0".into(),
+        tor: "tor0".into(),
+        agent_epoch: 1,
+        tool: "test".into(),
+    };
+    let t0 = 1_700_000_000_000_000_000u64;
+    let mut sealed = Vec::new();
+    for (h, host) in ["tor0-h0", "tor0-h1"].iter().enumerate() {
+        let mut w = SegmentWriter::new(cfg.clone(), identity(host)).expect("writer");
+        w.endpoint(EndpointRole::Rnic, &format!("{host}/mlx5_0"), "tor0", [h as u8; 16]);
+        w.endpoint(EndpointRole::Rnic, "tor0-h9/mlx5_0", "tor0", [9; 16]);
+        // 1,000 probes a second for 120 s: several frame groups of records per file.
+        for i in 0..120_000u64 {
+            let r = ProbeRecord {
+                t1_unix_ns: t0 + i * 1_000_000 + h as u64,
+                seq: i,
+                network_rtt_ns: 5_000 + (i % 97) as i32,
+                prober_delay_ns: 1_000,
+                responder_delay_ns: 1_000,
+                prober: 0,
+                target: 1,
+                flow_label: (i % 8) as u32,
+                responder_epoch: 1,
+                kind: 0,
+                outcome: if i % 500 == 0 { Outcome::Lost as u8 } else { Outcome::Ok as u8 },
+                arrived: Arrived::ALL.0,
+                ts_source: TsSource::KernelSoftware as u8,
+            };
+            w.append(&r).expect("append");
+        }
+        for p in w.finish().expect("finish") {
+            sealed.push(seal(&p, 3).expect("seal").sealed_path);
+        }
+    }
+    sealed.sort();
+    let whole = super::ingest_with(&sealed, false, Fields::All, None);
+    let by_index = |p: &Probes| {
+        let mut v: Vec<(u64, u64, u32)> =
+            (0..p.len()).map(|i| (p.index_of(i), p.t1_unix_ns[i], p.network_rtt_ns[i] as u32)).collect();
+        v.sort_unstable();
+        v
+    };
+    let expected = by_index(&whole.probes);
+    let read_by_ranges = |files: &[std::path::PathBuf], in_part: bool| {
+        let mut p = plan(files, Fields::All, None, 5_000_000_000);
+        p.with_index(true);
+        let (mut got, mut groups) = (Vec::new(), 0);
+        for (from, to) in p.ranges(20_000) {
+            let probes = p.read(from, to);
+            groups += 1;
+            assert!(!in_part || p.carried.is_empty(), "a file read in part is not carried to the next range");
+            got.extend(by_index(&probes));
+        }
+        got.sort_unstable();
+        (got, groups, p.finish())
+    };
+    assert!(sealed.iter().all(|f| match read_summary(f) {
+        Ok(SummaryRead::Found(s)) => s.facts.frames.iter().filter(|f| f.records > 0).count() >= 4,
+        _ => false,
+    }));
+    let (got, ranges, ds) = read_by_ranges(&sealed, true);
+    assert!(ranges >= 10, "{ranges} ranges");
+    assert_eq!(got, expected);
+    assert!(ds.problems.is_empty(), "{:?}", ds.problems);
+
+    // The second file's index misdates one of its frames (the structure holds): said, read whole.
+    let victim = &sealed[1];
+    let SummaryRead::Found(s) = read_summary(victim).expect("read") else { panic!("summary") };
+    let mut forged = s.facts.clone();
+    let k = forged.frames.iter().position(|f| f.records > 0).expect("a frame of records");
+    forged.frames[k].t1_span = forged.frames[k].t1_span.map(|(lo, hi)| (lo, hi + 1));
+    let bytes = std::fs::read(victim).expect("read");
+    let mut out = bytes[..bytes.len() - s.facts.frame().len()].to_vec();
+    out.extend_from_slice(&forged.frame());
+    std::fs::write(victim, out).expect("write");
+    let (got, _, ds) = read_by_ranges(&sealed, false);
+    assert_eq!(got, expected, "every record, once, at its place");
+    let said: Vec<_> = ds.problems.iter().filter(|p| p.problem.contains("frame index does not hold")).collect();
+    assert_eq!(said.len(), 1, "{:?}", ds.problems);
+    assert_eq!(said[0].path, *victim);
+}

@@ -8,12 +8,12 @@
 use super::columns::planned_chunks;
 use super::dict::Remap;
 use super::model::{Dataset, Fields, FileProblem, NO_SERVICE};
-use super::plan::{Plan, READ_AGAIN_FAILED, as_planned};
+use super::plan::{Plan, Planned, READ_AGAIN_FAILED, as_planned};
 use rayon::prelude::*;
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::{EndpointRole, ProbeColumns};
-use rocemesh_formats::segment::SegmentReader;
 use rocemesh_formats::segment::{LONG_GAP_FACTOR, LONG_GAP_MIN_NS};
+use rocemesh_formats::segment::{Pick, SegmentReader};
 use rocemesh_formats::window::{ArchivedWindowSummary, Cell, STALL_NS, Summariser, WindowSummary};
 use std::path::PathBuf;
 
@@ -99,6 +99,10 @@ struct FileWindows {
     folded: bool,
 }
 
+/// A file read for its summaries: its reader, what it contributes, and why its frame index
+/// failed, if it did ([`Planned::open`]).
+type Opened = (SegmentReader, FileWindows, Option<String>);
+
 /// Whether the agents wrote window summaries, as the first of `files` that opens and holds
 /// records says (one file read: `--evidence auto` chooses by it, the same way on every machine
 /// and every run over the same files).
@@ -135,18 +139,25 @@ impl Plan {
         for first in (0..self.files.len()).step_by(batch) {
             let idx: Vec<usize> = (first..(first + batch).min(self.files.len())).collect();
             let (files, ds, window_ns) = (&self.files, &self.ds, self.window_ns);
-            let opened: Vec<Result<(SegmentReader, FileWindows), String>> = idx
+            let opened: Vec<Result<Opened, String>> = idx
                 .par_iter()
                 .map(|&i| {
                     let f = &files[i];
-                    let r = SegmentReader::open(&f.path).map_err(|e| e.to_string())?;
+                    let (r, why) = open_for_windows(f, window_ns)?;
                     let rnic = ds.agents[f.agent].rnic;
                     let fw = file_windows(ds, &r, &f.remap, rnic, window_ns, f.records);
-                    Ok((r, fw))
+                    Ok((r, fw, why))
                 })
                 .collect();
             for (i, r) in idx.into_iter().zip(opened) {
                 let path = self.files[i].path.clone();
+                let r = r.map(|(r, fw, why)| {
+                    if let Some(why) = why {
+                        let problem = self.files[i].index_failed(why);
+                        self.ds.problems.push(problem);
+                    }
+                    (r, fw)
+                });
                 match r {
                     Ok((r, fw)) if as_planned(&r, &self.files[i]) => {
                         if let Some(traces) = &mut self.traces {
@@ -169,7 +180,7 @@ impl Plan {
                             path,
                             problem: format!(
                                 "{READ_AGAIN_FAILED}: it holds {} records where the first pass said {}: left out",
-                                r.records(),
+                                r.file_records(),
                                 self.files[i].records
                             ),
                             skipped: false,
@@ -200,6 +211,28 @@ impl Windows {
 
 /// One file's summaries in fleet ids: its own where they count every record and divide the
 /// analysis window, else its records folded.
+/// The file's window summaries and path traces only, where its frames are indexed and its
+/// summaries serve `window_ns` ([`summaries_serve`]); else the file whole, for its records to be
+/// folded. With why its index failed, if it did ([`Planned::open`]).
+fn open_for_windows(f: &Planned, window_ns: u64) -> Result<(SegmentReader, Option<String>), String> {
+    let only = Pick { probes: None, windows: true, paths: true };
+    let (r, why) = f.open(&only)?;
+    if !r.is_partial() || summaries_serve(&r, window_ns) {
+        return Ok((r, why));
+    }
+    drop(r);
+    f.open(&Pick { probes: Some((0, u64::MAX)), ..only }).map(|(r, again)| (r, why.or(again)))
+}
+
+/// Whether `reader`'s summaries count every record of its file in windows that divide
+/// `window_ns`: then they are read instead of its records.
+fn summaries_serve(reader: &SegmentReader, window_ns: u64) -> bool {
+    reader.summaries_complete()
+        && reader
+            .window_summaries()
+            .all(|s| s.window_ns.to_native() > 0 && window_ns.is_multiple_of(s.window_ns.to_native()))
+}
+
 fn file_windows(
     ds: &Dataset,
     reader: &SegmentReader,
@@ -208,10 +241,7 @@ fn file_windows(
     window_ns: u64,
     planned: usize,
 ) -> FileWindows {
-    let own = reader.summaries_complete()
-        && reader
-            .window_summaries()
-            .all(|s| s.window_ns.to_native() > 0 && window_ns.is_multiple_of(s.window_ns.to_native()));
+    let own = summaries_serve(reader, window_ns);
     let mut f = FileWindows { folded: !own, ..FileWindows::default() };
     if own {
         let (keys, cells) = reader.window_summaries().fold((0, 0), |(k, c), s| (k + s.keys.len(), c + s.cells.len()));
@@ -300,7 +330,7 @@ fn fold(
     let mut cols = ProbeColumns::default();
     let mut out = Vec::new();
     // The records the plan counted: an open segment may have grown since.
-    for (c, keep) in planned_chunks(reader, planned) {
+    for (_, c, keep) in planned_chunks(reader, planned) {
         cols.clear();
         for i in 0..keep {
             cols.push(&c.row(i));

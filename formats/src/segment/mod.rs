@@ -18,15 +18,18 @@
 //! ...     zeros (the preallocated, not yet written part of an open segment)
 //! ```
 //!
-//! A sealed file is that layout (up to the end of its last frame) as one zstd frame, followed
-//! by a zstd skippable frame holding its summary (`summary`): what planning a read of the file
-//! needs, so that planning does not inflate it.
+//! A sealed file is that layout (up to the end of its last frame) as a run of independent zstd
+//! frames, one per group of frames of one content (`frames`), followed by a zstd skippable frame
+//! holding its summary (`summary`): what planning a read of the file needs, so that planning
+//! does not inflate it, and the index of those zstd frames, so that a read inflates only the
+//! ones it needs.
 //!
 //! Crash safety rests on two rules: a frame's payload is written before its header, and its
 //! header checksum last; and nothing already written is ever rewritten. After `kill -9` at any
 //! moment the page cache holds a prefix of frames plus at most one torn frame, which the reader
 //! reports as a torn tail and skips.
 
+mod frames;
 mod layout;
 mod reader;
 mod seal;
@@ -35,6 +38,7 @@ mod writer;
 
 use std::path::PathBuf;
 
+pub use frames::{Content, GROUP_RAW_BYTES, Pick, SealedFrame};
 pub use layout::{FORMAT_VERSION, FrameKind, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, WriterIdentity, name_first_ms};
 pub use reader::{Damage, DamageKind, SegmentReader};
 pub use seal::{Eviction, SealReport, enforce_quota, seal};

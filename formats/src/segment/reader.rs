@@ -1,13 +1,16 @@
 //! The segment reader: validates a whole segment once, then hands out zero-copy views.
 //!
-//! Open segments are mmap'd read-only; sealed ones are decompressed into one aligned buffer.
-//! Either way, [`SegmentReader::open`] checks the header, the close block, every frame checksum
-//! and every rkyv payload before it returns, and records what it had to skip as [`Damage`].
-//! After that, column access costs nothing.
+//! Open segments are mmap'd read-only; sealed ones are decompressed into one aligned buffer,
+//! whole ([`SegmentReader::open`]) or in part ([`SegmentReader::open_part`]: the zstd frames of
+//! one time range's probe chunks, or of the window summaries, found through the sealed file's
+//! frame index, `frames`). Either way the reader checks the header, the close block, every
+//! frame checksum and every rkyv payload it holds before it returns, and records what it had to
+//! skip as [`Damage`]. After that, column access costs nothing.
 
 use std::fs::File;
 use std::io::Read;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -16,6 +19,7 @@ use rkyv::util::AlignedVec;
 use rkyv::vec::ArchivedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use super::frames::{Content, Pick, SealedFrame};
 use super::layout::{
     CloseBlock, FRAME_HEADER_BYTES, FrameHeaderError, FrameKind, HEADER_BYTES, HeaderFields, HeaderProblem,
     IDENTITY_OFFSET, WriterIdentity, decode_close, decode_frame_header, decode_header, frame_span,
@@ -88,6 +92,10 @@ pub struct SegmentReader {
     close: Option<CloseBlock>,
     dictionary: Vec<Endpoint>,
     probe_chunks: Vec<Range<usize>>,
+    /// Position in the file of each probe chunk's first record (valid records before it).
+    probe_bases: Vec<u64>,
+    /// Read in part ([`SegmentReader::open_part`]).
+    partial: bool,
     path_chunks: Vec<Range<usize>>,
     window_frames: Vec<Range<usize>>,
     summarized: u64,
@@ -134,6 +142,129 @@ impl SegmentReader {
         Self::validate(path.to_path_buf(), bytes)
     }
 
+    /// Open a sealed segment in part: its header page, its dictionary and the zstd frames of
+    /// `index` (the file's sealed summary's, `read_summary`) that `pick` wants, each inflated
+    /// and validated as [`SegmentReader::open`] validates the whole file, and each checked
+    /// against its index entry. The reader then holds those frames only: [`Self::records`] and
+    /// [`Self::time_range`] are of the probe chunks read, [`Self::file_records`] is the file's,
+    /// and damage is reported for what was read. An index that disagrees with what it inflates
+    /// is an error (read the file whole instead); an empty index is read whole.
+    pub fn open_part(path: impl AsRef<Path>, index: &[SealedFrame], pick: &Pick) -> Result<Self, SegmentError> {
+        let path = path.as_ref();
+        if index.is_empty() {
+            return Self::open(path);
+        }
+        let bad = |reason: String| SegmentError::BadSealed { path: path.into(), reason };
+        let chosen: Vec<&SealedFrame> = index.iter().filter(|f| pick.wants(f)).collect();
+        let total = chosen.iter().map(|f| f.raw_len).fold(0u64, u64::saturating_add);
+        if total >= MAX_DECOMPRESSED_BYTES {
+            return Err(bad(format!("its frame index inflates to more than {MAX_DECOMPRESSED_BYTES} bytes")));
+        }
+        let file = File::open(path).map_err(io_err(path, "open segment"))?;
+        let mut out = AlignedVec::<16>::with_capacity(total as usize);
+        let (mut src, mut dctx) = (Vec::new(), zstd::zstd_safe::DCtx::create());
+        let mut parts = Vec::with_capacity(chosen.len());
+        for f in chosen {
+            src.resize(f.len as usize, 0);
+            file.read_exact_at(&mut src, f.at).map_err(io_err(path, "read sealed segment"))?;
+            let start = out.len();
+            let one_frame = zstd::zstd_safe::find_frame_compressed_size(&src) == Ok(src.len());
+            let n = match dctx.decompress(&mut Appending { v: &mut out, start }, &src) {
+                Ok(n) if one_frame => n as u64,
+                _ => return Err(bad(format!("the zstd frame at byte {} does not inflate as its index says", f.at))),
+            };
+            if n != f.raw_len {
+                return Err(bad(format!(
+                    "the zstd frame at byte {} inflates to {n} bytes, its index says {}",
+                    f.at, f.raw_len
+                )));
+            }
+            parts.push((start..out.len(), f));
+        }
+        Self::validate_part(path.to_path_buf(), Bytes::Owned(out), &parts)
+    }
+
+    /// [`Self::validate`] for [`Self::open_part`]'s buffer: `parts` are the frames it holds, in
+    /// file order, the header page first.
+    fn validate_part(
+        path: PathBuf,
+        bytes: Bytes,
+        parts: &[(Range<usize>, &SealedFrame)],
+    ) -> Result<Self, SegmentError> {
+        let b = bytes.as_slice();
+        let (header, identity) = header_page(&path, b)?;
+        let bad = |reason: String| SegmentError::BadSealed { path: path.clone(), reason };
+        let close = match decode_close(b) {
+            Ok(Some(c)) => c,
+            Ok(None) => return Err(bad("no close block: a partial read needs a sealed file's".into())),
+            Err(reason) => return Err(bad(format!("close block: {reason}"))),
+        };
+        let mut scan = Scan::new(b, b.len(), true);
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        for (range, f) in parts.iter().filter(|(_, f)| f.content != Content::Header) {
+            let (records, damaged) = (scan.records, scan.damage.len());
+            scan.base = f.records_before.wrapping_sub(records);
+            scan.limit = range.end;
+            scan.lo = u64::MAX;
+            scan.hi = 0;
+            scan.run_from(range.start);
+            // Offsets said in the segment's terms, as a whole read says them.
+            let shift = f.raw_at.wrapping_sub(range.start as u64);
+            scan.damage[damaged..].iter_mut().for_each(|d| d.offset = d.offset.wrapping_add(shift));
+            let span = (scan.records > records).then_some((scan.lo, scan.hi));
+            if scan.records - records != f.records || span != f.t1_span {
+                return Err(bad(format!(
+                    "the frame at raw byte {} holds {} records in {span:?} where its index says {} in {:?}",
+                    f.raw_at,
+                    scan.records - records,
+                    f.records,
+                    f.t1_span
+                )));
+            }
+            lo = lo.min(scan.lo);
+            hi = hi.max(scan.hi);
+        }
+        let read_span = (scan.records > 0).then_some((lo, hi));
+        // The summaries read are held to the whole file's records, as the close block counts
+        // them (the records themselves may not have been read).
+        let mut read = scan.finish(close.records, (close.first_unix_ns, close.last_unix_ns), read_span);
+        if let Some(d) = read.damage.last_mut().filter(|d| d.kind == DamageKind::Summary) {
+            let part = parts.iter().find(|(r, _)| r.contains(&(d.offset as usize)));
+            d.offset = part.map_or(d.offset, |(r, f)| f.raw_at + (d.offset - r.start as u64));
+        }
+        Ok(Self::assemble(path, header.created_unix_ns, identity, Some(close), read, true, bytes))
+    }
+
+    /// The reader of what a scan found.
+    fn assemble(
+        path: PathBuf,
+        created_unix_ns: u64,
+        identity: WriterIdentity,
+        close: Option<CloseBlock>,
+        read: Scanned,
+        partial: bool,
+        bytes: Bytes,
+    ) -> Self {
+        Self {
+            path,
+            created_unix_ns,
+            identity,
+            close,
+            dictionary: read.dictionary,
+            probe_chunks: read.probes,
+            probe_bases: read.bases,
+            partial,
+            path_chunks: read.paths,
+            window_frames: read.windows,
+            summarized: read.summarized,
+            records: read.records,
+            time_range: read.time_range,
+            frames_end: read.end,
+            damage: read.damage,
+            bytes,
+        }
+    }
+
     fn validate(path: PathBuf, bytes: Bytes) -> Result<Self, SegmentError> {
         let b = bytes.as_slice();
         let (header, identity) = header_page(&path, b)?;
@@ -164,84 +295,12 @@ impl SegmentReader {
             }
         }
 
-        let mut scan = Scan {
-            b,
-            limit,
-            closed: close.is_some(),
-            dictionary: Vec::new(),
-            probes: Vec::new(),
-            paths: Vec::new(),
-            windows: Vec::new(),
-            summarized: 0,
-            summary_span: (u64::MAX, 0),
-            records: 0,
-            lo: u64::MAX,
-            hi: 0,
-            damage,
-            end: HEADER_BYTES,
-        };
-        scan.run();
-        let Scan {
-            dictionary,
-            probes,
-            paths,
-            mut windows,
-            summarized,
-            summary_span,
-            records,
-            lo,
-            hi,
-            mut damage,
-            end,
-            ..
-        } = scan;
-        // A segment's summaries count its records, or fewer: the writer summarises each chunk
-        // it writes and closes every window into the file before closing it, but an open
-        // segment's trail its records by the windows still open, and a writer that died, or had
-        // no room for them, left some unwritten (`summaries_complete` says whether they count
-        // them all). Summaries that count more, or probes sent when none of the file's were,
-        // are not of these records: explained when records were lost to damage (they are then
-        // simply not used), else another file's or a forgery, which is said.
-        let problem = if summarized > records {
-            Some(format!("window summaries count {summarized} probes where the file holds {records} records"))
-        } else if summarized > 0 && (summary_span.0 < lo || summary_span.1 > hi) {
-            Some(format!(
-                "window summaries count probes sent at {}..={} ns, outside the records' {lo}..={hi}",
-                summary_span.0, summary_span.1
-            ))
-        } else {
-            None
-        };
-        let explained = damage.iter().any(|d| d.kind != DamageKind::Summary);
-        if problem.is_some() && explained {
-            windows.clear();
-        }
-        if let Some(problem) = problem.filter(|_| !windows.is_empty()) {
-            damage.push(Damage {
-                offset: windows[0].start as u64,
-                kind: DamageKind::Summary,
-                records_lost: None,
-                detail: format!("{problem}: the summaries are not used, the records are"),
-            });
-            windows.clear();
-        }
-        let summarized = if windows.is_empty() { 0 } else { summarized };
-        Ok(Self {
-            path,
-            created_unix_ns: header.created_unix_ns,
-            identity,
-            close,
-            dictionary,
-            probe_chunks: probes,
-            path_chunks: paths,
-            window_frames: windows,
-            summarized,
-            records,
-            time_range: (records > 0).then_some((lo, hi)),
-            frames_end: end,
-            damage,
-            bytes,
-        })
+        let mut scan = Scan::new(b, limit, close.is_some());
+        scan.damage = damage;
+        scan.run_from(HEADER_BYTES);
+        let (records, lo, hi) = (scan.records, scan.lo, scan.hi);
+        let read = scan.finish(records, (lo, hi), (records > 0).then_some((lo, hi)));
+        Ok(Self::assemble(path, header.created_unix_ns, identity, close, read, false, bytes))
     }
 
     /// The file this was read from.
@@ -274,9 +333,23 @@ impl SegmentReader {
         &self.dictionary
     }
 
-    /// Complete, valid probe records in the segment.
+    /// Complete, valid probe records in the segment (in the chunks read, when read in part).
     pub fn records(&self) -> u64 {
         self.records
+    }
+
+    /// Whether only some of the file's frames were read ([`Self::open_part`]).
+    pub fn is_partial(&self) -> bool {
+        self.partial
+    }
+
+    /// The file's valid probe records: [`Self::records`], or its close block's count when read
+    /// in part.
+    pub fn file_records(&self) -> u64 {
+        match self.close {
+            Some(c) if self.partial => c.records,
+            _ => self.records,
+        }
     }
 
     /// Smallest and largest probe `t1_unix_ns`, if there is any record.
@@ -297,6 +370,12 @@ impl SegmentReader {
             // and the bytes behind it are immutable for the reader's lifetime.
             unsafe { rkyv::access_unchecked::<ArchivedProbeColumns>(&b[r.clone()]) }
         })
+    }
+
+    /// The probe chunks, each with the position in the file of its first record (the valid
+    /// records before it): what places a partial read's records among the file's.
+    pub fn probe_chunks_at(&self) -> impl ExactSizeIterator<Item = (u64, &ArchivedProbeColumns)> + '_ {
+        self.probe_bases.iter().copied().zip(self.probe_chunks())
     }
 
     /// Every path trace, in file order.
@@ -328,7 +407,7 @@ impl SegmentReader {
     /// Whether the window summaries count every record of the file: a closed segment whose
     /// writer summarised (an open one's summaries trail its records by the open windows).
     pub fn summaries_complete(&self) -> bool {
-        !self.window_frames.is_empty() && self.close.is_some() && self.summarized == self.records
+        !self.window_frames.is_empty() && self.close.is_some() && self.summarized == self.file_records()
     }
 
     /// The raw (decompressed) bytes.
@@ -344,6 +423,11 @@ impl SegmentReader {
     /// Probe chunks in the segment (valid ones).
     pub(crate) fn chunk_count(&self) -> usize {
         self.probe_chunks.len()
+    }
+
+    /// Where each valid probe chunk's payload lies in [`Self::raw`].
+    pub(crate) fn probe_ranges(&self) -> &[Range<usize>] {
+        &self.probe_chunks
     }
 }
 
@@ -376,6 +460,9 @@ struct Scan<'a> {
     closed: bool,
     dictionary: Vec<Endpoint>,
     probes: Vec<Range<usize>>,
+    /// Position of each probe chunk's first record: `base` plus the records accepted before it.
+    bases: Vec<u64>,
+    base: u64,
     paths: Vec<Range<usize>>,
     windows: Vec<Range<usize>>,
     summarized: u64,
@@ -388,9 +475,85 @@ struct Scan<'a> {
     end: usize,
 }
 
-impl Scan<'_> {
-    fn run(&mut self) {
-        let mut off = HEADER_BYTES;
+/// What a scan found, once its window summaries are held to the records ([`Scan::finish`]).
+struct Scanned {
+    dictionary: Vec<Endpoint>,
+    probes: Vec<Range<usize>>,
+    bases: Vec<u64>,
+    paths: Vec<Range<usize>>,
+    windows: Vec<Range<usize>>,
+    summarized: u64,
+    records: u64,
+    /// Of the records read.
+    time_range: Option<(u64, u64)>,
+    end: usize,
+    damage: Vec<Damage>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(b: &'a [u8], limit: usize, closed: bool) -> Self {
+        Scan {
+            b,
+            limit,
+            closed,
+            dictionary: Vec::new(),
+            probes: Vec::new(),
+            bases: Vec::new(),
+            base: 0,
+            paths: Vec::new(),
+            windows: Vec::new(),
+            summarized: 0,
+            summary_span: (u64::MAX, 0),
+            records: 0,
+            lo: u64::MAX,
+            hi: 0,
+            damage: Vec::new(),
+            end: HEADER_BYTES,
+        }
+    }
+
+    /// Holds the summaries to the file's `records` sent over `span`; `time_range` is that of the
+    /// records read.
+    ///
+    /// A segment's summaries count its records, or fewer: the writer summarises each chunk
+    /// it writes and closes every window into the file before closing it, but an open
+    /// segment's trail its records by the windows still open, and a writer that died, or had
+    /// no room for them, left some unwritten (`summaries_complete` says whether they count
+    /// them all). Summaries that count more, or probes sent when none of the file's were,
+    /// are not of these records: explained when records were lost to damage (they are then
+    /// simply not used), else another file's or a forgery, which is said.
+    fn finish(self, records: u64, (lo, hi): (u64, u64), time_range: Option<(u64, u64)>) -> Scanned {
+        let (read, end) = (self.records, self.end);
+        let Scan { dictionary, probes, bases, paths, mut windows, summarized, summary_span, mut damage, .. } = self;
+        let problem = if summarized > records {
+            Some(format!("window summaries count {summarized} probes where the file holds {records} records"))
+        } else if summarized > 0 && (summary_span.0 < lo || summary_span.1 > hi) {
+            Some(format!(
+                "window summaries count probes sent at {}..={} ns, outside the records' {lo}..={hi}",
+                summary_span.0, summary_span.1
+            ))
+        } else {
+            None
+        };
+        let explained = damage.iter().any(|d| d.kind != DamageKind::Summary);
+        if problem.is_some() && explained {
+            windows.clear();
+        }
+        if let Some(problem) = problem.filter(|_| !windows.is_empty()) {
+            damage.push(Damage {
+                offset: windows[0].start as u64,
+                kind: DamageKind::Summary,
+                records_lost: None,
+                detail: format!("{problem}: the summaries are not used, the records are"),
+            });
+            windows.clear();
+        }
+        let summarized = if windows.is_empty() { 0 } else { summarized };
+        Scanned { dictionary, probes, bases, paths, windows, summarized, records: read, time_range, end, damage }
+    }
+
+    fn run_from(&mut self, start: usize) {
+        let mut off = start;
         while off < self.limit {
             if off + FRAME_HEADER_BYTES > self.limit {
                 if self.b[off..self.limit].iter().any(|&x| x != 0) {
@@ -474,6 +637,7 @@ impl Scan<'_> {
                     self.lo = self.lo.min(t);
                     self.hi = self.hi.max(t);
                 }
+                self.bases.push(self.base.wrapping_add(self.records));
                 self.records += u64::from(records);
                 self.probes.push(range);
             }
@@ -542,8 +706,8 @@ impl Scan<'_> {
     }
 }
 
-/// Inflates a sealed segment whole. Its zstd frame states its size (the sealer pledges it), so
-/// the file is inflated in one call into a buffer of exactly that size: streaming it through a
+/// Inflates a sealed segment whole. Its zstd frames state their sizes (the sealer's do), so the
+/// file is inflated in one call into a buffer of exactly their sum: streaming it through a
 /// small buffer into a growing one cost a copy of every byte and the growth's copies besides. A
 /// frame that does not state its size (not the sealer's) is streamed, under the same limit.
 fn decompress(path: &Path, mut file: File) -> Result<AlignedVec<16>, SegmentError> {
@@ -568,18 +732,19 @@ fn decompress(path: &Path, mut file: File) -> Result<AlignedVec<16>, SegmentErro
             found: format!("zstd data starting with {}", hex(&head[..got])),
         });
     }
-    let size = match zstd::zstd_safe::get_frame_content_size(&src) {
+    // Every frame's stated size, summed (the sealer writes one frame per group of frames,
+    // `frames`; skippable frames count nothing).
+    let size = match inflated_size(&src) {
         Ok(Some(size)) => size,
         Ok(None) => return stream(path, &src),
-        Err(e) => return Err(bad(format!("zstd frame header: {e:?}"))),
+        Err(e) => return Err(bad(e)),
     };
     if size >= MAX_DECOMPRESSED_BYTES {
         return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
     }
     let mut out = AlignedVec::<16>::with_capacity(size as usize);
     let mut dctx = zstd::zstd_safe::DCtx::create();
-    // More frames than the first (a forged file) do not fit the buffer and fail here; skippable
-    // frames (the summary) are skipped.
+    // Skippable frames (the summary) are skipped.
     let n = dctx
         .decompress(&mut Filling(&mut out), &src)
         .map_err(|code| bad(zstd::zstd_safe::get_error_name(code).to_owned()))?;
@@ -587,6 +752,27 @@ fn decompress(path: &Path, mut file: File) -> Result<AlignedVec<16>, SegmentErro
         return Err(bad(format!("inflated to {n} bytes where its frame header says {size}")));
     }
     Ok(out)
+}
+
+/// The sum of the sizes `src`'s zstd frames state, walking their headers; `None` when one does
+/// not state it. Stops counting past [`MAX_DECOMPRESSED_BYTES`].
+fn inflated_size(src: &[u8]) -> Result<Option<u64>, String> {
+    let (mut off, mut total) = (0usize, 0u64);
+    while off < src.len() && total < MAX_DECOMPRESSED_BYTES {
+        let rest = &src[off..];
+        let skippable = rest.len() >= 8 && (rest[0] & 0xF0) == 0x50 && rest[1..4] == [0x2A, 0x4D, 0x18];
+        if !skippable {
+            match zstd::zstd_safe::get_frame_content_size(rest) {
+                Ok(Some(n)) => total = total.saturating_add(n),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(format!("zstd frame header at byte {off}: {e:?}")),
+            }
+        }
+        let step = zstd::zstd_safe::find_frame_compressed_size(rest)
+            .map_err(|code| format!("zstd frame at byte {off}: {}", zstd::zstd_safe::get_error_name(code)))?;
+        off += step.max(1);
+    }
+    Ok(Some(total))
 }
 
 /// [`decompress`] for a frame that does not state its size.
@@ -600,6 +786,36 @@ fn stream(path: &Path, src: &[u8]) -> Result<AlignedVec<16>, SegmentError> {
         return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
     }
     Ok(out)
+}
+
+/// The spare capacity of an [`AlignedVec`] past `start` (its length), which zstd inflates into
+/// without zeroing it first: [`SegmentReader::open_part`] appends one frame after another.
+struct Appending<'a> {
+    v: &'a mut AlignedVec<16>,
+    start: usize,
+}
+
+// SAFETY: as for `Filling`, shifted by `start`, which is the vector's length when it is made:
+// `as_slice` is the part past `start` that is initialised, `as_mut_ptr` and `capacity` describe
+// the allocation past `start`, and `filled_until` gets the count zstd wrote from there.
+unsafe impl zstd::zstd_safe::WriteBuf for Appending<'_> {
+    fn as_slice(&self) -> &[u8] {
+        &self.v.as_slice()[self.start..]
+    }
+
+    fn capacity(&self) -> usize {
+        self.v.capacity() - self.start
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        // SAFETY: `start` is the vector's length, within its allocation.
+        unsafe { self.v.as_mut_ptr().add(self.start) }
+    }
+
+    unsafe fn filled_until(&mut self, n: usize) {
+        // SAFETY: the `n` bytes past `start` were written by zstd.
+        unsafe { self.v.set_len(self.start + n) }
+    }
 }
 
 /// An empty [`AlignedVec`] zstd inflates into, up to its capacity, without zeroing it first.

@@ -3,12 +3,14 @@
 //! Sealing runs off the shard's hot path (a sealer thread in the agent, or at start-up for
 //! segments a crashed agent left open). It never loses data: the compressed copy is written to
 //! a temporary name, fsync'd, read back and validated, and only then renamed into place and the
-//! original removed. The compressed copy ends in its summary (`summary`), checked the same way.
+//! original removed. The copy is a run of zstd frames, one per group of frames of one content
+//! (`frames`), and ends in its summary (`summary`) with their index, checked the same way.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use super::frames::{Group, groups, index_matches, write_groups};
 use super::layout::{CloseBlock, HEADER_BYTES, OPEN_SUFFIX, SEALED_SUFFIX, encode_close};
 use super::reader::{Damage, DamageKind, SegmentReader};
 use super::summary::{SealedSummary, SummaryRead, read_summary};
@@ -70,15 +72,15 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
         return finish_interrupted_seal(path, &dir, &source, sealed_path);
     }
 
-    let raw = source.raw();
     let end = source.frames_end();
     let header = closed_header(&source);
 
     // What the sealed copy will hold, for planners that must not inflate it (`summary`): the
-    // source's facts, with the damage a reader of the copy reports (a torn tail is not copied).
-    let summary = SealedSummary::of(&source, carried.clone());
-
-    write_sealed(&tmp_path, &header, &raw[HEADER_BYTES..end], &summary, zstd_level)?;
+    // source's facts, with the damage a reader of the copy reports (a torn tail is not copied),
+    // and the index of its zstd frames once they are written.
+    let mut summary = SealedSummary::of(&source, carried.clone());
+    let groups = groups_of(&source);
+    write_sealed(&tmp_path, &header, source.raw(), &groups, &mut summary, zstd_level)?;
 
     verify_sealed(&tmp_path, &source, &carried, &summary)?;
     std::fs::rename(&tmp_path, &sealed_path).map_err(io_err(&tmp_path, "rename sealed segment into place"))?;
@@ -94,6 +96,12 @@ pub fn seal(path: &Path, zstd_level: i32) -> Result<SealReport, SegmentError> {
     std::fs::remove_file(path).map_err(io_err(path, "remove sealed original"))?;
     sync_dir(&dir)?;
     Ok(report)
+}
+
+/// The groups `r`'s bytes are sealed in ([`groups`]), counting its valid probe chunks.
+fn groups_of(r: &SegmentReader) -> Vec<Group> {
+    let chunks = r.probe_ranges().iter().zip(r.probe_chunks());
+    groups(r.raw(), r.frames_end(), chunks.map(|(range, c)| (range.start, c.t1_unix_ns.iter().map(|t| t.to_native()))))
 }
 
 /// The segment's lock, taken exclusively: a segment that a live writer still holds must not be
@@ -160,24 +168,22 @@ fn closed_header(source: &SegmentReader) -> Vec<u8> {
     header
 }
 
-/// The compressed copy at `tmp_path`: header, frames and summary, fsync'd; removed on failure.
+/// The compressed copy at `tmp_path`: `header`, then `raw`'s `groups` each as a zstd frame, then
+/// `summary` with their index, fsync'd; removed on failure.
 fn write_sealed(
     tmp_path: &Path,
     header: &[u8],
-    frames: &[u8],
-    summary: &SealedSummary,
+    raw: &[u8],
+    groups: &[Group],
+    summary: &mut SealedSummary,
     zstd_level: i32,
 ) -> Result<(), SegmentError> {
     // A stale temporary is a previous seal that died before its rename: ours, incomplete.
     let _ = std::fs::remove_file(tmp_path);
     let file = OpenOptions::new().write(true).create_new(true).open(tmp_path).map_err(io_err(tmp_path, "create"))?;
     let write = || -> std::io::Result<File> {
-        let mut enc = zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), zstd_level)?;
-        enc.set_pledged_src_size(Some((header.len() + frames.len()) as u64))?;
-        enc.include_checksum(true)?;
-        enc.write_all(header)?;
-        enc.write_all(frames)?;
-        let mut out = enc.finish()?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        summary.frames = write_groups(&mut out, header, raw, groups, zstd_level)?;
         out.write_all(&summary.frame())?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
@@ -209,7 +215,9 @@ fn verify_sealed(
                 && r.damage().len() == carried.len()
                 && r.dictionary() == source.dictionary()
                 && back.facts == *summary
-                && back.facts == SealedSummary::of(r, r.damage().to_vec())
+                && back.facts
+                    == SealedSummary { frames: back.facts.frames.clone(), ..SealedSummary::of(r, r.damage().to_vec()) }
+                && index_matches(&back.facts.frames, &groups_of(r))
                 && back.identity == *r.identity()
         }
         _ => false,

@@ -26,6 +26,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use super::frames::{SealedFrame, check_index};
 use super::layout::{HEADER_BYTES, WriterIdentity, decode_close};
 use super::reader::{Damage, SegmentReader, header_page};
 use super::{SegmentError, io_err};
@@ -37,9 +38,10 @@ const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
 const TAIL_MAGIC: [u8; 4] = *b"RSUM";
 /// Bytes after the body: length, checksum, version, magic.
 const TAIL_BYTES: usize = 16;
-/// The summary this build writes and reads. Bump it whenever [`SealedSummary`]'s fields, or
-/// the rule of [`send_gaps`], change: a summary of another version is not used.
-pub const SUMMARY_VERSION: u32 = 1;
+/// The summary this build writes. Bump it whenever [`SealedSummary`]'s fields, or the rule of
+/// [`send_gaps`], change: a summary of another version is not used, except version 1 (files
+/// sealed as one zstd frame, without a frame index), which is read as this one without frames.
+pub const SUMMARY_VERSION: u32 = 2;
 /// A summary larger than this is not one (a dictionary of a million endpoints is ~100 MB; a
 /// segment's has hundreds).
 const MAX_SUMMARY_BYTES: u64 = 64 << 20;
@@ -79,6 +81,38 @@ pub struct SealedSummary {
     pub send_gaps: SendGaps,
     /// Prober id of the file's first record.
     pub first_prober: Option<u32>,
+    /// The file's zstd frames ([`SealedFrame`]), which a partial read inflates from
+    /// ([`SegmentReader::open_part`]). Empty in a summary of a reader ([`SealedSummary::of`])
+    /// and in files sealed as one frame: those are read whole.
+    pub frames: Vec<SealedFrame>,
+}
+
+/// [`SealedSummary`] as version 1 wrote it, before the frame index.
+#[derive(Archive, Serialize, Deserialize)]
+struct SealedSummaryV1 {
+    records: u64,
+    time_range: Option<(u64, u64)>,
+    dictionary: Vec<Endpoint>,
+    damage: Vec<Damage>,
+    per_second: Vec<(u64, u64)>,
+    send_gaps: SendGaps,
+    first_prober: Option<u32>,
+}
+
+impl From<SealedSummaryV1> for SealedSummary {
+    fn from(v: SealedSummaryV1) -> Self {
+        let SealedSummaryV1 { records, time_range, dictionary, damage, per_second, send_gaps, first_prober } = v;
+        SealedSummary {
+            records,
+            time_range,
+            dictionary,
+            damage,
+            per_second,
+            send_gaps,
+            first_prober,
+            frames: Vec::new(),
+        }
+    }
 }
 
 impl SealedSummary {
@@ -103,6 +137,7 @@ impl SealedSummary {
             per_second,
             send_gaps: send_gaps(&t1),
             first_prober: reader.probe_chunks().find_map(|c| c.prober.first().map(|v| v.to_native())),
+            frames: Vec::new(),
         }
     }
 
@@ -110,16 +145,38 @@ impl SealedSummary {
     /// appends it; tests and the fuzzer build forgeries with it).
     pub fn frame(&self) -> Vec<u8> {
         let body = rkyv::to_bytes::<rancor::Error>(self).expect("serialising plain data into memory cannot fail");
-        let mut out = Vec::with_capacity(8 + body.len() + TAIL_BYTES);
-        out.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
-        out.extend_from_slice(&((body.len() + TAIL_BYTES) as u32).to_le_bytes());
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        out.extend_from_slice(&SUMMARY_VERSION.to_le_bytes());
-        out.extend_from_slice(&TAIL_MAGIC);
-        out
+        frame_of(&body, SUMMARY_VERSION)
     }
+
+    /// The summary as a build before the frame index wrote it (version 1, without frames).
+    #[cfg(test)]
+    pub(super) fn frame_v1(&self) -> Vec<u8> {
+        let s = self.clone();
+        let v1 = SealedSummaryV1 {
+            records: s.records,
+            time_range: s.time_range,
+            dictionary: s.dictionary,
+            damage: s.damage,
+            per_second: s.per_second,
+            send_gaps: s.send_gaps,
+            first_prober: s.first_prober,
+        };
+        let body = rkyv::to_bytes::<rancor::Error>(&v1).expect("serialising plain data into memory cannot fail");
+        frame_of(&body, 1)
+    }
+}
+
+/// A summary's skippable frame around its serialised `body`.
+fn frame_of(body: &[u8], version: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + body.len() + TAIL_BYTES);
+    out.extend_from_slice(&SKIPPABLE_MAGIC.to_le_bytes());
+    out.extend_from_slice(&((body.len() + TAIL_BYTES) as u32).to_le_bytes());
+    out.extend_from_slice(body);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&TAIL_MAGIC);
+    out
 }
 
 /// A sealed segment's summary with its header's facts.
@@ -162,8 +219,10 @@ pub fn read_summary(path: &Path) -> Result<SummaryRead, SegmentError> {
     }
     let word = |i: usize| u32::from_le_bytes([tail[i], tail[i + 1], tail[i + 2], tail[i + 3]]);
     let (body_len, crc, version) = (u64::from(word(0)), word(4), word(8));
-    if version != SUMMARY_VERSION {
-        return Ok(SummaryRead::Unusable(format!("summary version {version}; this build reads {SUMMARY_VERSION}")));
+    if version != SUMMARY_VERSION && version != 1 {
+        return Ok(SummaryRead::Unusable(format!(
+            "summary version {version}; this build reads 1 and {SUMMARY_VERSION}"
+        )));
     }
     if body_len > MAX_SUMMARY_BYTES || body_len + (8 + TAIL_BYTES) as u64 > len {
         return Ok(SummaryRead::Unusable(format!("summary length {body_len} does not fit the file's {len} bytes")));
@@ -181,7 +240,11 @@ pub fn read_summary(path: &Path) -> Result<SummaryRead, SegmentError> {
     if crc32c::crc32c(&body) != crc {
         return Ok(SummaryRead::Unusable("summary checksum does not match".into()));
     }
-    let facts = match rkyv::from_bytes::<SealedSummary, rancor::Error>(&body) {
+    let facts = match version {
+        1 => rkyv::from_bytes::<SealedSummaryV1, rancor::Error>(&body).map(SealedSummary::from),
+        _ => rkyv::from_bytes::<SealedSummary, rancor::Error>(&body),
+    };
+    let facts = match facts {
         Ok(f) => f,
         Err(e) => return Ok(SummaryRead::Unusable(format!("summary does not decode: {e}"))),
     };
@@ -193,16 +256,20 @@ pub fn read_summary(path: &Path) -> Result<SummaryRead, SegmentError> {
     let mut page = Vec::with_capacity(HEADER_BYTES);
     dec.take(HEADER_BYTES as u64).read_to_end(&mut page).map_err(|e| bad(e.to_string()))?;
     let (header, identity) = header_page(path, &page)?;
-    let promised = match decode_close(&page) {
-        Ok(Some(c)) => (c.records, (c.records > 0).then_some((c.first_unix_ns, c.last_unix_ns))),
+    let close = match decode_close(&page) {
+        Ok(Some(c)) => c,
         Ok(None) => return Ok(SummaryRead::Unusable("the segment has no close block; sealing writes one".into())),
         Err(reason) => return Ok(SummaryRead::Unusable(format!("close block: {reason}"))),
     };
+    let promised = (close.records, (close.records > 0).then_some((close.first_unix_ns, close.last_unix_ns)));
     if promised != (facts.records, facts.time_range) {
         return Ok(SummaryRead::Unusable(format!(
             "the summary says {} records in {:?}, the close block {} in {:?}",
             facts.records, facts.time_range, promised.0, promised.1
         )));
+    }
+    if let Err(why) = check_index(&facts.frames, start, close.data_end, close.records) {
+        return Ok(SummaryRead::Unusable(format!("frame index: {why}")));
     }
     Ok(SummaryRead::Found(Box::new(Summary { identity, created_unix_ns: header.created_unix_ns, facts })))
 }

@@ -577,7 +577,7 @@ fn a_sealed_segment_carries_a_summary_of_what_its_reader_says() {
     let r = SegmentReader::open(&sealed).expect("the reader skips the summary's frame");
     assert_eq!((r.records(), r.damage().len()), (32, 1));
     let SummaryRead::Found(s) = read_summary(&sealed).expect("read") else { panic!("no summary") };
-    assert_eq!(s.facts, SealedSummary::of(&r, r.damage().to_vec()));
+    assert_eq!(s.facts, SealedSummary { frames: s.facts.frames.clone(), ..SealedSummary::of(&r, r.damage().to_vec()) });
     assert_eq!((s.identity, s.created_unix_ns), (identity(), r.created_unix_ns()));
     // Every record is in its second; the stall is the one long gap.
     let (sec0, per) = (T0 / 1_000_000_000, &s.facts.per_second);
@@ -819,4 +819,121 @@ fn summaries_of_other_times_than_the_records_are_set_aside() {
 #[test]
 fn a_summary_stall_starts_where_a_long_send_gap_does() {
     assert_eq!(crate::window::STALL_NS, LONG_GAP_MIN_NS);
+}
+
+/// A sealed file in several zstd frames, one per group of frames of one content, indexed in its
+/// summary: read whole it is what it always was; read in part, a time range's probe chunks come
+/// with their places in the file, and the window summaries come alone; an index that lies is
+/// refused, structurally when read, in content when a frame it describes is inflated; and a
+/// summary from before the index still plans the file.
+#[test]
+fn a_sealed_segment_reads_in_part_through_its_frame_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = WriterConfig::new(dir.path());
+    cfg.chunk_records = 512;
+    cfg.segment_bytes = 8 << 20;
+    // 100 us between records: 20 ms windows, a summary frame every few chunks.
+    cfg.summary_window_ns = 20_000_000;
+    cfg.summary_grace_ns = 1_000_000;
+    let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+    for t in 0..4 {
+        w.endpoint(EndpointRole::Rnic, &format!("tor{}-h{t}/mlx5_0", t / 2), &format!("tor{}", t / 2), [t as u8; 16]);
+    }
+    let n = 60_000u64;
+    for i in 0..n {
+        w.append(&rec(i)).expect("append");
+        if i % 20_000 == 0 {
+            let path = PathRecord {
+                t_unix_ns: T0 + i,
+                src: 0,
+                dst: 2,
+                flow_label: 5,
+                hop_count: 2,
+                hops: [1, 3, 0, 0, 0, 0, 0, 0],
+            };
+            w.append_path(&path).expect("path");
+        }
+    }
+    let open = w.finish().expect("finish").remove(0);
+    let sealed = seal(&open, 3).expect("seal").sealed_path;
+    let full = SegmentReader::open(&sealed).expect("whole");
+    assert_eq!((full.records(), full.is_partial(), full.file_records()), (n, false, n));
+    assert!(full.summaries_complete());
+    let SummaryRead::Found(s) = read_summary(&sealed).expect("read") else { panic!("no summary") };
+    let frames = &s.facts.frames;
+    let contents: std::collections::BTreeSet<_> = frames.iter().map(|f| format!("{:?}", f.content)).collect();
+    assert_eq!(contents.into_iter().collect::<Vec<_>>(), ["Dictionary", "Header", "Paths", "Probes", "Windows"]);
+    assert!(frames.iter().all(|f| f.raw_len as usize <= GROUP_RAW_BYTES), "{frames:?}");
+    assert_eq!(frames.iter().map(|f| f.records).sum::<u64>(), n);
+    // Every record's place in the file, from the whole read.
+    let place: std::collections::HashMap<u64, (u64, &crate::record::ArchivedProbeColumns)> =
+        full.probe_chunks_at().map(|(base, c)| (base, (base, c))).collect();
+
+    // The window summaries alone: no record inflated, and they count the whole file.
+    let only = Pick { windows: true, ..Pick::default() };
+    let w = SegmentReader::open_part(&sealed, frames, &only).expect("windows");
+    assert_eq!((w.records(), w.file_records(), w.is_partial()), (0, n, true));
+    assert!(w.summaries_complete() && w.damage().is_empty(), "{:?}", w.damage());
+    assert_eq!(counts_of_summaries(&w), counts_of_summaries(&full));
+    assert_eq!(w.dictionary(), full.dictionary());
+    assert_eq!(w.path_records().count(), 0);
+
+    // A middle range's probe chunks: every record of the range, each chunk in its place.
+    let (lo, hi) = (T0 + 2_000_000_000, T0 + 3_500_000_000);
+    let range = Pick { probes: Some((lo, hi)), paths: true, ..Pick::default() };
+    let r = SegmentReader::open_part(&sealed, frames, &range).expect("range");
+    assert!(r.records() < n / 2 && r.window_summaries().count() == 0, "{}", r.records());
+    assert_eq!(r.path_records().count(), full.path_records().count());
+    let in_range = |rd: &SegmentReader| {
+        rd.probe_chunks()
+            .flat_map(|c| c.t1_unix_ns.iter().map(|t| t.to_native()))
+            .filter(|t| (lo..=hi).contains(t))
+            .count()
+    };
+    assert_eq!(in_range(&r), in_range(&full));
+    for (base, c) in r.probe_chunks_at() {
+        let (_, whole) = place.get(&base).expect("a chunk where the whole read has one");
+        assert_eq!(
+            (0..c.len()).map(|i| c.row(i)).collect::<Vec<_>>(),
+            (0..whole.len()).map(|i| whole.row(i)).collect::<Vec<_>>()
+        );
+    }
+
+    let sealed_bytes = std::fs::read(&sealed).expect("read");
+    let data_len = sealed_bytes.len() - s.facts.frame().len();
+    let with_summary = |name: &str, frame: Vec<u8>| {
+        let p = dir.path().join(format!("{name}{SEALED_SUFFIX}"));
+        let mut b = sealed_bytes[..data_len].to_vec();
+        b.extend_from_slice(&frame);
+        std::fs::write(&p, b).expect("write");
+        p
+    };
+    // An index whose counts do not add up to the file's: the summary is not used.
+    let mut forged = s.facts.clone();
+    let k = forged.frames.iter().position(|f| f.records > 0).expect("a probe frame");
+    forged.frames[k].records += 1;
+    let p = with_summary("uncounted", forged.frame());
+    assert!(
+        matches!(read_summary(&p), Ok(SummaryRead::Unusable(why)) if why.contains("frame index")),
+        "{:?}",
+        read_summary(&p)
+    );
+    // An index that adds up but misplaces a frame's records in time: refused when inflated.
+    let mut forged = s.facts.clone();
+    let f = &mut forged.frames[k];
+    f.t1_span = f.t1_span.map(|(a, b)| (a, b + 1));
+    let p = with_summary("misdated", forged.frame());
+    let SummaryRead::Found(back) = read_summary(&p).expect("read") else { panic!("structure holds") };
+    let wide = Pick { probes: Some((0, u64::MAX)), ..Pick::default() };
+    let e = SegmentReader::open_part(&p, &back.facts.frames, &wide).expect_err("misdated");
+    assert!(e.to_string().contains("its index says"), "{e}");
+    // A version 1 summary (sealed before the index, here over the same data): planned from, no frames.
+    let p = with_summary("v1", s.facts.frame_v1());
+    let SummaryRead::Found(v1) = read_summary(&p).expect("read") else { panic!("v1 is read") };
+    assert_eq!(v1.facts, SealedSummary { frames: Vec::new(), ..s.facts.clone() });
+    assert_eq!(SegmentReader::open_part(&p, &v1.facts.frames, &only).expect("whole").records(), n);
+    // Whole reads and any zstd decoder see the segment byte for byte.
+    let inflated = zstd::stream::decode_all(&sealed_bytes[..]).expect("inflate");
+    assert_eq!(inflated.len() as u64, frames.last().map(|f| f.raw_at + f.raw_len).expect("frames"));
+    assert_eq!(&inflated[HEADER_BYTES..], &full.raw()[HEADER_BYTES..]);
 }
