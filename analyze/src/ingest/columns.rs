@@ -184,10 +184,10 @@ pub(super) fn planned_chunks(
     planned: usize,
 ) -> impl Iterator<Item = (u64, &rocemesh_formats::record::ArchivedProbeColumns, usize)> {
     let planned = planned as u64;
-    reader.probe_chunks_at().map_while(move |(base, c)| {
-        let keep = (c.len() as u64).min(planned.saturating_sub(base)) as usize;
-        (keep > 0).then_some((base, c, keep))
-    })
+    reader
+        .probe_chunks_at()
+        .take_while(move |(base, _)| *base < planned)
+        .map(move |(base, c)| (base, c, (c.len() as u64).min(planned - base) as usize))
 }
 
 /// Whether `t` is in the range `[from, to)`, `to = u64::MAX` included (see [`Plan::ranges`]).

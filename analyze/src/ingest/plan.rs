@@ -41,6 +41,9 @@ pub(super) struct Planned {
     /// The index of its zstd frames, from its sealed summary: empty for a file read whole
     /// (open, or sealed as one frame).
     pub(super) frames: Vec<SealedFrame>,
+    /// Where the damage said of it lies (the plan's, then what partial reads found): each said
+    /// once however many ranges and passes read it.
+    pub(super) damage_said: Vec<u64>,
 }
 
 impl Planned {
@@ -56,6 +59,20 @@ impl Planned {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// The damage a partial read `r` found that was not said of this file yet (a group whose
+    /// zstd frame does not inflate, found when a range first reads it). A whole read's damage
+    /// is the plan's (an open segment's torn tail moves as its writer appends: not said again).
+    pub(super) fn new_damage(&mut self, r: &SegmentReader) -> Vec<FileProblem> {
+        let mut out = Vec::new();
+        for d in r.damage().iter().filter(|_| r.is_partial()) {
+            if !self.damage_said.contains(&d.offset) {
+                self.damage_said.push(d.offset);
+                out.push(damage_problem(&self.path, d));
+            }
+        }
+        out
     }
 
     /// Said once by whoever opened the file: its index is not used again.
@@ -217,6 +234,7 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
                 traced: false,
                 agent: ds.agents.len() - 1,
                 frames: h.facts.frames,
+                damage_said: h.facts.damage.iter().map(|d| d.offset).collect(),
             });
         }
         offset += h.facts.records;
@@ -334,6 +352,8 @@ impl Plan {
                     let problem = self.files[i].index_failed(why);
                     self.ds.problems.push(problem);
                 }
+                let found = self.files[i].new_damage(&r);
+                self.ds.problems.extend(found);
                 r
             });
             let f = &self.files[i];

@@ -156,6 +156,8 @@ impl Plan {
                         let problem = self.files[i].index_failed(why);
                         self.ds.problems.push(problem);
                     }
+                    let found = self.files[i].new_damage(&r);
+                    self.ds.problems.extend(found);
                     (r, fw)
                 });
                 match r {
@@ -209,8 +211,6 @@ impl Windows {
     }
 }
 
-/// One file's summaries in fleet ids: its own where they count every record and divide the
-/// analysis window, else its records folded.
 /// The file's window summaries and path traces only, where its frames are indexed and its
 /// summaries serve `window_ns` ([`summaries_serve`]); else the file whole, for its records to be
 /// folded. With why its index failed, if it did ([`Planned::open`]).
@@ -233,6 +233,8 @@ fn summaries_serve(reader: &SegmentReader, window_ns: u64) -> bool {
             .all(|s| s.window_ns.to_native() > 0 && window_ns.is_multiple_of(s.window_ns.to_native()))
 }
 
+/// One file's summaries in fleet ids: its own where they count every record and divide the
+/// analysis window, else its records folded.
 fn file_windows(
     ds: &Dataset,
     reader: &SegmentReader,

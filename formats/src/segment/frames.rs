@@ -4,9 +4,11 @@
 //! The sealer cuts the segment's bytes into groups of consecutive frames of one content (probe
 //! chunks, window summaries, path traces, dictionary entries), each at most [`GROUP_RAW_BYTES`]
 //! unless a single frame is larger, and compresses each group as an independent zstd frame with
-//! its own checksum. The header page is a frame of its own. Inflated one after the other, the
-//! groups give back the segment byte for byte, so a whole-file read (and `zstd -d`) sees what
-//! it always saw. The index ([`SealedFrame`], one per zstd frame) rides in the sealed summary
+//! its own checksum. The header page is a frame of its own, the one frame that states no size:
+//! a build from before the index sizes its buffer by the first frame's stated size, and without
+//! one streams the file whole instead of failing on the frames after it. Inflated one after the
+//! other, the groups give back the segment byte for byte, so a whole-file read (and `zstd -d`)
+//! sees what it always saw. The index ([`SealedFrame`], one per zstd frame) rides in the sealed summary
 //! (`summary`): where each frame lies in the file and in the segment, what it holds, and for
 //! probe chunks their valid records and send-time span.
 //!
@@ -168,13 +170,18 @@ pub(super) fn write_groups(
     groups: &[Group],
     zstd_level: i32,
 ) -> std::io::Result<Vec<SealedFrame>> {
+    use zstd::zstd_safe::CParameter::{ChecksumFlag, ContentSizeFlag};
     let mut z = zstd::bulk::Compressor::new(zstd_level)?;
-    z.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+    z.set_parameter(ChecksumFlag(true))?;
     let mut buf = Vec::new();
     let (mut at, mut records_before) = (0u64, 0u64);
     let mut index = Vec::with_capacity(groups.len());
     for g in groups {
         let src = if g.content == Content::Header { header } else { &raw[g.raw.clone()] };
+        // The header page's frame states no size: a build before the index sizes its buffer by
+        // the first frame's stated size and would fail on the frames after it; without one, it
+        // streams the file, every frame, and reads it whole. Every other frame states its size.
+        z.set_parameter(ContentSizeFlag(g.content != Content::Header))?;
         buf.clear();
         buf.reserve(zstd::zstd_safe::compress_bound(src.len()));
         z.compress_to_buffer(src, &mut buf)?;
@@ -229,9 +236,11 @@ pub(super) fn check_index(index: &[SealedFrame], data_len: u64, data_end: u64, r
         if !(placed && shaped && counted && spanned) {
             return Err(format!("frame {i} does not follow frame {} or does not add up", i.saturating_sub(1)));
         }
-        at = at.saturating_add(f.len);
-        raw_at = raw_at.saturating_add(f.raw_len);
-        before = before.saturating_add(f.records);
+        let next = (at.checked_add(f.len), raw_at.checked_add(f.raw_len), before.checked_add(f.records));
+        let (Some(a), Some(r), Some(b)) = next else {
+            return Err(format!("frame {i} runs past the largest offset"));
+        };
+        (at, raw_at, before) = (a, r, b);
     }
     if (at, raw_at, before) != (data_len, data_end, records) {
         return Err(format!(

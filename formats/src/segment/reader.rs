@@ -147,8 +147,11 @@ impl SegmentReader {
     /// and validated as [`SegmentReader::open`] validates the whole file, and each checked
     /// against its index entry. The reader then holds those frames only: [`Self::records`] and
     /// [`Self::time_range`] are of the probe chunks read, [`Self::file_records`] is the file's,
-    /// and damage is reported for what was read. An index that disagrees with what it inflates
-    /// is an error (read the file whole instead); an empty index is read whole.
+    /// and damage is reported for what was read: a group whose zstd frame does not inflate (bit
+    /// rot) is damage whose records are lost, on every read of it. Summaries that count more
+    /// probes than the file holds are set aside as damage; a whole read also says whether a
+    /// corrupt chunk explains them. An index that disagrees with what it inflates is an error
+    /// (read the file whole instead); an empty index is read whole.
     pub fn open_part(path: impl AsRef<Path>, index: &[SealedFrame], pick: &Pick) -> Result<Self, SegmentError> {
         let path = path.as_ref();
         if index.is_empty() {
@@ -164,14 +167,29 @@ impl SegmentReader {
         let mut out = AlignedVec::<16>::with_capacity(total as usize);
         let (mut src, mut dctx) = (Vec::new(), zstd::zstd_safe::DCtx::create());
         let mut parts = Vec::with_capacity(chosen.len());
+        let mut lost = Vec::new();
         for f in chosen {
             src.resize(f.len as usize, 0);
             file.read_exact_at(&mut src, f.at).map_err(io_err(path, "read sealed segment"))?;
+            // Not one whole zstd frame where the index says: the index lies, not the data.
+            if zstd::zstd_safe::find_frame_compressed_size(&src) != Ok(src.len()) {
+                return Err(bad(format!("the index places a zstd frame at byte {} that is not there", f.at)));
+            }
             let start = out.len();
-            let one_frame = zstd::zstd_safe::find_frame_compressed_size(&src) == Ok(src.len());
             let n = match dctx.decompress(&mut Appending { v: &mut out, start }, &src) {
-                Ok(n) if one_frame => n as u64,
-                _ => return Err(bad(format!("the zstd frame at byte {} does not inflate as its index says", f.at))),
+                Ok(n) => n as u64,
+                // A whole frame that fails its checksum or its blocks: damage to its group only,
+                // lost on every read, as a corrupt chunk is. The header and the dictionary are
+                // needed by every record: without them the file cannot be read.
+                Err(code) if matches!(f.content, Content::Probes | Content::Windows | Content::Paths) => {
+                    out.resize(start, 0);
+                    lost.push(lost_group(f, zstd::zstd_safe::get_error_name(code)));
+                    continue;
+                }
+                Err(code) => {
+                    let why = zstd::zstd_safe::get_error_name(code);
+                    return Err(bad(format!("the zstd frame at byte {} does not inflate: {why}", f.at)));
+                }
             };
             if n != f.raw_len {
                 return Err(bad(format!(
@@ -181,7 +199,7 @@ impl SegmentReader {
             }
             parts.push((start..out.len(), f));
         }
-        Self::validate_part(path.to_path_buf(), Bytes::Owned(out), &parts)
+        Self::validate_part(path.to_path_buf(), Bytes::Owned(out), &parts, lost)
     }
 
     /// [`Self::validate`] for [`Self::open_part`]'s buffer: `parts` are the frames it holds, in
@@ -190,6 +208,7 @@ impl SegmentReader {
         path: PathBuf,
         bytes: Bytes,
         parts: &[(Range<usize>, &SealedFrame)],
+        lost: Vec<Damage>,
     ) -> Result<Self, SegmentError> {
         let b = bytes.as_slice();
         let (header, identity) = header_page(&path, b)?;
@@ -200,6 +219,7 @@ impl SegmentReader {
             Err(reason) => return Err(bad(format!("close block: {reason}"))),
         };
         let mut scan = Scan::new(b, b.len(), true);
+        scan.damage = lost;
         let (mut lo, mut hi) = (u64::MAX, 0);
         for (range, f) in parts.iter().filter(|(_, f)| f.content != Content::Header) {
             let (records, damaged) = (scan.records, scan.damage.len());
@@ -227,10 +247,12 @@ impl SegmentReader {
         let read_span = (scan.records > 0).then_some((lo, hi));
         // The summaries read are held to the whole file's records, as the close block counts
         // them (the records themselves may not have been read).
+        let said = scan.damage.len();
         let mut read = scan.finish(close.records, (close.first_unix_ns, close.last_unix_ns), read_span);
-        if let Some(d) = read.damage.last_mut().filter(|d| d.kind == DamageKind::Summary) {
+        // What `finish` added is said at an offset in the buffer: put it in the segment's terms.
+        for d in &mut read.damage[said..] {
             let part = parts.iter().find(|(r, _)| r.contains(&(d.offset as usize)));
-            d.offset = part.map_or(d.offset, |(r, f)| f.raw_at + (d.offset - r.start as u64));
+            d.offset = part.map_or(d.offset, |(r, f)| f.raw_at.wrapping_add(d.offset - r.start as u64));
         }
         Ok(Self::assemble(path, header.created_unix_ns, identity, Some(close), read, true, bytes))
     }
@@ -428,6 +450,20 @@ impl SegmentReader {
     /// Where each valid probe chunk's payload lies in [`Self::raw`].
     pub(crate) fn probe_ranges(&self) -> &[Range<usize>] {
         &self.probe_chunks
+    }
+}
+
+/// The damage of a group whose zstd frame does not inflate (`why`): its records are lost.
+fn lost_group(f: &SealedFrame, why: &str) -> Damage {
+    let (kind, records_lost) = match f.content {
+        Content::Windows => (DamageKind::Summary, None),
+        _ => (DamageKind::CorruptChunk, Some(u32::try_from(f.records).unwrap_or(u32::MAX))),
+    };
+    Damage {
+        offset: f.raw_at,
+        kind,
+        records_lost,
+        detail: format!("the zstd frame at byte {} of the file does not inflate ({why}): its group is lost", f.at),
     }
 }
 
@@ -732,39 +768,70 @@ fn decompress(path: &Path, mut file: File) -> Result<AlignedVec<16>, SegmentErro
             found: format!("zstd data starting with {}", hex(&head[..got])),
         });
     }
-    // Every frame's stated size, summed (the sealer writes one frame per group of frames,
-    // `frames`; skippable frames count nothing).
-    let size = match inflated_size(&src) {
-        Ok(Some(size)) => size,
-        Ok(None) => return stream(path, &src),
-        Err(e) => return Err(bad(e)),
-    };
-    if size >= MAX_DECOMPRESSED_BYTES {
-        return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
-    }
-    let mut out = AlignedVec::<16>::with_capacity(size as usize);
-    let mut dctx = zstd::zstd_safe::DCtx::create();
-    // Skippable frames (the summary) are skipped.
-    let n = dctx
-        .decompress(&mut Filling(&mut out), &src)
-        .map_err(|code| bad(zstd::zstd_safe::get_error_name(code).to_owned()))?;
-    if n as u64 != size {
-        return Err(bad(format!("inflated to {n} bytes where its frame header says {size}")));
-    }
+    let mut out = AlignedVec::<16>::new();
+    inflate_frames(&src, &mut out).map_err(bad)?;
     Ok(out)
 }
 
-/// The sum of the sizes `src`'s zstd frames state, walking their headers; `None` when one does
-/// not state it. Stops counting past [`MAX_DECOMPRESSED_BYTES`].
-fn inflated_size(src: &[u8]) -> Result<Option<u64>, String> {
+/// Inflates `src`'s zstd frames one after another into `out`, under [`MAX_DECOMPRESSED_BYTES`]
+/// in all: a frame that states its size in one call into exactly that room (no copy, no
+/// growth), one that does not (the sealer's header page, so that a build before the frame index
+/// streams the file whole) through a stream; skippable frames (the summary) are skipped.
+fn inflate_frames(src: &[u8], out: &mut AlignedVec<16>) -> Result<(), String> {
+    let sized = stated_size(src)?;
+    if sized >= MAX_DECOMPRESSED_BYTES {
+        return Err(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"));
+    }
+    // Room for every frame that states its size, and a header page for one that does not.
+    out.reserve(sized as usize + HEADER_BYTES);
+    let mut dctx = zstd::zstd_safe::DCtx::create();
+    let mut off = 0usize;
+    while off < src.len() {
+        let rest = &src[off..];
+        let step = zstd::zstd_safe::find_frame_compressed_size(rest)
+            .map_err(|code| format!("zstd frame at byte {off}: {}", zstd::zstd_safe::get_error_name(code)))?;
+        let frame = &rest[..step.min(rest.len())];
+        if !is_skippable(frame) {
+            let start = out.len();
+            match zstd::zstd_safe::get_frame_content_size(frame) {
+                Ok(Some(n)) => {
+                    out.reserve(n as usize);
+                    let got = dctx
+                        .decompress(&mut Appending { v: out, start }, frame)
+                        .map_err(|code| zstd::zstd_safe::get_error_name(code).to_owned())?;
+                    if got as u64 != n {
+                        return Err(format!("the frame at byte {off} inflated to {got} bytes where it says {n}"));
+                    }
+                }
+                Ok(None) => {
+                    let dec = zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| e.to_string())?;
+                    let left = MAX_DECOMPRESSED_BYTES.saturating_sub(start as u64);
+                    std::io::copy(&mut dec.take(left), out).map_err(|e| e.to_string())?;
+                }
+                Err(e) => return Err(format!("zstd frame header at byte {off}: {e:?}")),
+            }
+            if out.len() as u64 >= MAX_DECOMPRESSED_BYTES {
+                return Err(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"));
+            }
+        }
+        off += step.max(1);
+    }
+    Ok(())
+}
+
+fn is_skippable(frame: &[u8]) -> bool {
+    frame.len() >= 8 && (frame[0] & 0xF0) == 0x50 && frame[1..4] == [0x2A, 0x4D, 0x18]
+}
+
+/// The sum of the sizes `src`'s zstd frames state, walking their headers (a frame that states
+/// none counts nothing). Stops counting past [`MAX_DECOMPRESSED_BYTES`].
+fn stated_size(src: &[u8]) -> Result<u64, String> {
     let (mut off, mut total) = (0usize, 0u64);
     while off < src.len() && total < MAX_DECOMPRESSED_BYTES {
         let rest = &src[off..];
-        let skippable = rest.len() >= 8 && (rest[0] & 0xF0) == 0x50 && rest[1..4] == [0x2A, 0x4D, 0x18];
-        if !skippable {
+        if !is_skippable(rest) {
             match zstd::zstd_safe::get_frame_content_size(rest) {
-                Ok(Some(n)) => total = total.saturating_add(n),
-                Ok(None) => return Ok(None),
+                Ok(n) => total = total.saturating_add(n.unwrap_or(0)),
                 Err(e) => return Err(format!("zstd frame header at byte {off}: {e:?}")),
             }
         }
@@ -772,20 +839,7 @@ fn inflated_size(src: &[u8]) -> Result<Option<u64>, String> {
             .map_err(|code| format!("zstd frame at byte {off}: {}", zstd::zstd_safe::get_error_name(code)))?;
         off += step.max(1);
     }
-    Ok(Some(total))
-}
-
-/// [`decompress`] for a frame that does not state its size.
-fn stream(path: &Path, src: &[u8]) -> Result<AlignedVec<16>, SegmentError> {
-    let bad = |reason: String| SegmentError::BadSealed { path: path.into(), reason };
-    let dec = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| bad(e.to_string()))?;
-    let mut out = AlignedVec::<16>::new();
-    let mut limited = dec.take(MAX_DECOMPRESSED_BYTES);
-    std::io::copy(&mut limited, &mut out).map_err(|e| bad(e.to_string()))?;
-    if out.len() as u64 >= MAX_DECOMPRESSED_BYTES {
-        return Err(bad(format!("decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes")));
-    }
-    Ok(out)
+    Ok(total)
 }
 
 /// The spare capacity of an [`AlignedVec`] past `start` (its length), which zstd inflates into
@@ -795,9 +849,10 @@ struct Appending<'a> {
     start: usize,
 }
 
-// SAFETY: as for `Filling`, shifted by `start`, which is the vector's length when it is made:
-// `as_slice` is the part past `start` that is initialised, `as_mut_ptr` and `capacity` describe
-// the allocation past `start`, and `filled_until` gets the count zstd wrote from there.
+// SAFETY: `start` is the vector's length when it is made. `as_slice` is the initialised part
+// past `start`; `as_mut_ptr` and `capacity` describe the vector's own allocation past `start`,
+// which zstd never writes beyond; `filled_until` is called by zstd-safe only with the count
+// zstd reports having written from there.
 unsafe impl zstd::zstd_safe::WriteBuf for Appending<'_> {
     fn as_slice(&self) -> &[u8] {
         &self.v.as_slice()[self.start..]
@@ -815,32 +870,6 @@ unsafe impl zstd::zstd_safe::WriteBuf for Appending<'_> {
     unsafe fn filled_until(&mut self, n: usize) {
         // SAFETY: the `n` bytes past `start` were written by zstd.
         unsafe { self.v.set_len(self.start + n) }
-    }
-}
-
-/// An empty [`AlignedVec`] zstd inflates into, up to its capacity, without zeroing it first.
-struct Filling<'a>(&'a mut AlignedVec<16>);
-
-// SAFETY: `as_slice` covers the initialised part only (the vector's length); `as_mut_ptr` and
-// `capacity` describe the vector's own allocation, which zstd never writes past; and
-// `filled_until` is called by zstd-safe only with the count zstd reports having written from the
-// start of that allocation.
-unsafe impl zstd::zstd_safe::WriteBuf for Filling<'_> {
-    fn as_slice(&self) -> &[u8] {
-        self.0.as_slice()
-    }
-
-    fn capacity(&self) -> usize {
-        self.0.capacity()
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-
-    unsafe fn filled_until(&mut self, n: usize) {
-        // SAFETY: see the impl: the first `n` bytes were written by zstd.
-        unsafe { self.0.set_len(n) }
     }
 }
 

@@ -932,8 +932,28 @@ fn a_sealed_segment_reads_in_part_through_its_frame_index() {
     let SummaryRead::Found(v1) = read_summary(&p).expect("read") else { panic!("v1 is read") };
     assert_eq!(v1.facts, SealedSummary { frames: Vec::new(), ..s.facts.clone() });
     assert_eq!(SegmentReader::open_part(&p, &v1.facts.frames, &only).expect("whole").records(), n);
-    // Whole reads and any zstd decoder see the segment byte for byte.
+    // Whole reads and any zstd decoder see the segment byte for byte. The first frame states
+    // no size, so a build before the index (which sized its buffer by the first frame) streams
+    // the file whole instead of failing on the frames after it.
     let inflated = zstd::stream::decode_all(&sealed_bytes[..]).expect("inflate");
     assert_eq!(inflated.len() as u64, frames.last().map(|f| f.raw_at + f.raw_len).expect("frames"));
     assert_eq!(&inflated[HEADER_BYTES..], &full.raw()[HEADER_BYTES..]);
+    assert!(matches!(zstd::zstd_safe::get_frame_content_size(&sealed_bytes), Ok(None)));
+
+    // Bit rot in one group of records: a whole read fails; a partial read loses that group's
+    // records only, as damage, and the summaries read on.
+    let f = *frames.iter().filter(|f| f.records > 0).nth(1).expect("a second group of records");
+    let mut rotten = sealed_bytes.clone();
+    rotten[(f.at + f.len / 2) as usize] ^= 0x5A;
+    let p = dir.path().join(format!("rotten{SEALED_SUFFIX}"));
+    std::fs::write(&p, &rotten).expect("write");
+    assert!(matches!(SegmentReader::open(&p), Err(SegmentError::BadSealed { .. })));
+    let all = Pick { probes: Some((0, u64::MAX)), windows: true, paths: true };
+    let r = SegmentReader::open_part(&p, frames, &all).expect("the rest reads");
+    assert_eq!(r.records(), n - f.records);
+    let lost: Vec<_> = r.damage().iter().map(|d| (d.kind, d.records_lost, d.offset)).collect();
+    assert_eq!(lost, [(DamageKind::CorruptChunk, Some(f.records as u32), f.raw_at)]);
+    assert!(r.damage()[0].detail.contains("does not inflate"), "{:?}", r.damage());
+    let w = SegmentReader::open_part(&p, frames, &only).expect("windows");
+    assert!(w.summaries_complete() && w.damage().is_empty());
 }
