@@ -60,26 +60,6 @@ impl Planned {
             Err(e) => Err(e.to_string()),
         }
     }
-
-    /// The damage a partial read `r` found that was not said of this file yet (a group whose
-    /// zstd frame does not inflate, found when a range first reads it). A whole read's damage
-    /// is the plan's (an open segment's torn tail moves as its writer appends: not said again).
-    pub(super) fn new_damage(&mut self, r: &SegmentReader) -> Vec<FileProblem> {
-        let mut out = Vec::new();
-        for d in r.damage().iter().filter(|_| r.is_partial()) {
-            if !self.damage_said.contains(&d.offset) {
-                self.damage_said.push(d.offset);
-                out.push(damage_problem(&self.path, d));
-            }
-        }
-        out
-    }
-
-    /// Said once by whoever opened the file: its index is not used again.
-    pub(super) fn index_failed(&mut self, why: String) -> FileProblem {
-        self.frames.clear();
-        FileProblem { path: self.path.clone(), problem: why, skipped: false }
-    }
 }
 
 /// Ingest one time range at a time, for passes whose windows are independent (`analyze
@@ -255,6 +235,25 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
 }
 
 impl Plan {
+    /// Says once what opening file `i` ([`Planned::open`]) found: why its frame index failed
+    /// (it is not used again), and the damage a partial read `r` found that was not said of it
+    /// yet (a group whose zstd frame does not inflate, found when a range first reads it). A
+    /// whole read's damage is the plan's (an open segment's torn tail moves as its writer
+    /// appends: not said again).
+    pub(super) fn say_opened(&mut self, i: usize, r: &SegmentReader, index_failed: Option<String>) {
+        let f = &mut self.files[i];
+        if let Some(why) = index_failed {
+            f.frames.clear();
+            self.ds.problems.push(FileProblem { path: f.path.clone(), problem: why, skipped: false });
+        }
+        for d in r.damage().iter().filter(|_| r.is_partial()) {
+            if !f.damage_said.contains(&d.offset) {
+                f.damage_said.push(d.offset);
+                self.ds.problems.push(damage_problem(&f.path, d));
+            }
+        }
+    }
+
     /// Whether ranges read from now on carry each record's position in the whole input
     /// ([`Probes::index`]: 8 B per record, so only while a reader needs it).
     pub fn with_index(&mut self, on: bool) {
@@ -348,12 +347,7 @@ impl Plan {
             .collect();
         for (&i, r) in chosen.iter().zip(opened) {
             let r = r.map(|(r, why)| {
-                if let Some(why) = why {
-                    let problem = self.files[i].index_failed(why);
-                    self.ds.problems.push(problem);
-                }
-                let found = self.files[i].new_damage(&r);
-                self.ds.problems.extend(found);
+                self.say_opened(i, &r, why);
                 r
             });
             let f = &self.files[i];

@@ -152,12 +152,7 @@ impl Plan {
             for (i, r) in idx.into_iter().zip(opened) {
                 let path = self.files[i].path.clone();
                 let r = r.map(|(r, fw, why)| {
-                    if let Some(why) = why {
-                        let problem = self.files[i].index_failed(why);
-                        self.ds.problems.push(problem);
-                    }
-                    let found = self.files[i].new_damage(&r);
-                    self.ds.problems.extend(found);
+                    self.say_opened(i, &r, why);
                     (r, fw)
                 });
                 match r {
