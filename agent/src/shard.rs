@@ -128,12 +128,22 @@ struct Target {
     id: u32,
     kind: u8,
     interval_ns: u64,
-    labels: Vec<u32>,
+    /// Its flow labels (at least one: the pinglist refuses none), `Shard::labels[labels_at..
+    /// labels_at + labels_len]`: one table for every target rather than a heap block each.
+    labels_at: u32,
+    labels_len: u32,
     cursor: usize,
     tor_slot: u16,
     /// When an admitted ACK1 from it last arrived (0: never): a target answering us is not
     /// keyed otherwise, whatever a REFUSAL says ([`Shard::refused_by_peer`]).
     heard_ns: u64,
+}
+
+impl Target {
+    fn labels_in<'a>(&self, labels: &'a [u32]) -> &'a [u32] {
+        let at = self.labels_at as usize;
+        &labels[at..at + self.labels_len as usize]
+    }
 }
 
 /// One shard's state.
@@ -145,6 +155,7 @@ pub struct Shard<T: Transport> {
     ts_source: TsSource,
     targets: Vec<Target>,
     target_addr: Vec<T::Addr>,
+    labels: Vec<u32>,
     schedule: BinaryHeap<Reverse<(u64, u32)>>,
     inflight: Vec<InFlight>,
     inflight_addr: Vec<T::Addr>,
@@ -263,6 +274,7 @@ impl<T: Transport> Shard<T> {
             ts_source,
             targets: Vec::new(),
             target_addr: Vec::new(),
+            labels: Vec::new(),
             schedule: BinaryHeap::new(),
             inflight: vec![InFlight::default(); 1024],
             inflight_addr: vec![null_addr; 1024],
@@ -306,7 +318,8 @@ impl<T: Transport> Shard<T> {
     fn load_traces(&mut self) {
         if let Some(p) = &mut self.paths {
             let inter = ProbeKind::InterTor.as_u8();
-            p.load(self.targets.iter().map(|t| (t.id, t.kind == inter, &t.labels[..])));
+            let labels = &self.labels;
+            p.load(self.targets.iter().map(|t| (t.id, t.kind == inter, t.labels_in(labels))));
         }
     }
 
@@ -380,6 +393,14 @@ impl<T: Transport> Shard<T> {
         let now = now_ns();
         self.targets.clear();
         self.target_addr.clear();
+        self.labels.clear();
+        // Every table sized to the pinglist (grown by doubling, each would end at the next
+        // power of two: a third of it never filled at 10,000 targets).
+        let mine = || pinglist.targets.iter().filter(|t| t.from == self.params.device);
+        self.targets.reserve_exact(mine().count());
+        self.target_addr.reserve_exact(mine().count());
+        self.labels.reserve_exact(mine().map(|t| t.flow_labels.len()).sum());
+        self.writer.reserve_endpoints(mine().map(|t| t.to.as_str()));
         for (i, t) in pinglist.targets.iter().enumerate().filter(|(_, t)| t.from == self.params.device) {
             let addr = match resolver.resolve(t, self.params.default_port) {
                 Ok(a) => a,
@@ -393,12 +414,14 @@ impl<T: Transport> Shard<T> {
                 id,
                 kind: t.kind.as_u8(),
                 interval_ns: (1e9 / t.rate_pps) as u64,
-                labels: t.flow_labels.clone(),
+                labels_at: self.labels.len() as u32,
+                labels_len: t.flow_labels.len() as u32,
                 cursor: 0,
                 tor_slot: self.live.tor_slot(&t.tor),
                 heard_ns: 0,
             });
             self.target_addr.push(addr);
+            self.labels.extend_from_slice(&t.flow_labels);
         }
         self.plan_labels();
         self.load_traces();
@@ -426,7 +449,7 @@ impl<T: Transport> Shard<T> {
 
     fn plan_labels(&mut self) {
         let services: Vec<u32> = self.services.live().map(|(_, s)| s.flow_label).collect();
-        let pinglist = self.targets.iter().map(|t| &t.labels[..]);
+        let pinglist = self.targets.iter().map(|t| t.labels_in(&self.labels));
         self.transport.plan_labels(pinglist.chain(services.chunks(1)));
     }
 
@@ -984,8 +1007,8 @@ impl<T: Transport> Shard<T> {
                 (s.id, ProbeKind::Service.as_u8(), self.services.interval_ns, s.flow_label, s.addr, s.tor_slot)
             } else {
                 let t = &mut self.targets[ti as usize];
-                let label_index = t.cursor % t.labels.len();
-                let label = t.labels[label_index];
+                let label_index = t.cursor % t.labels_len as usize;
+                let label = t.labels_in(&self.labels)[label_index];
                 t.cursor = t.cursor.wrapping_add(1);
                 if let Some(p) = &mut self.paths {
                     p.on_probe(ti as usize, label_index, now);

@@ -57,6 +57,11 @@ pub struct Options {
     /// A second input of this many records, in this directory: `analyze report` alone runs on
     /// it too, so one run states how peak memory follows the input's length.
     pub scale: Option<(u64, PathBuf)>,
+    /// Thread counts to run report, localize and export under once each (`--threads`).
+    pub threads: Vec<usize>,
+    /// Every analyze process of this run held to this many threads (rayon's pool and
+    /// polars'); `None`: as many as the machine has.
+    pub pin_threads: Option<usize>,
 }
 
 /// One measured figure.
@@ -110,6 +115,7 @@ pub fn run(opt: &Options) -> Result<Vec<Figure>> {
     }
 
     let probes_pq = measure_export(opt, &segments, &mut out)?;
+    measure_threads(opt, &segments, &mut out)?;
     let Some(python) = python else {
         out.push(Figure {
             what: "DuckDB baseline: not run (--no-duckdb)".into(),
@@ -159,7 +165,7 @@ fn time_report(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
     let window = opt.window_s.to_string();
     median_of(opt.runs, || {
         run_timed(
-            Command::new(&opt.analyze_bin)
+            analyze_cmd(opt)
                 .args(["report", "--scope", scopes, "--window-s", &window, "--format", "parquet", "--output"])
                 .arg(output)
                 .arg(segments),
@@ -180,7 +186,7 @@ fn time_localize(
     let window = opt.window_s.to_string();
     // `--range-records` None: the default ranges; Some(n): ranges of n records.
     median_of(opt.runs, || {
-        let mut cmd = Command::new(&opt.analyze_bin);
+        let mut cmd = analyze_cmd(opt);
         cmd.args(["localize", "--evidence", evidence, "--window-s", &window, "--format", "json", "--output"]).arg(json);
         if let Some(n) = range_records {
             cmd.arg("--range-records").arg(n.to_string());
@@ -328,29 +334,91 @@ fn measure_scale(
 
 /// `analyze export --parquet` of the segments (DuckDB's input); returns the Parquet file.
 fn measure_export(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<PathBuf> {
-    let window = opt.window_s.to_string();
     let probes_pq = opt.dir.join(if opt.sealed { "probes-zstd.parquet" } else { "probes-uncompressed.parquet" });
-    let compression = if opt.sealed { "zstd" } else { "uncompressed" };
-    let export = run_timed(
-        Command::new(&opt.analyze_bin)
-            .args(["export", "--window-s", &window, "--compression", compression, "--parquet"])
-            .arg(&probes_pq)
-            .arg(segments),
-        "analyze export",
-    )?;
+    let compression = compression(opt);
+    let export = time_export(opt, segments, &probes_pq)?;
     let pq_bytes = std::fs::metadata(&probes_pq)?.len();
     out.push(Figure {
         what: "analyze export --parquet (input of DuckDB)".into(),
         value: opt.records as f64 / export.wall_s,
         unit: "records/s",
         note: format!(
-            "{:.2} s wall, {compression}, {:.2} GB, peak RSS {:.2} GB",
+            "median of {} runs ({}): {:.2} s wall, {compression}, {:.2} GB, peak RSS {:.2} GB",
+            opt.runs,
+            export.spread,
             export.wall_s,
             pq_bytes as f64 / 1e9,
             rss_gb(&export)
         ),
     });
     Ok(probes_pq)
+}
+
+/// The Parquet compression of the export: zstd for sealed input (as shipped), else none.
+fn compression(opt: &Options) -> &'static str {
+    if opt.sealed { "zstd" } else { "uncompressed" }
+}
+
+/// `analyze export --parquet` of `segments` into `output`, the median run.
+fn time_export(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
+    let window = opt.window_s.to_string();
+    median_of(opt.runs, || {
+        run_timed(
+            analyze_cmd(opt)
+                .args(["export", "--window-s", &window, "--compression", compression(opt), "--parquet"])
+                .arg(output)
+                .arg(segments),
+            "analyze export",
+        )
+    })
+}
+
+/// The analyze binary, held to `opt.pin_threads` threads where set. Both pools are capped:
+/// analyze's own work runs on rayon's global pool, polars' on its own.
+fn analyze_cmd(opt: &Options) -> Command {
+    let mut cmd = Command::new(&opt.analyze_bin);
+    if let Some(n) = opt.pin_threads {
+        cmd.env("RAYON_NUM_THREADS", n.to_string()).env("POLARS_MAX_THREADS", n.to_string());
+    }
+    cmd
+}
+
+/// `--threads`: report, localize from the records and from the summaries, and export (medians
+/// of `--runs`) under every thread count, against the first count's wall time: how
+/// each step scales with the cores it is given, in one run on one machine.
+fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<()> {
+    let dir = opt.dir.join("threads");
+    std::fs::create_dir_all(&dir)?;
+    let mut first: Option<(usize, [f64; 4])> = None;
+    for &n in &opt.threads {
+        let o = Options { pin_threads: Some(n), ..opt.clone() };
+        let steps = [
+            ("analyze report", time_report(&o, segments, &dir.join("report.parquet"))?),
+            ("analyze localize (records)", time_localize(&o, segments, &dir.join("records.json"), None, "records")?),
+            (
+                "analyze localize (summaries)",
+                time_localize(&o, segments, &dir.join("summaries.json"), None, "summaries")?,
+            ),
+            ("analyze export", time_export(&o, segments, &dir.join("probes.parquet"))?),
+        ];
+        let (n0, base) = *first.get_or_insert((n, steps.each_ref().map(|(_, t)| t.wall_s)));
+        for ((what, t), b) in steps.iter().zip(base) {
+            out.push(Figure {
+                what: format!("--threads {n}: {what}, process wall time"),
+                value: t.wall_s,
+                unit: "s",
+                note: format!(
+                    "median of {} runs ({}), {:.2} s CPU, {:.2} GB peak RSS; {:.2}x as fast as with {n0} thread(s)",
+                    opt.runs,
+                    t.spread,
+                    t.cpu_s,
+                    rss_gb(t),
+                    b / t.wall_s
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// DuckDB's query on the Parquet export, the median run, timed by the query alone.

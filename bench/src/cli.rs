@@ -75,6 +75,12 @@ pub enum What {
         /// figures only, said in the output.
         #[arg(long)]
         no_duckdb: bool,
+        /// Also run report, localize (from the records and from the summaries) and export once
+        /// under each of these thread counts, `all` for every core (`--threads 1,2,4,all`):
+        /// how each step scales, in one run. Each process is held to N threads through
+        /// RAYON_NUM_THREADS and POLARS_MAX_THREADS.
+        #[arg(long, value_delimiter = ',', value_parser = parse_threads)]
+        threads: Vec<usize>,
     },
     /// Segment store: append, seal, validated read, bytes per probe; row vs column layout.
     Formats {
@@ -127,4 +133,15 @@ pub enum What {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
+}
+
+/// A `--threads` entry: a count of at least 1, or `all` for the machine's cores.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    if s == "all" {
+        return Ok(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s}: give a thread count of at least 1, or `all`")),
+    }
 }

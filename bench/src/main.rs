@@ -47,6 +47,7 @@ fn main() -> Result<()> {
             scale_records,
             scale_dir,
             no_duckdb,
+            threads,
         } => {
             if cfg!(debug_assertions) {
                 eprintln!(
@@ -88,6 +89,8 @@ fn main() -> Result<()> {
                 window_s,
                 runs,
                 scale,
+                threads,
+                pin_threads: None,
             };
             let mut mem_kib = 0u64;
             if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {

@@ -117,6 +117,40 @@ fn round_trip_open_and_sealed_with_dictionary_and_paths() {
     assert_eq!(s.path_records().count(), 1);
 }
 
+/// A dictionary larger than one dictionary frame holds is written in several, in every segment
+/// (each repeats it whole), and reads back whole, open and sealed, in either write mode.
+#[test]
+fn a_large_dictionary_reads_back_whole_from_every_segment() {
+    for mode in [WriteMode::Pwrite, WriteMode::Mmap] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = WriterConfig::new(dir.path());
+        (cfg.chunk_records, cfg.segment_bytes, cfg.write_mode) = (100, 2 << 20, mode);
+        let mut w = SegmentWriter::new(cfg, identity()).expect("writer");
+        let names: Vec<String> = (0..2_500).map(|i| format!("tor{}-h{}/mlx5_0", i / 16, i % 16)).collect();
+        w.reserve_endpoints(names.iter().map(String::as_str));
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(w.endpoint(EndpointRole::Rnic, n, "", [0; 16]) as usize, i);
+        }
+        // Enough chunks to rotate (each segment holds the dictionary again).
+        for i in 0..60_000 {
+            w.append(&rec(i)).expect("append");
+        }
+        let closed = w.finish().expect("finish");
+        assert!(closed.len() >= 2, "{mode:?}: {} segments", closed.len());
+        let mut records = 0;
+        for path in &closed {
+            let sealed = seal(path, 1).expect("seal").sealed_path;
+            let r = SegmentReader::open(&sealed).expect("open");
+            assert!(r.damage().is_empty(), "{:?}", r.damage());
+            let got: Vec<&str> = r.dictionary().iter().map(|e| e.name.as_str()).collect();
+            assert_eq!(got, names, "{mode:?} {}", sealed.display());
+            assert!(r.dictionary().iter().enumerate().all(|(i, e)| e.id as usize == i));
+            records += r.records();
+        }
+        assert_eq!(records, 60_000);
+    }
+}
+
 #[test]
 fn both_write_modes_write_the_same_bytes() {
     let mut files = Vec::new();

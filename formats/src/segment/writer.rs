@@ -257,7 +257,7 @@ pub struct SegmentWriter {
     columns: ProbeColumns,
     paths: Vec<PathRecord>,
     dictionary: Vec<Endpoint>,
-    dictionary_ids: HashMap<String, u32>,
+    dictionary_ids: NameIds,
     arena: Arena,
     next_segment: u64,
     spare_frame: Option<rkyv::util::AlignedVec<16>>,
@@ -304,7 +304,7 @@ impl SegmentWriter {
             columns,
             paths: Vec::with_capacity(PATH_CHUNK_RECORDS),
             dictionary: Vec::new(),
-            dictionary_ids: HashMap::new(),
+            dictionary_ids: NameIds::default(),
             arena,
             next_segment: 0,
             spare_frame: None,
@@ -317,10 +317,15 @@ impl SegmentWriter {
     /// The id records use for the endpoint called `name`, defining it on first use. Call this
     /// when a pinglist is loaded, not per probe.
     pub fn endpoint(&mut self, role: EndpointRole, name: &str, tor: &str, addr: [u8; 16]) -> u32 {
-        if let Some(&id) = self.dictionary_ids.get(name) {
+        if let Some(id) = self.dictionary_ids.get(name, &self.dictionary) {
             return id;
         }
         let id = self.dictionary.len() as u32;
+        if self.dictionary.len() == self.dictionary.capacity() {
+            // A definition past what was reserved (a traced hop, a service, a reload's new
+            // target) grows the table by an eighth, not to twice a pinglist's size.
+            self.dictionary.reserve_exact((self.dictionary.len() / 8).max(64));
+        }
         self.dictionary.push(Endpoint {
             id,
             role: role as u8,
@@ -329,7 +334,7 @@ impl SegmentWriter {
             addr,
             service: None,
         });
-        self.dictionary_ids.insert(name.to_owned(), id);
+        self.dictionary_ids.insert(name, id);
         if let Some(s) = &mut self.summariser {
             // Probes between two ends under one ToR take no path a label chooses.
             s.set_same_tor(id, !tor.is_empty() && tor == self.identity.tor);
@@ -340,7 +345,7 @@ impl SegmentWriter {
     /// The id records use for a traced service connection called `name` (unique per connection),
     /// defining it on first use. Called when the connection becomes a target, not per probe.
     pub fn service_endpoint(&mut self, name: &str, tor: &str, addr: [u8; 16], conn: &ServiceConn) -> u32 {
-        if let Some(&id) = self.dictionary_ids.get(name) {
+        if let Some(id) = self.dictionary_ids.get(name, &self.dictionary) {
             return id;
         }
         let id = self.endpoint(EndpointRole::Service, name, tor, addr);
@@ -352,6 +357,15 @@ impl SegmentWriter {
     /// a traced connection's remote end, never per probe).
     pub fn endpoint_by_addr(&self, role: EndpointRole, addr: &[u8; 16]) -> Option<&Endpoint> {
         self.dictionary.iter().find(|e| e.role == role as u8 && &e.addr == addr)
+    }
+
+    /// Make room for the endpoints among `names` not yet defined (a name listed twice counts
+    /// twice): grown by doubling, a pinglist of 10,000 targets would leave the dictionary at
+    /// 16,384 entries of 144 bytes. Call before [`SegmentWriter::endpoint`] for each.
+    pub fn reserve_endpoints<'a>(&mut self, names: impl Iterator<Item = &'a str>) {
+        let new = names.filter(|n| self.dictionary_ids.get(n, &self.dictionary).is_none()).count();
+        self.dictionary.reserve_exact(new);
+        self.dictionary_ids.reserve(new);
     }
 
     /// Dictionary entries defined so far (every segment repeats them all).
@@ -490,12 +504,11 @@ impl SegmentWriter {
             return Err(SegmentError::ChunkTooLarge { chunk_bytes: need, segment_bytes: self.cfg.segment_bytes });
         }
 
-        if seg.dictionary_written < self.dictionary.len() {
-            let bytes = rkyv::to_bytes::<rancor::Error>(&self.dictionary[seg.dictionary_written..].to_vec())
-                .map_err(|e| encode_failure("dictionary", e))?;
-            let n = (self.dictionary.len() - seg.dictionary_written) as u32;
-            seg.write_frame(FrameKind::Dictionary, n, 0, &bytes)?;
-            seg.dictionary_written = self.dictionary.len();
+        for piece in self.dictionary[seg.dictionary_written..].chunks(DICTIONARY_FRAME_ENTRIES) {
+            let bytes =
+                rkyv::to_bytes::<rancor::Error>(&piece.to_vec()).map_err(|e| encode_failure("dictionary", e))?;
+            seg.write_frame(FrameKind::Dictionary, piece.len() as u32, 0, &bytes)?;
+            seg.dictionary_written += piece.len();
         }
         if !self.columns.is_empty() {
             let n = self.columns.len();
@@ -642,6 +655,55 @@ impl Drop for SegmentWriter {
     }
 }
 
+/// Endpoint ids by name, without a second copy of every name: an id under its name's 64-bit
+/// hash, and the rare name whose hash an earlier name holds, whole. An agent probing 10,000
+/// targets defines 10,000 names, and a map keyed by the names would hold each one twice.
+struct NameIds {
+    hash: fn(&str) -> u64,
+    by_hash: HashMap<u64, u32, foldhash::fast::RandomState>,
+    collided: HashMap<String, u32>,
+}
+
+impl Default for NameIds {
+    fn default() -> Self {
+        NameIds::with_hash(|name| {
+            use std::hash::BuildHasher;
+            foldhash::quality::FixedState::with_seed(0x6e61_6d65).hash_one(name)
+        })
+    }
+}
+
+impl NameIds {
+    fn with_hash(hash: fn(&str) -> u64) -> Self {
+        NameIds { hash, by_hash: HashMap::default(), collided: HashMap::new() }
+    }
+
+    /// The id of `name`, whose entry `entries` holds at that id.
+    fn get(&self, name: &str, entries: &[Endpoint]) -> Option<u32> {
+        let &id = self.by_hash.get(&(self.hash)(name))?;
+        if entries.get(id as usize).is_some_and(|e| e.name == name) {
+            return Some(id);
+        }
+        self.collided.get(name).copied()
+    }
+
+    /// Define `name` as `id` (not defined before).
+    fn insert(&mut self, name: &str, id: u32) {
+        match self.by_hash.entry((self.hash)(name)) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.collided.insert(name.to_owned(), id);
+            }
+        }
+    }
+
+    fn reserve(&mut self, n: usize) {
+        self.by_hash.reserve(n);
+    }
+}
+
 /// Write the summaries `s` has closed as one frame of `seg`. They are of `seg`'s records and of
 /// no other file's: ones that do not fit (or fail to write) are dropped and counted, and the
 /// segment's reader then finds summaries that do not count all its records, and reads the
@@ -668,7 +730,17 @@ fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut Writer
 /// Size of an archived [`Endpoint`] without its strings' bytes.
 const ARCHIVED_ENDPOINT_BYTES: usize = size_of::<crate::record::ArchivedEndpoint>();
 
+/// Entries per dictionary frame. Every new segment repeats the whole dictionary, and the write
+/// buffer (`Sink::Buffered`) keeps the size of the largest frame it wrote: in one frame, 10,000
+/// targets' entries would hold it at 1 MiB, five times what a probe chunk needs.
+const DICTIONARY_FRAME_ENTRIES: usize = 1024;
+
+/// The bytes `entries` take in the file, as frames of [`DICTIONARY_FRAME_ENTRIES`].
 pub(crate) fn dictionary_bound(entries: &[Endpoint]) -> usize {
+    entries.chunks(DICTIONARY_FRAME_ENTRIES).map(dictionary_frame_bound).sum()
+}
+
+fn dictionary_frame_bound(entries: &[Endpoint]) -> usize {
     if entries.is_empty() {
         return 0;
     }
@@ -718,4 +790,58 @@ fn file_safe(s: &str) -> String {
     let cleaned: String =
         s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' { c } else { '_' }).collect();
     if cleaned.is_empty() { "_".into() } else { cleaned }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    fn entries(names: &[&str]) -> Vec<Endpoint> {
+        let e = |(i, n): (usize, &&str)| Endpoint { id: i as u32, name: n.to_string(), ..Endpoint::default() };
+        names.iter().enumerate().map(e).collect()
+    }
+
+    #[test]
+    fn names_whose_hashes_collide_keep_their_own_ids() {
+        let all = entries(&["tor0-h1/mlx5_0", "tor0-h2/mlx5_0", "tor1-h1/mlx5_1"]);
+        for hash in [(|_: &str| 7) as fn(&str) -> u64, |n: &str| n.len() as u64, NameIds::default().hash] {
+            let mut ids = NameIds::with_hash(hash);
+            for e in &all {
+                assert_eq!(ids.get(&e.name, &all[..e.id as usize]), None, "{} not defined yet", e.name);
+                ids.insert(&e.name, e.id);
+            }
+            for e in &all {
+                assert_eq!(ids.get(&e.name, &all), Some(e.id), "{}", e.name);
+            }
+            assert_eq!(ids.get("tor9-h9/mlx5_0", &all), None);
+        }
+    }
+
+    #[test]
+    fn a_pinglists_endpoints_are_held_in_exactly_the_room_they_need() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let identity = WriterIdentity {
+            host: "tor0-h1".into(),
+            device: "mlx5_0".into(),
+            tor: "tor0".into(),
+            agent_epoch: 1,
+            tool: "test".into(),
+        };
+        let mut w = SegmentWriter::new(WriterConfig::new(dir.path()), identity).expect("writer");
+        let names: Vec<String> = (0..10_000).map(|i| format!("t{i}/mlx5_0")).collect();
+        for round in 0..2 {
+            // A reload of the same pinglist plus one new target.
+            let more = format!("t{}/mlx5_0", 10_000 + round);
+            let list = || names.iter().map(String::as_str).chain([more.as_str()]);
+            w.reserve_endpoints(list());
+            for (i, n) in list().enumerate() {
+                let id = w.endpoint(EndpointRole::Rnic, n, "tor1", [0; 16]);
+                assert_eq!(id as usize, if i < 10_000 { i } else { 10_000 + round }, "{n}");
+            }
+            assert_eq!(w.dictionary.capacity(), 10_001 + round, "round {round}");
+        }
+        // A traced hop defined after the pinglist grows the table by an eighth, not twice.
+        assert_eq!(w.endpoint(EndpointRole::Switch, "spine0", "", [0; 16]), 10_002);
+        assert_eq!(w.dictionary.capacity(), 10_002 + 10_002 / 8);
+    }
 }
