@@ -397,8 +397,9 @@ impl<T: Transport> Shard<T> {
         // Every table sized to the pinglist (grown by doubling, each would end at the next
         // power of two: a third of it never filled at 10,000 targets).
         let mine = || pinglist.targets.iter().filter(|t| t.from == self.params.device);
-        self.targets.reserve_exact(mine().count());
-        self.target_addr.reserve_exact(mine().count());
+        let n = mine().count();
+        self.targets.reserve_exact(n);
+        self.target_addr.reserve_exact(n);
         self.labels.reserve_exact(mine().map(|t| t.flow_labels.len()).sum());
         self.writer.reserve_endpoints(mine().map(|t| t.to.as_str()));
         for (i, t) in pinglist.targets.iter().enumerate().filter(|(_, t)| t.from == self.params.device) {

@@ -90,19 +90,9 @@ pub struct SegmentReader {
     created_unix_ns: u64,
     identity: WriterIdentity,
     close: Option<CloseBlock>,
-    dictionary: Vec<Endpoint>,
-    probe_chunks: Vec<Range<usize>>,
-    /// Position in the file of each probe chunk's first record (valid records before it).
-    probe_bases: Vec<u64>,
     /// Read in part ([`SegmentReader::open_part`]).
     partial: bool,
-    path_chunks: Vec<Range<usize>>,
-    window_frames: Vec<Range<usize>>,
-    summarized: u64,
-    records: u64,
-    time_range: Option<(u64, u64)>,
-    frames_end: usize,
-    damage: Vec<Damage>,
+    found: Scanned,
 }
 
 impl std::fmt::Debug for SegmentReader {
@@ -111,8 +101,8 @@ impl std::fmt::Debug for SegmentReader {
             .field("path", &self.path)
             .field("sealed", &self.is_sealed())
             .field("identity", &self.identity)
-            .field("records", &self.records)
-            .field("damage", &self.damage)
+            .field("records", &self.found.records)
+            .field("damage", &self.found.damage)
             .finish_non_exhaustive()
     }
 }
@@ -254,37 +244,8 @@ impl SegmentReader {
             let part = parts.iter().find(|(r, _)| r.contains(&(d.offset as usize)));
             d.offset = part.map_or(d.offset, |(r, f)| f.raw_at.wrapping_add(d.offset - r.start as u64));
         }
-        Ok(Self::assemble(path, header.created_unix_ns, identity, Some(close), read, true, bytes))
-    }
-
-    /// The reader of what a scan found.
-    fn assemble(
-        path: PathBuf,
-        created_unix_ns: u64,
-        identity: WriterIdentity,
-        close: Option<CloseBlock>,
-        read: Scanned,
-        partial: bool,
-        bytes: Bytes,
-    ) -> Self {
-        Self {
-            path,
-            created_unix_ns,
-            identity,
-            close,
-            dictionary: read.dictionary,
-            probe_chunks: read.probes,
-            probe_bases: read.bases,
-            partial,
-            path_chunks: read.paths,
-            window_frames: read.windows,
-            summarized: read.summarized,
-            records: read.records,
-            time_range: read.time_range,
-            frames_end: read.end,
-            damage: read.damage,
-            bytes,
-        }
+        let (created_unix_ns, close) = (header.created_unix_ns, Some(close));
+        Ok(Self { path, bytes, created_unix_ns, identity, close, partial: true, found: read })
     }
 
     fn validate(path: PathBuf, bytes: Bytes) -> Result<Self, SegmentError> {
@@ -322,7 +283,7 @@ impl SegmentReader {
         scan.run_from(HEADER_BYTES);
         let (records, lo, hi) = (scan.records, scan.lo, scan.hi);
         let read = scan.finish(records, (lo, hi), (records > 0).then_some((lo, hi)));
-        Ok(Self::assemble(path, header.created_unix_ns, identity, close, read, false, bytes))
+        Ok(Self { path, bytes, created_unix_ns: header.created_unix_ns, identity, close, partial: false, found: read })
     }
 
     /// The file this was read from.
@@ -352,12 +313,12 @@ impl SegmentReader {
 
     /// The endpoint dictionary; `dictionary()[id]` is the endpoint with that id.
     pub fn dictionary(&self) -> &[Endpoint] {
-        &self.dictionary
+        &self.found.dictionary
     }
 
     /// Complete, valid probe records in the segment (in the chunks read, when read in part).
     pub fn records(&self) -> u64 {
-        self.records
+        self.found.records
     }
 
     /// Whether only some of the file's frames were read ([`Self::open_part`]).
@@ -370,24 +331,24 @@ impl SegmentReader {
     pub fn file_records(&self) -> u64 {
         match self.close {
             Some(c) if self.partial => c.records,
-            _ => self.records,
+            _ => self.found.records,
         }
     }
 
     /// Smallest and largest probe `t1_unix_ns`, if there is any record.
     pub fn time_range(&self) -> Option<(u64, u64)> {
-        self.time_range
+        self.found.time_range
     }
 
     /// What had to be skipped. Empty for a healthy segment.
     pub fn damage(&self) -> &[Damage] {
-        &self.damage
+        &self.found.damage
     }
 
     /// The probe chunks, in file order, as zero-copy column views.
     pub fn probe_chunks(&self) -> impl ExactSizeIterator<Item = &ArchivedProbeColumns> + '_ {
         let b = self.bytes.as_slice();
-        self.probe_chunks.iter().map(move |r| {
+        self.found.probe_chunks.iter().map(move |r| {
             // SAFETY: `r` was validated with `rkyv::access::<ArchivedProbeColumns>` in `open`,
             // and the bytes behind it are immutable for the reader's lifetime.
             unsafe { rkyv::access_unchecked::<ArchivedProbeColumns>(&b[r.clone()]) }
@@ -397,13 +358,13 @@ impl SegmentReader {
     /// The probe chunks, each with the position in the file of its first record (the valid
     /// records before it): what places a partial read's records among the file's.
     pub fn probe_chunks_at(&self) -> impl ExactSizeIterator<Item = (u64, &ArchivedProbeColumns)> + '_ {
-        self.probe_bases.iter().copied().zip(self.probe_chunks())
+        self.found.probe_bases.iter().copied().zip(self.probe_chunks())
     }
 
     /// Every path trace, in file order.
     pub fn path_records(&self) -> impl Iterator<Item = &ArchivedPathRecord> + '_ {
         let b = self.bytes.as_slice();
-        self.path_chunks.iter().flat_map(move |r| {
+        self.found.path_chunks.iter().flat_map(move |r| {
             // SAFETY: validated as `ArchivedVec<ArchivedPathRecord>` in `open`; bytes immutable.
             let v = unsafe { rkyv::access_unchecked::<ArchivedVec<ArchivedPathRecord>>(&b[r.clone()]) };
             v.iter()
@@ -414,7 +375,7 @@ impl SegmentReader {
     /// counting no probe the file does not hold.
     pub fn window_summaries(&self) -> impl Iterator<Item = &ArchivedWindowSummary> + '_ {
         let b = self.bytes.as_slice();
-        self.window_frames.iter().flat_map(move |r| {
+        self.found.window_frames.iter().flat_map(move |r| {
             // SAFETY: validated as `ArchivedVec<ArchivedWindowSummary>` in `open`; bytes immutable.
             let v = unsafe { rkyv::access_unchecked::<ArchivedVec<ArchivedWindowSummary>>(&b[r.clone()]) };
             v.iter()
@@ -423,13 +384,13 @@ impl SegmentReader {
 
     /// Probes the window summaries count.
     pub fn summarized_records(&self) -> u64 {
-        self.summarized
+        self.found.summarized
     }
 
     /// Whether the window summaries count every record of the file: a closed segment whose
     /// writer summarised (an open one's summaries trail its records by the open windows).
     pub fn summaries_complete(&self) -> bool {
-        !self.window_frames.is_empty() && self.close.is_some() && self.summarized == self.file_records()
+        !self.found.window_frames.is_empty() && self.close.is_some() && self.found.summarized == self.file_records()
     }
 
     /// The raw (decompressed) bytes.
@@ -439,17 +400,17 @@ impl SegmentReader {
 
     /// End of the last frame whose header could be read: what sealing keeps.
     pub(crate) fn frames_end(&self) -> usize {
-        self.frames_end
+        self.found.frames_end
     }
 
     /// Probe chunks in the segment (valid ones).
     pub(crate) fn chunk_count(&self) -> usize {
-        self.probe_chunks.len()
+        self.found.probe_chunks.len()
     }
 
     /// Where each valid probe chunk's payload lies in [`Self::raw`].
     pub(crate) fn probe_ranges(&self) -> &[Range<usize>] {
-        &self.probe_chunks
+        &self.found.probe_chunks
     }
 }
 
@@ -511,18 +472,20 @@ struct Scan<'a> {
     end: usize,
 }
 
-/// What a scan found, once its window summaries are held to the records ([`Scan::finish`]).
+/// What a scan found, once its window summaries are held to the records ([`Scan::finish`]):
+/// what a reader holds of its file besides the header and close block.
 struct Scanned {
     dictionary: Vec<Endpoint>,
-    probes: Vec<Range<usize>>,
-    bases: Vec<u64>,
-    paths: Vec<Range<usize>>,
-    windows: Vec<Range<usize>>,
+    probe_chunks: Vec<Range<usize>>,
+    /// Position in the file of each probe chunk's first record (valid records before it).
+    probe_bases: Vec<u64>,
+    path_chunks: Vec<Range<usize>>,
+    window_frames: Vec<Range<usize>>,
     summarized: u64,
     records: u64,
     /// Of the records read.
     time_range: Option<(u64, u64)>,
-    end: usize,
+    frames_end: usize,
     damage: Vec<Damage>,
 }
 
@@ -585,7 +548,18 @@ impl<'a> Scan<'a> {
             windows.clear();
         }
         let summarized = if windows.is_empty() { 0 } else { summarized };
-        Scanned { dictionary, probes, bases, paths, windows, summarized, records: read, time_range, end, damage }
+        Scanned {
+            dictionary,
+            probe_chunks: probes,
+            probe_bases: bases,
+            path_chunks: paths,
+            window_frames: windows,
+            summarized,
+            records: read,
+            time_range,
+            frames_end: end,
+            damage,
+        }
     }
 
     fn run_from(&mut self, start: usize) {
