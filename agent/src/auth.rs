@@ -206,6 +206,14 @@ impl Auth {
         self.send.map(|i| self.keys[i].key.id)
     }
 
+    /// The key in force as a live push's seal ([`crate::push`]); `None`: pushes go unsealed.
+    pub fn send_seal(&self) -> Option<rocemesh_formats::live::Seal> {
+        self.send.map(|i| {
+            let k = &self.keys[i].key;
+            rocemesh_formats::live::Seal { id: k.id, secret: *k.secret() }
+        })
+    }
+
     /// Serialise `p` into `out` for the end `to`: sealed with the key in force, or version 1
     /// without one.
     pub fn encode(&self, p: &Packet, out: &mut [u8; PACKET_BYTES], now_ns: u64, to: &Binding) {

@@ -43,6 +43,9 @@
 //! traces_per_s = 2.0               # per shard; a trace is max_ttl packets the first time, switches + 1 after
 //! max_ttl = 6                      # switches on the longest path + 1 (3-tier Clos: 5 + 1)
 //!
+//! [live]                           # push each closed window summary to `analyze live` (UDP;
+//! collectors = ["10.0.0.100:18620"] # needs summary_window_s > 0). Off unless set.
+//!
 //! [auth]                           # authenticated probes: the fleet key file ctl pushes
 //! keys = "fleet-keys.toml"         # (`ctl keys rotate`); off unless set
 //! window_ms = 2000                 # packets stamped further than this from our clock are refused
@@ -142,6 +145,9 @@ pub struct AgentConfig {
     /// The Prometheus endpoint. Off unless `listen` is set.
     #[serde(default)]
     pub metrics: Metrics,
+    /// Live pushes of the window summaries. Off unless `collectors` names one.
+    #[serde(default)]
+    pub live: LiveConfig,
     /// Probe authentication. Off unless `keys` is set.
     #[serde(default)]
     pub auth: AuthConfig,
@@ -256,6 +262,21 @@ impl Prefix {
         a.checked_shr(shift).unwrap_or(0) == b.checked_shr(shift).unwrap_or(0)
     }
 }
+
+/// `[live]`: every shard pushes each window summary its writer closes to these collectors
+/// (`analyze live`) as one or more UDP datagrams ([`crate::push`]), sealed with the fleet key
+/// when `[auth]` has one. A collector that is down costs a counter (`live_push_failed`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LiveConfig {
+    /// Address and port of each collector (`analyze live --listen`; port 18620 by default
+    /// there). At most [`MAX_COLLECTORS`]; every push goes to each.
+    #[serde(default)]
+    pub collectors: Vec<SocketAddr>,
+}
+
+/// Collectors a shard pushes to at most: each costs a send per datagram on the shard's core.
+pub const MAX_COLLECTORS: usize = 4;
 
 /// `[auth]`: seal every probe and ACK with the fleet key and refuse packets that are not sealed
 /// with an accepted key, are forged, replayed, or stamped outside the window
@@ -575,7 +596,26 @@ impl AgentConfig {
         self.validate_shards()?;
         self.validate_path_tracing()?;
         self.validate_service_tracing()?;
-        self.validate_timing_and_segments()
+        self.validate_timing_and_segments()?;
+        self.validate_live()
+    }
+
+    /// Pushes are the window summaries: without them there is nothing to push.
+    fn validate_live(&self) -> Result<(), String> {
+        let n = self.live.collectors.len();
+        if n > MAX_COLLECTORS {
+            return Err(format!("live.collectors names {n} collectors: name at most {MAX_COLLECTORS}"));
+        }
+        if self.live.collectors.iter().any(|c| c.is_ipv4() != self.live.collectors[0].is_ipv4()) {
+            return Err("live.collectors mixes IPv4 and IPv6 addresses: a shard pushes from one socket; \
+                        name collectors of one family"
+                .into());
+        }
+        if n > 0 && self.summary_window_s == 0 {
+            return Err("live.collectors is set but summary_window_s = 0: the pushes are the window summaries; set summary_window_s = 5"
+                .into());
+        }
+        Ok(())
     }
 
     /// The two things without which nothing else means anything: a host name and a shard.
@@ -810,6 +850,20 @@ core = 0
         assert_eq!((c.mode, c.flush_interval_ms), (Mode::Event, 1_000));
     }
 
+    /// Pushes are the window summaries: collectors without them are refused with the fix.
+    #[test]
+    fn live_collectors_need_summaries() {
+        let live = |extra: &str| format!("{extra}{GOOD}\n[live]\ncollectors = [\"10.0.9.5:18620\"]\n");
+        let e = AgentConfig::parse(&live(""), Path::new("agent.toml")).unwrap_err();
+        assert!(e.to_string().contains("set summary_window_s = 5"), "{e}");
+        let c = AgentConfig::parse(&live("summary_window_s = 5\n"), Path::new("agent.toml")).expect("parses");
+        assert_eq!(c.live.collectors, ["10.0.9.5:18620".parse::<SocketAddr>().unwrap()]);
+        let many = GOOD.to_owned()
+            + "\n[live]\ncollectors = [\"10.0.0.1:1\", \"10.0.0.2:1\", \"10.0.0.3:1\", \"10.0.0.4:1\", \"10.0.0.5:1\"]\n";
+        let e = AgentConfig::parse(&format!("summary_window_s = 5\n{many}"), Path::new("agent.toml")).unwrap_err();
+        assert!(e.to_string().contains("at most 4"), "{e}");
+    }
+
     /// A config named without a directory (`agent.toml`, run from its own directory) resolves
     /// its paths against `.`, which can be watched and listed; the empty path cannot.
     #[test]
@@ -985,7 +1039,10 @@ core = 0
             .collect();
         let all = AgentConfig::parse(&uncommented, Path::new("/etc/rocemesh/agent.toml"))
             .unwrap_or_else(|e| panic!("{}, every commented key set: {e}", path.display()));
-        assert!(all.view.enabled() && all.auth.keys.is_some(), "the commented sections' keys were read");
+        assert!(
+            all.view.enabled() && all.auth.keys.is_some() && !all.live.collectors.is_empty(),
+            "the commented sections' keys were read"
+        );
         let table: toml::Table = uncommented.parse().expect("parsed above");
         let mut shown = Vec::new();
         toml_keys(&table, "", &mut shown);
@@ -1001,7 +1058,7 @@ core = 0
         let unknown: Vec<&String> = shown.iter().filter(|k| !parsed.contains(k)).collect();
         assert!(missing.is_empty(), "{}: keys the agent reads that it does not show: {missing:?}", path.display());
         assert!(unknown.is_empty(), "{}: keys it shows that the agent does not read: {unknown:?}", path.display());
-        for section in ["shard", "metrics", "path_tracing", "service_tracing", "auth", "view"] {
+        for section in ["shard", "metrics", "path_tracing", "service_tracing", "auth", "view", "live"] {
             assert!(
                 parsed.iter().any(|k| k.starts_with(&format!("{section}."))),
                 "the walk missed [{section}]: {parsed:?}"

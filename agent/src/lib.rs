@@ -34,6 +34,7 @@ pub mod hwcounters;
 pub mod live;
 pub mod pathtrace;
 pub mod protocol;
+pub mod push;
 pub mod runtime;
 pub mod service;
 pub mod shard;

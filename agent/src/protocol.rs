@@ -157,6 +157,11 @@ impl MacKey {
         MacKey { id, secret }
     }
 
+    /// The secret, for what else the fleet key seals (live pushes).
+    pub(crate) fn secret(&self) -> &[u8; 32] {
+        &self.secret
+    }
+
     /// The tag of a packet's authenticated bytes sent to `to`.
     fn tag(&self, covered: &[u8], to: &Binding) -> [u8; MAC_BYTES] {
         let mut h = blake3::Hasher::new_keyed(&self.secret);

@@ -541,6 +541,7 @@ async fn run_shard<T: Transport>(
     wc.segment_bytes = cfg.segment_mib << 20;
     wc.max_age_ns = cfg.segment_max_age_s * 1_000_000_000;
     wc.summary_window_ns = cfg.summary_window_s * 1_000_000_000;
+    wc.keep_summaries = !cfg.live.collectors.is_empty();
     // A record is written when its probe completes, up to the pinglist's timeout after it was
     // sent (at most MAX_TIMEOUT_MS, whatever a reload brings), and reaches the writer within a
     // flush interval: a window is closed no sooner.
@@ -553,8 +554,20 @@ async fn run_shard<T: Transport>(
         agent_epoch: params.epoch,
         tool: concat!("rocemesh-agent ", env!("CARGO_PKG_VERSION")).into(),
     };
+    let sender = rocemesh_formats::live::Sender {
+        host: cfg.host.clone(),
+        rnic: format!("{}/{}", cfg.host, sc.device),
+        tor: sc.tor.clone(),
+        agent_epoch: params.epoch,
+    };
     let writer = SegmentWriter::new(wc, identity)?;
     let mut shard = Shard::new(params, transport, writer, null, live.clone());
+    if !cfg.live.collectors.is_empty() {
+        let p = crate::push::Pusher::new(cfg.live.collectors.clone(), sender)
+            .with_context(|| format!("shard {}: opening the live push socket", sc.device))?;
+        shard.set_pusher(p);
+        tracing::info!(device = %sc.device, collectors = ?cfg.live.collectors, "live pushes on");
+    }
     if let Some(t) = path_tracer {
         shard.set_path_tracer(t);
         tracing::info!(device = %sc.device, "path tracing on");
@@ -776,6 +789,12 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         summaries_written = s.summaries_written,
         summaries_dropped = s.summaries_dropped,
         summary_late_parts = s.summary_late_parts,
+        live_windows_pushed = s.live.windows,
+        live_push_sent = s.live.sent,
+        live_push_failed = s.live.failed,
+        live_not_taken = s.live.not_taken,
+        live_paths_pushed = s.live.paths,
+        live_paths_dropped = s.live.paths_dropped,
         services_active = s.services.active,
         services_peak = s.services.peak_active,
         services_added = s.services.added,

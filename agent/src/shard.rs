@@ -184,6 +184,8 @@ pub struct Shard<T: Transport> {
     paths: Option<PathTracer>,
     live: std::sync::Arc<LiveShard>,
     auth: Auth,
+    /// Live pushes of the closed window summaries (`[live]`).
+    pusher: Option<crate::push::Pusher>,
     /// CLOCK_REALTIME - CLOCK_MONOTONIC at the last step; `None` before the first.
     clock_offset_ns: Option<i64>,
 }
@@ -191,6 +193,10 @@ pub struct Shard<T: Transport> {
 /// A change of CLOCK_REALTIME against CLOCK_MONOTONIC larger than this between two rounds is a
 /// step, not the two reads being apart (a preempted thread) or a slew (NTP's at most 500 ppm).
 const CLOCK_STEP_NS: u64 = 50_000_000;
+
+/// What a window's summary waits beyond the probe timeout and a flush interval: a loss is
+/// recorded at the first round after its deadline, and a busy round can run late.
+const SUMMARY_MARGIN_NS: u64 = 1_000_000_000;
 
 impl<T: Transport> std::fmt::Debug for Shard<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -263,6 +269,7 @@ impl<T: Transport> Shard<T> {
         Self {
             live,
             auth: Auth::new(params.auth),
+            pusher: None,
             clock_offset_ns: None,
             services,
             ignore_state: u64::from(params.epoch) | 1,
@@ -309,6 +316,12 @@ impl<T: Transport> Shard<T> {
         self.auth.send_key_id()
     }
 
+    /// Push each window summary the writer closes from now on (the writer keeps them:
+    /// `WriterConfig::keep_summaries`).
+    pub fn set_pusher(&mut self, pusher: crate::push::Pusher) {
+        self.pusher = Some(pusher);
+    }
+
     /// Trace the paths of this shard's inter-ToR probes and answers from now on.
     pub fn set_path_tracer(&mut self, tracer: PathTracer) {
         self.paths = Some(tracer);
@@ -341,6 +354,9 @@ impl<T: Transport> Shard<T> {
         s.auth_refused = self.auth.refused;
         (s.refusals_sent, s.refusals_held) = (self.auth.refusals_sent, self.auth.refusals_held);
         s.send_key_id = self.auth.send_key_id();
+        if let Some(p) = &self.pusher {
+            s.live = p.stats();
+        }
         s.device_up = self.transport.device_up();
         s
     }
@@ -427,6 +443,11 @@ impl<T: Transport> Shard<T> {
         self.plan_labels();
         self.load_traces();
         self.timeout_ns = u64::from(pinglist.timeout_ms) * 1_000_000;
+        // Pushed live, a window's summary closes once its probes can have completed and been
+        // written: this pinglist's timeout, not the largest any pinglist may set, so the push
+        // leaves seconds sooner. A probe the next pinglist lets run longer lands in a late part
+        // (additive). Without [live] the writer keeps the configured grace.
+        self.writer.set_summary_grace(self.timeout_ns + self.params.flush_interval_ns + SUMMARY_MARGIN_NS);
         self.generation = pinglist.generation;
         self.live.pinglist_loaded(pinglist.generation, pinglist.generated_unix_ns, self.targets.len());
         // Spread first probes evenly over each target's interval (not all at t = 0).
@@ -574,6 +595,9 @@ impl<T: Transport> Shard<T> {
             if let Err(e) = self.writer.flush().and_then(|()| self.writer.rotate_if_older(now).map(drop)) {
                 self.write_failed(now, &e);
             }
+            if let Some(p) = &mut self.pusher {
+                p.push(&mut self.writer, self.auth.send_seal().as_ref(), now, false);
+            }
         }
         Ok(())
     }
@@ -712,8 +736,14 @@ impl<T: Transport> Shard<T> {
         self.errors.record(ERR_WRITE, now, format_args!("segment write failed, records dropped: {e}"));
     }
 
-    /// Close the segment writer; returns the closed segments (for sealing).
-    pub fn finish(self) -> Result<Vec<std::path::PathBuf>, SegmentError> {
+    /// Close the segment writer; returns the closed segments (for sealing). The windows its
+    /// last segment closes are pushed first.
+    pub fn finish(mut self) -> Result<Vec<std::path::PathBuf>, SegmentError> {
+        if let Some(p) = &mut self.pusher {
+            let rotated = self.writer.rotate();
+            p.push(&mut self.writer, self.auth.send_seal().as_ref(), now_ns(), true);
+            rotated?;
+        }
         self.writer.finish()
     }
 

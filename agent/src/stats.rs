@@ -73,6 +73,8 @@ pub struct ShardStats {
     pub summaries_written: u64,
     pub summaries_dropped: u64,
     pub summary_late_parts: u64,
+    /// Live pushes (`[live]`; all 0 without collectors).
+    pub live: crate::push::PushStats,
     /// Traced service connections: probed now, taken, ended, refused.
     pub services: ServiceStats,
     /// Other agents' path trace packets that reached this shard (their last TTL): expected,

@@ -55,6 +55,14 @@ pub enum What {
     /// than a quarter of the live hosts wrote, is --grace-s past it); late and damaged files are
     /// said; the position survives restarts (--state). The rows are `report`'s, number for number.
     Watch(WatchArgs),
+    /// Localise each window seconds after it closes, from the summaries agents push (`[live]`).
+    ///
+    /// Receives the agents' live pushes on a UDP port and writes JSON lines: `open` and `close`
+    /// for findings, `window` for each window localised (when it was, and which RNICs it waited
+    /// for in vain), `problem` for the first push refused for each reason. A window is localised
+    /// once every RNIC heard recently has pushed it, or --deadline-s after its end; baselines
+    /// come from the last --history-windows, so a fresh start needs no stored data.
+    Live(LiveArgs),
     /// Write the raw probe table (with names, ToRs and windows) as Parquet for DuckDB or Spark.
     Export(ExportArgs),
     /// Write one self-contained HTML page: time charts, heatmaps, SLA violations, findings.
@@ -263,6 +271,48 @@ pub struct WatchArgs {
     pub no_findings: bool,
     /// The collection directory (`ctl collect`'s), searched recursively for *.rseg.zst.
     pub dir: PathBuf,
+}
+
+/// `analyze live`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LiveArgs {
+    /// Address and UDP port the agents push to (their `[live] collectors`).
+    #[arg(long, default_value = "0.0.0.0:18620")]
+    pub listen: std::net::SocketAddr,
+    /// The agents' summary window, seconds (`summary_window_s`); also the analysis window.
+    #[arg(long, default_value_t = rocemesh_formats::window::DEFAULT_WINDOW_S,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub window_s: u64,
+    /// Seconds after a window's end at which it is localised with what arrived, if some RNIC
+    /// heard recently has not pushed it all by then. An agent closes a window its probe timeout
+    /// plus a flush interval and a second after the window's end, and pushes it at its next
+    /// flush: keep this above that.
+    #[arg(long, default_value_t = 6.0)]
+    pub deadline_s: f64,
+    /// Windows localised together (the window and those before it): the baselines' sample.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(4..=720))]
+    pub history_windows: u64,
+    /// Pushes whose window starts further than this from this machine's clock are refused
+    /// (a host whose clock is far off), seconds.
+    #[arg(long, default_value_t = 120)]
+    pub max_skew_s: u64,
+    /// Quiet windows after which a finding closes.
+    #[arg(long, default_value_t = 3)]
+    pub close_after_quiet_windows: u64,
+    /// The fleet key file (`ctl keys rotate`): every push must be sealed with one of its
+    /// accepted keys. Without it seals are not checked.
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
+    /// The fabric's inventory: its RNICs and their ToRs known from the start, the traced hops
+    /// named by its switch addresses, and the path of two ToRs that share one spine.
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
+    /// Append the JSON lines to this file; without it they go to standard output.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Stop after this many seconds (tests, benches); without it, run until stopped.
+    #[arg(long)]
+    pub for_s: Option<f64>,
 }
 
 /// How `analyze localize` prints its findings.
@@ -545,6 +595,55 @@ pub fn watch(args: &WatchArgs) -> i32 {
             return outcome(said > 0);
         }
         std::thread::sleep(std::time::Duration::from_secs_f64(args.poll_s));
+    }
+}
+
+/// `analyze live`: runs until stopped (or --for-s); prints what it counted when it stops.
+pub fn live(args: &LiveArgs) -> i32 {
+    let inv = match load_inventory("live", args.inventory.as_deref()) {
+        Ok(inv) => inv,
+        Err(code) => return code,
+    };
+    let seconds = |s: f64| s.is_finite() && s >= 0.0;
+    if !seconds(args.deadline_s) || args.for_s.is_some_and(|f| !seconds(f)) {
+        eprintln!("analyze live: --deadline-s and --for-s take a number of seconds, 0 or more");
+        return exit::USAGE;
+    }
+    let keys = match args.keys.as_deref().map(rocemesh_formats::keys::FleetKeys::load).transpose() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("analyze live: {e}");
+            return exit::USAGE;
+        }
+    };
+    let cfg = crate::live::Config {
+        window_ns: args.window_s * 1_000_000_000,
+        deadline_ns: (args.deadline_s * 1e9) as u64,
+        history_windows: args.history_windows,
+        max_skew_ns: args.max_skew_s.saturating_mul(1_000_000_000),
+        opts: crate::localize::Options {
+            close_after_quiet_windows: args.close_after_quiet_windows,
+            ..crate::localize::Options::default()
+        },
+    };
+    let listen = crate::live::Listen {
+        addr: args.listen,
+        keys,
+        for_ns: args.for_s.map(|s| (s * 1e9) as u64),
+        output: args.output.clone(),
+    };
+    match crate::live::run(cfg, inv.as_ref(), &listen) {
+        Ok(c) => {
+            eprintln!(
+                "analyze live: {} pushes received, {} taken, refused by reason {:?}, {} traced-service keys not localised",
+                c.received, c.taken, c.refused, c.service_keys
+            );
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("analyze live: {e}");
+            exit::USAGE
+        }
     }
 }
 

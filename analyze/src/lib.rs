@@ -11,6 +11,7 @@ pub mod export;
 pub mod html;
 pub mod ingest;
 pub mod inspect;
+pub mod live;
 pub mod localize;
 pub mod probe;
 pub mod quantile;

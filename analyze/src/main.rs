@@ -44,6 +44,7 @@ fn main() {
         What::Report(args) => rocemesh_analyze::cli::report(&args),
         What::Export(args) => rocemesh_analyze::cli::export(&args),
         What::Watch(args) => rocemesh_analyze::cli::watch(&args),
+        What::Live(args) => rocemesh_analyze::cli::live(&args),
         What::Html(args) => rocemesh_analyze::cli::html(&args),
         What::Generate { what, name } => match generate(&what, &name) {
             Ok(()) => exit::OK,

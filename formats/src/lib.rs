@@ -5,8 +5,9 @@
 //! ([`segment`]), the per-host pinglist `ctl` pushes ([`pinglist`]), the fabric inventory
 //! it is generated from ([`inventory`]), the fleet's probe keys ([`keys`]), what an agent reports about its host ([`describe`]), and
 //! how an address becomes a RoCE GID ([`gid`]), the live view a collector reads from an
-//! agent's memory with RDMA READ ([`view`]), and the window summaries a segment carries beside its
-//! records ([`window`]).
+//! agent's memory with RDMA READ ([`view`]), the window summaries a segment carries beside its
+//! records ([`window`]), and the pushes that carry them to the live analyzer as windows close
+//! ([`live`]).
 //! Each is versioned; a reader refuses what it does not understand with an error that names the
 //! file and what to do about it. [`time`] turns the records' Unix timestamps into dates for the
 //! tables operators read.
@@ -17,6 +18,7 @@ pub mod docs;
 pub mod gid;
 pub mod inventory;
 pub mod keys;
+pub mod live;
 pub mod pinglist;
 pub mod record;
 pub mod scenario;

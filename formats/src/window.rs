@@ -237,6 +237,19 @@ impl ArchivedWindowSummary {
             if next_cell > self.cells.len() as u64 {
                 return Some(format!("key {i}: cells past the summary's {}", self.cells.len()));
             }
+            // No pinglist probes a target faster than MAX_RATE_PPS_PER_TARGET; a shard catching up
+            // after a stall sends its overdue probes in the windows after it, so the bound is
+            // PROBES_OVER_RATE times that. A summary counting more is forged or damaged (and
+            // its counts would overflow what readers sum them into).
+            let probes: u64 = k.counts.iter().map(|c| u64::from(c.to_native())).sum();
+            let rate = crate::pinglist::MAX_RATE_PPS_PER_TARGET * PROBES_OVER_RATE;
+            // Writers' windows are whole seconds (`check_window_s`); a shorter one counts as one.
+            let most = ((window as f64 / 1e9).max(1.0) * rate).ceil() as u64;
+            if probes > most {
+                return Some(format!(
+                    "key {i}: {probes} probes in a window of {window} ns, more than any pinglist sends"
+                ));
+            }
             let ok = u64::from(k.counts[Class::Ok as usize].to_native());
             let mut per_measure = [0u64; 3];
             let mut last_cell = None;
@@ -359,6 +372,9 @@ fn cell_key(key: u32, measure: Measure, ts_source: u8, bucket: u16) -> u64 {
     (u64::from(key) << 32) | (u64::from(measure as u8) << 24) | (u64::from(ts_source) << 16) | u64::from(bucket)
 }
 
+/// How many times the fastest pinglist rate a key of a summary may count (see `problem`).
+const PROBES_OVER_RATE: f64 = 16.0;
+
 /// The open windows' tables hash integers the writer chose (its own dictionary ids, labels,
 /// buckets), never bytes a peer sent: a fast fixed hash, not SipHash, which took most of the
 /// fold's time.
@@ -413,6 +429,17 @@ impl Summariser {
             dropped: 0,
             same_tor: Vec::new(),
         }
+    }
+
+    /// How long after its end a window is closed.
+    pub fn grace_ns(&self) -> u64 {
+        self.grace_ns
+    }
+
+    /// Close windows `grace_ns` after their end from now on (no more than the grace given to
+    /// [`Summariser::new`], which sized the windows held open).
+    pub fn set_grace(&mut self, grace_ns: u64) {
+        self.grace_ns = grace_ns;
     }
 
     /// Dictionary id `id` is (`true`) or is not an endpoint under the writer's own ToR.
@@ -536,6 +563,12 @@ impl Summariser {
     pub fn ready(&mut self) -> &WindowSummaries {
         self.ready.sort_by_key(|s| s.start_unix_ns);
         &self.ready
+    }
+
+    /// Move the closed summaries onto `out`, oldest first (written; kept for a live push).
+    pub fn take_ready_into(&mut self, out: &mut Vec<WindowSummary>) {
+        self.ready.sort_by_key(|s| s.start_unix_ns);
+        out.append(&mut self.ready);
     }
 
     /// Forget the closed summaries (written, or belonging to a segment that closed without
@@ -705,5 +738,16 @@ mod tests {
         assert!(forge(&|w| w.keys[1].last_t1_ns = 200 * S).contains("outside the window"));
         assert!(forge(&|w| w.cells[0].bucket = BUCKETS).contains("out of range"));
         assert!(forge(&|w| w.keys[1].cells_len += 1).contains("past the summary"));
+        // Lost probes need no cells: only the rate bound stops a count that would overflow
+        // what readers sum (16 x 1,000/s over 5 s is 80,000).
+        assert_eq!(
+            check(&{
+                let mut w = ready[0].clone();
+                w.keys[0].counts[Class::Lost as usize] = 79_000;
+                w
+            }),
+            None
+        );
+        assert!(forge(&|w| w.keys[0].counts[Class::Lost as usize] = u32::MAX).contains("more than any pinglist"));
     }
 }

@@ -17,8 +17,14 @@
 //!
 //! Everything lands under `--out`: inventory.toml, pinglists/, agents/ (configs and logs),
 //! segments/, faults/ (the nft rules), scenario.toml, localize.json (from the records),
-//! localize-summaries.json (from the window summaries), result.json.
+//! localize-summaries.json (from the window summaries), live.jsonl (what `analyze live` wrote,
+//! each line with its arrival time), result.json.
+//!
+//! The agents also push their window summaries and path traces to `analyze live` on the
+//! management network ([`live`]): its findings are scored by the same checks, and each fault it
+//! must find is timed from injection to its `open` line.
 
+pub mod live;
 pub mod net;
 pub mod traces;
 
@@ -136,6 +142,8 @@ pub struct ClosResult {
     pub fault_drops: BTreeMap<String, u64>,
     pub records: u64,
     pub seconds: f64,
+    /// What `analyze live` said during the timeline.
+    pub live: Option<live::LiveResult>,
 }
 
 impl ClosResult {
@@ -334,6 +342,7 @@ fn agent_config(opts: &ClosOptions, out: &Path, t: u32, h: u32, core: usize, pat
         "host = \"{host}\"\npinglist = \"{pl}\"\nsegment_dir = \"{seg}\"\nmode = \"event\"\n\
          stats_interval_s = 10\nflush_interval_ms = 200\nsegment_mib = 4\nsegment_quota_mib = 256\n\
          summary_window_s = {SUMMARY_WINDOW_S}\n\n\
+         [live]\ncollectors = [\"{collector}:{port}\"]\n\n\
          [[shard]]\ndevice = \"{DEVICE}\"\ntransport = \"udp\"\ntor = \"{tor}\"\nbind = \"{ip}:{AGENT_PORT}\"\n\
          core = {core}\nsource_ports = {sp}\n",
         pl = out.join("pinglists").join(format!("{host}.toml")).display(),
@@ -341,6 +350,8 @@ fn agent_config(opts: &ClosOptions, out: &Path, t: u32, h: u32, core: usize, pat
         tor = Plan::tor(t),
         ip = Plan::host_ip(t, h),
         sp = opts.source_ports,
+        collector = Plan::collector_ip(),
+        port = live::PORT,
     );
     match path_tracing {
         Some(enabled) => format!("{text}{}", path_tracing_section(enabled)),
@@ -503,6 +514,12 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     if !timeline && !tracing {
         bail!("--check-traces needs agents that trace paths, and this agent refuses [path_tracing]");
     }
+    let analyzer = match timeline {
+        true => {
+            Some(live::start(&opts.bin, &plan, &inventory, SUMMARY_WINDOW_S, &out.join("agents").join("live.log"))?)
+        }
+        false => None,
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut agents = Agents { children: Vec::new() };
     let mut since: BTreeMap<String, u64> = BTreeMap::new();
@@ -552,6 +569,11 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         }
     }
     agents.stop();
+    // The agents push the windows they close as they stop.
+    std::thread::sleep(Duration::from_millis(500));
+    let live_lines = analyzer.map(live::Analyzer::stop).unwrap_or_default();
+    let text: String = live_lines.iter().map(|(at, l)| format!("{at} {l}\n")).collect();
+    std::fs::write(out.join("live.jsonl"), text)?;
     let trace_check = if tracing {
         let found = traces::read_traces(&plan, &out.join("segments"))?;
         let c = traces::check(&fabric, &found, &labels, &ports, AGENT_PORT, opts.trace_samples)?;
@@ -584,6 +606,7 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         fault_drops: tl.drops.clone(),
         records: records.len() as u64,
         seconds: 0.0,
+        live: None,
     };
     if timeline {
         let scenario = scenario(opts, out, &tl, end_ns, tracing)?;
@@ -609,6 +632,10 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
             }
             result.checks.extend(checks);
         }
+        let named = tracing && result.inventory_addrs;
+        let (checks, live) = live_verdicts(&tl, &records, &scenario, &live_lines, w, named);
+        result.checks.extend(checks);
+        result.live = Some(live);
     }
     result.seconds = started.elapsed().as_secs_f64();
     std::fs::write(out.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
@@ -866,6 +893,70 @@ fn verdicts(
     checks
 }
 
+/// A fault the live analyzer must find is found within this long of its injection.
+const LIVE_DELAY_MAX_MS: u64 = 20_000;
+
+/// The live analyzer's findings held to the batch checks, and each fault it must find timed
+/// from injection to its `open` line. `traced`: the agents pushed path traces whose hops the
+/// inventory names (else link and spine faults are not required, as for batch without traces).
+fn live_verdicts(
+    tl: &Timeline,
+    records: &[crate::harness::Rec],
+    scenario: &Scenario,
+    lines: &[(u64, String)],
+    window_ns: u64,
+    traced: bool,
+) -> (Vec<Check>, live::LiveResult) {
+    let (found, mut after_end) = live::findings(lines);
+    let scored: Vec<Finding> = found.iter().map(live::LiveFinding::scored).collect();
+    let (scored, _early): (Vec<Finding>, Vec<Finding>) =
+        scored.into_iter().partition(|f| f.end_ns.is_none_or(|e| e > tl.start_ns));
+    let sc = score::score(scenario, &scored);
+    let mut checks = verdicts(tl, records, &scored, &sc, window_ns, traced);
+    for c in &mut checks {
+        c.name = format!("{} (live)", c.name);
+    }
+    let mut delays_ms = Vec::new();
+    let mut late = Vec::new();
+    let mut delays = Vec::new();
+    for fault in &tl.faults {
+        let Some(want) = fault.kind.expected_finding() else { continue };
+        let from = tl.start_ns + (fault.start_s * 1e9) as u64;
+        let first = found
+            .iter()
+            .filter(|f| f.kind == want && f.entity == fault.target && f.opened_at_ns >= from)
+            .map(|f| (f.opened_at_ns - from) / 1_000_000)
+            .min();
+        let required = traced || !matches!(fault.kind, FaultKind::LinkLoss | FaultKind::SpineLoss);
+        match first {
+            Some(ms) => delays.push(ms),
+            None if required => late.push(format!("{} not opened", fault.target)),
+            None => {}
+        }
+        if let Some(ms) = first.filter(|&ms| ms > LIVE_DELAY_MAX_MS) {
+            late.push(format!("{} after {ms} ms", fault.target));
+        }
+        delays_ms.push((fault.kind.name().to_owned(), fault.target.clone(), first));
+    }
+    let shown: Vec<String> = delays_ms
+        .iter()
+        .map(|(k, t, d)| format!("{k} {t} {}", d.map_or("not opened".into(), |d| format!("{d} ms"))))
+        .collect();
+    checks.push(Check {
+        name: format!("live: each fault it must find within {} s", LIVE_DELAY_MAX_MS / 1000),
+        ok: late.is_empty() && !delays.is_empty(),
+        detail: format!("median {} ms; {}", live::median(&mut delays), shown.join(", ")),
+    });
+    let largest = after_end.iter().copied().max().unwrap_or(0);
+    let result = live::LiveResult {
+        findings: found,
+        delays_ms,
+        window_after_end_ms: (live::median(&mut after_end), largest),
+        lines: lines.len(),
+    };
+    (checks, result)
+}
+
 /// `testbeds clos --cleanup`: the namespaces of runs that are gone.
 pub fn cleanup() -> anyhow::Result<Vec<String>> {
     net::remove_stale()
@@ -902,6 +993,7 @@ mod tests {
         assert!(c.contains("transport = \"udp\"\n") && c.contains("source_ports = 8\n"), "{c}");
         assert!(c.contains("segment_dir = \"/o/segments/tor1-h2\""), "{c}");
         assert!(!c.contains("path_tracing"));
+        assert!(c.contains("[live]\ncollectors = [\"192.168.255.254:18620\"]\n"), "{c}");
         let on = agent_config(&opts, Path::new("/o"), 1, 2, 1, Some(true));
         assert!(
             on.ends_with(

@@ -372,7 +372,7 @@ impl Dataset {
         added
     }
 
-    pub(super) fn switch_id(&mut self, name: &str) -> u32 {
+    pub fn switch_id(&mut self, name: &str) -> u32 {
         match self.switches.iter().position(|s| s == name) {
             Some(i) => i as u32,
             None => {

@@ -80,6 +80,20 @@ impl Windows {
     }
 }
 
+impl Windows {
+    /// Windows of these parts, each a table of keys (in window and key order) with the cells
+    /// their ranges index (the live analyzer's windows).
+    pub fn from_parts(parts: Vec<(Vec<WindowKey>, Vec<Cell>)>) -> Windows {
+        let probes = parts.iter().flat_map(|(k, _)| k).map(WindowKey::probes).sum();
+        Windows { parts, files_summarised: 0, files_folded: 0, probes }
+    }
+
+    /// The parts, as given to [`Windows::from_parts`].
+    pub fn into_parts(self) -> Vec<(Vec<WindowKey>, Vec<Cell>)> {
+        self.parts
+    }
+}
+
 impl WindowKey {
     /// Probes of every class.
     pub fn probes(&self) -> u64 {

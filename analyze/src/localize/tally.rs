@@ -26,10 +26,12 @@ pub(super) struct Acc {
 
 impl Acc {
     pub(super) fn add(&mut self, o: &Acc) {
-        self.valid += o.valid;
-        self.lost += o.lost;
-        self.ok += o.ok;
-        self.slow += o.slow;
+        // Saturating: summaries come from other machines, and their counts are only bounded
+        // per key.
+        self.valid = self.valid.saturating_add(o.valid);
+        self.lost = self.lost.saturating_add(o.lost);
+        self.ok = self.ok.saturating_add(o.ok);
+        self.slow = self.slow.saturating_add(o.slow);
         self.slow_ts |= o.slow_ts;
     }
 }

@@ -191,8 +191,8 @@ pub(super) fn noise_scan(
                     let slow = v as f64 > base.slow_ns_in(c.ts_source, inter, win);
                     for host in [hp, ht] {
                         let o = own.entry((host, win)).or_default();
-                        o.slow += if slow { c.count } else { 0 };
-                        o.rtts += c.count;
+                        o.slow = o.slow.saturating_add(if slow { c.count } else { 0 });
+                        o.rtts = o.rtts.saturating_add(c.count);
                     }
                 }
                 Some(m @ (Measure::ProberDelay | Measure::ResponderDelay)) => {
@@ -201,7 +201,7 @@ pub(super) fn noise_scan(
                     if let Some(late_ns) = busy_test {
                         let o = own.entry((host, win)).or_default();
                         o.delayed += if v as f64 > late_ns { c.count } else { 0 };
-                        o.legs += c.count;
+                        o.legs = o.legs.saturating_add(c.count);
                     }
                     if i64::try_from(v).unwrap_or(i64::MAX) > base.noise_ns(c.ts_source) {
                         let end = k.last_ns.saturating_add(v);
@@ -270,13 +270,13 @@ fn key_acc(
     if lost_met {
         ne.host_noise += u64::from(count(Class::Lost) + count(Class::Partial));
     } else {
-        a.valid += count(Class::Lost) + count(Class::Partial);
-        a.lost += count(Class::Lost);
+        a.valid = a.valid.saturating_add(count(Class::Lost).saturating_add(count(Class::Partial)));
+        a.lost = a.lost.saturating_add(count(Class::Lost));
     }
     if ok_met {
         ne.host_noise += u64::from(count(Class::Ok));
     } else if count(Class::Ok) > 0 {
-        a.valid += count(Class::Ok);
+        a.valid = a.valid.saturating_add(count(Class::Ok));
         let inter = is_inter(k, tor_of);
         for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
             if host_in_rtt(c.ts_source) && (noise.busy(hp, win) || noise.busy(ht, win)) {
@@ -285,7 +285,7 @@ fn key_acc(
             }
             a.ok += c.count;
             if bucket_value(c.bucket) as f64 > base.slow_ns_in(c.ts_source, inter, win) {
-                a.slow += c.count;
+                a.slow = a.slow.saturating_add(c.count);
                 a.slow_ts |= TsSources::of(c.ts_source).0;
             }
         }
@@ -323,14 +323,14 @@ fn service(s: &mut super::tally::ServiceTally, k: &WindowKey, cells: &[Cell], cx
     let a = s.windows.entry(win).or_default();
     let (ok, lost, partial) =
         (k.counts[Class::Ok as usize], k.counts[Class::Lost as usize], k.counts[Class::Partial as usize]);
-    a.valid += ok + lost + partial;
-    a.lost += lost;
-    a.ok += ok;
+    a.valid = a.valid.saturating_add(ok.saturating_add(lost).saturating_add(partial));
+    a.lost = a.lost.saturating_add(lost);
+    a.ok = a.ok.saturating_add(ok);
     let inter = is_inter(k, cx.tor_of);
     for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
         let v = bucket_value(c.bucket);
         if v as f64 > cx.base.slow_ns_in(c.ts_source, inter, win) {
-            a.slow += c.count;
+            a.slow = a.slow.saturating_add(c.count);
             a.slow_ts |= TsSources::of(c.ts_source).0;
         }
         let rtt = i32::try_from(v).unwrap_or(i32::MAX);

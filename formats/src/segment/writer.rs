@@ -58,6 +58,9 @@ pub struct WriterConfig {
     /// written: at least the probe timeout, since a record is written when its probe completes.
     /// Default 2 s.
     pub summary_grace_ns: u64,
+    /// The closed summaries are also kept for the caller to take
+    /// ([`SegmentWriter::take_summaries`]): the agent pushes them to the live analyzer.
+    pub keep_summaries: bool,
 }
 
 /// How the writer puts frames into the segment file. Either way the file is preallocated, the
@@ -87,6 +90,7 @@ impl WriterConfig {
             write_mode: WriteMode::default(),
             summary_window_ns: 0,
             summary_grace_ns: 2_000_000_000,
+            keep_summaries: false,
         }
     }
 
@@ -140,6 +144,10 @@ pub struct WriterStats {
     /// Summaries never written: no room for them in their segment (which then reads its
     /// records rather than its summaries), or too many waiting while no segment could be opened.
     pub summaries_dropped: u64,
+    /// Summaries kept for the caller (`keep_summaries`) and dropped before it took them.
+    pub summaries_not_taken: u64,
+    /// Path traces kept for the caller and dropped before it took them.
+    pub paths_not_taken: u64,
 }
 
 struct OpenSegment {
@@ -264,6 +272,10 @@ pub struct SegmentWriter {
     closed: Vec<PathBuf>,
     stats: WriterStats,
     summariser: Option<Summariser>,
+    /// Closed summaries kept for [`SegmentWriter::take_summaries`] (`keep_summaries`).
+    kept: Vec<WindowSummary>,
+    /// Path traces kept for [`SegmentWriter::take_paths`] (`keep_summaries`).
+    kept_paths: Vec<PathRecord>,
 }
 
 impl std::fmt::Debug for SegmentWriter {
@@ -311,6 +323,8 @@ impl SegmentWriter {
             closed: Vec::new(),
             stats: WriterStats::default(),
             summariser,
+            kept: Vec::new(),
+            kept_paths: Vec::new(),
         })
     }
 
@@ -368,6 +382,39 @@ impl SegmentWriter {
         self.dictionary_ids.reserve(new);
     }
 
+    /// Close windows `grace_ns` after their end from now on, at most the configured
+    /// `summary_grace_ns` (which sized the windows held open). Only where the summaries are
+    /// kept for a live push (`keep_summaries`): a file's own summaries keep the configured grace.
+    pub fn set_summary_grace(&mut self, grace_ns: u64) {
+        if let Some(s) = &mut self.summariser
+            && self.cfg.keep_summaries
+        {
+            s.set_grace(grace_ns.min(self.cfg.summary_grace_ns));
+        }
+    }
+
+    /// How long after its end a window's summary is closed now (0 without summaries).
+    pub fn summary_grace_ns(&self) -> u64 {
+        self.summariser.as_ref().map_or(0, Summariser::grace_ns)
+    }
+
+    /// Closed summaries kept since the last call, oldest first, moved onto `out`
+    /// (`WriterConfig::keep_summaries`).
+    pub fn take_summaries(&mut self, out: &mut Vec<WindowSummary>) {
+        out.append(&mut self.kept);
+    }
+
+    /// Path traces appended since the last call, oldest first, moved onto `out`
+    /// (`WriterConfig::keep_summaries`).
+    pub fn take_paths(&mut self, out: &mut Vec<PathRecord>) {
+        out.append(&mut self.kept_paths);
+    }
+
+    /// The dictionary entry of `id`.
+    pub fn entry(&self, id: u32) -> Option<&Endpoint> {
+        self.dictionary.get(id as usize)
+    }
+
     /// Dictionary entries defined so far (every segment repeats them all).
     pub fn dictionary_len(&self) -> usize {
         self.dictionary.len()
@@ -396,6 +443,13 @@ impl SegmentWriter {
     /// Append one path trace.
     pub fn append_path(&mut self, record: &PathRecord) -> Result<(), SegmentError> {
         self.paths.push(*record);
+        if self.cfg.keep_summaries {
+            if self.kept_paths.len() >= MAX_KEPT_PATHS {
+                self.kept_paths.remove(0);
+                self.stats.paths_not_taken += 1;
+            }
+            self.kept_paths.push(*record);
+        }
         if self.paths.len() >= PATH_CHUNK_RECORDS { self.flush() } else { Ok(()) }
     }
 
@@ -539,7 +593,8 @@ impl SegmentWriter {
         seg.close.last_unix_ns = seg.close.last_unix_ns.max(last_ns);
         if let Some(s) = &mut self.summariser {
             // The records are in the file whatever becomes of their summaries.
-            write_summaries(seg, s, &mut self.stats);
+            let kept = self.cfg.keep_summaries.then_some(&mut self.kept);
+            write_summaries(seg, s, &mut self.stats, kept);
         }
         Ok(())
     }
@@ -621,7 +676,8 @@ impl SegmentWriter {
             // so that a closed segment's summaries count exactly its records. Room for them was
             // kept by every flush's bound.
             s.close_all();
-            write_summaries(&mut seg, s, &mut self.stats);
+            let kept = self.cfg.keep_summaries.then_some(&mut self.kept);
+            write_summaries(&mut seg, s, &mut self.stats, kept);
         }
         if seg.close.chunks == 0 {
             seg.close.first_unix_ns = seg.close.first_unix_ns.min(seg.close.last_unix_ns);
@@ -708,7 +764,15 @@ impl NameIds {
 /// no other file's: ones that do not fit (or fail to write) are dropped and counted, and the
 /// segment's reader then finds summaries that do not count all its records, and reads the
 /// records.
-fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut WriterStats) {
+///
+/// With `kept`, the summaries are moved there (whether or not they fit the file: they count
+/// true probes either way); at most [`MAX_KEPT`] wait there, the oldest dropped and counted.
+fn write_summaries(
+    seg: &mut OpenSegment,
+    s: &mut Summariser,
+    stats: &mut WriterStats,
+    kept: Option<&mut Vec<WindowSummary>>,
+) {
     stats.summary_late_parts = s.late_parts;
     let ready = s.ready();
     let Some(first) = ready.first() else { return };
@@ -723,9 +787,23 @@ fn write_summaries(seg: &mut OpenSegment, s: &mut Summariser, stats: &mut Writer
     } else {
         stats.summaries_dropped += n;
     }
-    s.clear_ready();
+    match kept {
+        Some(kept) => {
+            s.take_ready_into(kept);
+            let over = kept.len().saturating_sub(MAX_KEPT);
+            kept.drain(..over);
+            stats.summaries_not_taken += over as u64;
+        }
+        None => s.clear_ready(),
+    }
     stats.summaries_dropped += std::mem::take(&mut s.dropped);
 }
+
+/// Closed summaries kept for a caller that does not take them (a minute of 5 s windows, a few
+/// times over).
+const MAX_KEPT: usize = 64;
+/// Path traces kept for a caller that does not take them: a shard traces a few a second.
+const MAX_KEPT_PATHS: usize = 1024;
 
 /// Size of an archived [`Endpoint`] without its strings' bytes.
 const ARCHIVED_ENDPOINT_BYTES: usize = size_of::<crate::record::ArchivedEndpoint>();

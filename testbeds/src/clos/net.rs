@@ -17,6 +17,11 @@
 //! (icmp_errors_use_inbound_ifaddr=1, as switches do: the answering address then names the link
 //! it arrived over), with rp_filter off.
 //!
+//! A management network beside the fabric, as clusters have one out of band: the namespace
+//! [`MGMT`] holds a bridge at [`Plan::collector_ip`], and every host a second interface
+//! [`MGMT_IF`] on it (`192.168.0.0/16`, [`Plan::mgmt_ip`]). The live analyzer listens there, so
+//! the agents' pushes do not cross the faults they report.
+//!
 //! Faults are nftables rules in a table of their own ([`NFT_TABLE`]) on the postrouting hook,
 //! so that packets the router itself sends (ICMP) are dropped too; [`loss_rules`] writes them.
 
@@ -31,6 +36,11 @@ use crate::rxefabric::proc::{run, run_quietly};
 pub const PREFIX: &str = "rmc";
 /// The host's interface.
 pub const HOST_IF: &str = "eth0";
+/// The management network's node (its namespace is `<prefix>-mgmt`).
+pub const MGMT: &str = "mgmt";
+/// The host's management interface.
+pub const MGMT_IF: &str = "mgmt0";
+
 /// The nftables table faults live in (one per namespace, at most one fault at a time in it).
 pub const NFT_TABLE: &str = "rocemesh_fault";
 
@@ -84,12 +94,23 @@ impl Plan {
         (0..self.tors).flat_map(move |t| (0..self.hosts_per_tor).map(move |h| (t, h)))
     }
 
-    /// Every namespace, spines first, hosts last.
+    /// Every namespace, spines first, hosts, then the management network.
     pub fn namespaces(&self) -> Vec<String> {
         let spines = (0..self.spines).map(|s| self.ns(&Self::spine(s)));
         let tors = (0..self.tors).map(|t| self.ns(&Self::tor(t)));
         let hosts = self.hosts().map(|(t, h)| self.ns(&Self::host(t, h)));
-        spines.chain(tors).chain(hosts).collect()
+        spines.chain(tors).chain(hosts).chain([self.ns(MGMT)]).collect()
+    }
+
+    /// Host h of ToR t on the management network.
+    pub fn mgmt_ip(&self, t: u32, h: u32) -> Ipv4Addr {
+        let k = t * self.hosts_per_tor + h;
+        Ipv4Addr::new(192, 168, (k / 250) as u8, (k % 250 + 1) as u8)
+    }
+
+    /// The management network's own address, where the live analyzer listens.
+    pub fn collector_ip() -> Ipv4Addr {
+        Ipv4Addr::new(192, 168, 255, 254)
     }
 
     /// Host h of ToR t: its RNIC's address.
@@ -210,6 +231,21 @@ impl Plan {
                 ip(&["-n", &host, "link", "set", HOST_IF, "up"]);
                 ip(&["-n", &host, "route", "add", "default", "via", &Self::host_gw(t, h).to_string()]);
             }
+        }
+        let mgmt = self.ns(MGMT);
+        ip(&["-n", &mgmt, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &mgmt, "addr", "add", &format!("{}/16", Self::collector_ip()), "dev", "br0"]);
+        ip(&["-n", &mgmt, "link", "set", "br0", "up"]);
+        for (k, (t, h)) in self.hosts().enumerate() {
+            let host = self.ns(&Self::host(t, h));
+            let port = format!("m{k}");
+            ip(&[
+                "link", "add", "name", &port, "netns", &mgmt, "type", "veth", "peer", "name", MGMT_IF, "netns", &host,
+            ]);
+            ip(&["-n", &mgmt, "link", "set", &port, "master", "br0"]);
+            ip(&["-n", &mgmt, "link", "set", &port, "up"]);
+            ip(&["-n", &host, "addr", "add", &format!("{}/16", self.mgmt_ip(t, h)), "dev", MGMT_IF]);
+            ip(&["-n", &host, "link", "set", MGMT_IF, "up"]);
         }
         for t in 0..self.tors {
             let tor = self.ns(&Self::tor(t));
@@ -492,7 +528,8 @@ mod tests {
     fn build_steps_route_every_tor_over_every_spine() {
         let p = plan();
         let steps: Vec<String> = p.build_steps().iter().map(|s| s.join(" ")).collect();
-        assert_eq!(steps.iter().filter(|s| s.starts_with("netns add")).count(), 2 + 4 + 12);
+        assert_eq!(steps.iter().filter(|s| s.starts_with("netns add")).count(), 2 + 4 + 12 + 1);
+        assert!(steps.contains(&"-n rmc7-tor1-h2 addr add 192.168.0.6/16 dev mgmt0".into()));
         assert!(steps.contains(
             &"-n rmc7-tor1 route add 10.0.3.0/24 nexthop via 172.16.0.3 dev s0 nexthop via 172.16.1.3 dev s1".into()
         ));
