@@ -580,10 +580,6 @@ pub enum LiveError {
 /// How often ready windows are looked for.
 const TICK_NS: u64 = 200_000_000;
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// Receives pushes on `listen.addr` and writes each ready window's lines, until `for_ns` has
 /// passed (or forever). Returns what it counted.
 pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Result<Counts, LiveError> {
@@ -604,12 +600,12 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
     };
     let out_name = listen.output.as_ref().map_or("standard output".to_owned(), |p| p.display().to_string());
     let mut live = Live::new(cfg, inventory);
-    let started = now_ns();
+    let started = crate::watch::wall_now_ns();
     let mut next_tick = started;
     let mut buf = vec![0u8; 65_536];
     let mut events = Vec::new();
     loop {
-        let now = now_ns();
+        let now = crate::watch::wall_now_ns();
         if listen.for_ns.is_some_and(|f| now >= started.saturating_add(f)) {
             return Ok(live.counts);
         }
@@ -618,7 +614,7 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(e) => live.refuse("receive", "", e.to_string(), &mut events),
         }
-        let now = now_ns();
+        let now = crate::watch::wall_now_ns();
         if now >= next_tick {
             next_tick = now + TICK_NS;
             live.tick(now, &mut events);
@@ -632,7 +628,7 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
 
 /// Decodes one datagram and hands it to `live` (or counts why not).
 pub fn receive(live: &mut Live, bytes: &[u8], from: &str, keys: Option<&FleetKeys>, out: &mut Vec<Event>) {
-    let now = now_ns();
+    let now = crate::watch::wall_now_ns();
     let now_s = now / 1_000_000_000;
     let accepted = |id: u8| {
         keys?

@@ -334,7 +334,7 @@ fn name_time_ns(path: &Path) -> Option<u64> {
 }
 
 /// The analyzer's clock, Unix ns.
-fn wall_now_ns() -> u64 {
+pub(crate) fn wall_now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 

@@ -66,20 +66,24 @@ pub const DEFAULT_PORT: u16 = 18_620;
 pub const RECEIVE_BUFFER_BYTES: usize = 64 << 20;
 
 /// A UDP socket bound to `addr` for receiving pushes, its receive buffer raised toward
-/// [`RECEIVE_BUFFER_BYTES`] (a failure to raise it is not an error: the kernel's cap applies).
+/// [`RECEIVE_BUFFER_BYTES`] (the kernel caps it at `net.core.rmem_max` without an error; a
+/// refusal of the option itself is one).
 pub fn bind_receiver(addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     use std::os::fd::AsRawFd;
     let socket = std::net::UdpSocket::bind(addr)?;
     let bytes = RECEIVE_BUFFER_BYTES as libc::c_int;
     // SAFETY: a valid socket and an int option of the size given.
-    unsafe {
+    let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_RCVBUF,
             (&raw const bytes).cast(),
             size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(socket)
 }
