@@ -140,7 +140,12 @@ fn metric_names(expr: &str) -> Vec<String> {
                 i += 1;
             }
             let word = &expr[start..i];
-            if word.starts_with("rocemesh_") || word.starts_with("node_infiniband_") || word == "up" {
+            // The live analyzer's series are checked against its own rendering
+            // (analyze/src/live/metrics.rs).
+            if (word.starts_with("rocemesh_") && !word.starts_with("rocemesh_live_"))
+                || word.starts_with("node_infiniband_")
+                || word == "up"
+            {
                 out.push(word.to_owned());
             }
             continue;

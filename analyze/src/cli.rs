@@ -313,6 +313,15 @@ pub struct LiveArgs {
     /// Stop after this many seconds (tests, benches); without it, run until stopped.
     #[arg(long)]
     pub for_s: Option<f64>,
+    /// Serve `/metrics` (Prometheus), the page of open findings and the ToR heatmap (`/`) and
+    /// `/findings.json` on this TCP address. No TLS, no authentication: bind it to the
+    /// management network or firewall it.
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
+    /// Keep the open findings in this file, rewritten as they change and taken back at start,
+    /// so that a restart neither opens a finding twice nor forgets one to close.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
 }
 
 /// How `analyze localize` prints its findings.
@@ -631,6 +640,8 @@ pub fn live(args: &LiveArgs) -> i32 {
         keys,
         for_ns: args.for_s.map(|s| (s * 1e9) as u64),
         output: args.output.clone(),
+        http: args.http,
+        state: args.state.clone(),
     };
     match crate::live::run(cfg, inv.as_ref(), &listen) {
         Ok(c) => {

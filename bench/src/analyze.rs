@@ -645,10 +645,10 @@ fn timed_figure(what: String, records: f64, runs: usize, t: &Timed, extra: &str)
     }
 }
 
-struct Timed {
-    wall_s: f64,
-    cpu_s: f64,
-    max_rss_kib: u64,
+pub(crate) struct Timed {
+    pub(crate) wall_s: f64,
+    pub(crate) cpu_s: f64,
+    pub(crate) max_rss_kib: u64,
     stdout: String,
     /// The whole process's wall time where `wall_s` is a part of it.
     process_s: f64,
@@ -670,7 +670,7 @@ fn median_of(runs: usize, mut run: impl FnMut() -> Result<Timed>) -> Result<Time
 }
 
 /// Runs `cmd` to completion; fails with its stderr unless it exits 0.
-fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
+pub(crate) fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
     let t = Instant::now();
     let child =
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;

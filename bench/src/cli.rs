@@ -100,6 +100,52 @@ pub enum What {
         #[arg(long)]
         keep: Option<std::path::PathBuf>,
     },
+    /// `analyze live` fed a simulated fleet's window summaries over loopback UDP in real time.
+    ///
+    /// Every RNIC pushes its window's summary as an agent does; one RNIC dies partway. Says
+    /// whether the analyzer kept up (windows complete within the deadline, nothing dropped),
+    /// its CPU and peak RSS, and what it opened. Needs the analyze binary (a release build of
+    /// the package set scripts/test builds).
+    Live {
+        /// RNICs in the fleet (one per host).
+        #[arg(long, default_value_t = 10_240)]
+        rnics: u32,
+        /// RNICs under each ToR (every one probes the others).
+        #[arg(long, default_value_t = 64)]
+        rnics_per_tor: u32,
+        /// Probes per second each RNIC sends: two thirds to its ToR-mesh peers, a third to one
+        /// RNIC in each of 8 other ToRs over 16 flow labels.
+        #[arg(long, default_value_t = 100.0)]
+        pps: f64,
+        /// Windows pushed.
+        #[arg(long, default_value_t = 16)]
+        windows: u32,
+        /// The summary window, seconds.
+        #[arg(long, default_value_t = 5)]
+        window_s: u64,
+        /// The analyzer's --deadline-s.
+        #[arg(long, default_value_t = 6.0)]
+        deadline_s: f64,
+        /// The window from which one RNIC is dead.
+        #[arg(long, default_value_t = 10)]
+        fault_window: u32,
+        /// Seconds over which a window's pushes are spread (agents' flushes are not aligned).
+        #[arg(long, default_value_t = 1.0)]
+        spread_s: f64,
+        /// The analyzer's UDP port on 127.0.0.1.
+        #[arg(long, default_value_t = 18721)]
+        port: u16,
+        /// Where the inventory and the analyzer's output go (default: bench-live under
+        /// $CARGO_TARGET_DIR or ~/.cache/rocemesh/target).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// The analyze binary (default: `analyze` next to this binary).
+        #[arg(long)]
+        analyze_bin: Option<std::path::PathBuf>,
+        /// Have the analyzer serve /metrics and its page here (`analyze live --http`).
+        #[arg(long)]
+        http: Option<std::net::SocketAddr>,
+    },
     /// `ctl collect` from one host against `scp -r` of the same sealed segments.
     ///
     /// The host is a throwaway sshd on loopback. Needs the ctl binary (a release build of the

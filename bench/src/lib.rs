@@ -7,5 +7,6 @@ pub mod auth;
 pub mod cli;
 pub mod collect;
 pub mod formats;
+pub mod live;
 pub mod pinglists;
 pub mod synth;

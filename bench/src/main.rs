@@ -54,22 +54,9 @@ fn main() -> Result<()> {
                     "warning: debug build; run `cargo run --release -p rocemesh-bench -- analyze` for real numbers"
                 );
             }
-            let analyze_bin = match analyze_bin {
-                Some(p) => p,
-                None => std::env::current_exe()?.with_file_name("analyze"),
-            };
-            anyhow::ensure!(
-                analyze_bin.exists(),
-                "{} not found: build it with `cargo build --release -p rocemesh-analyze`, or pass --analyze-bin",
-                analyze_bin.display()
-            );
+            let analyze_bin = sibling("analyze", analyze_bin)?;
             let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()));
-            let dir = dir.unwrap_or_else(|| {
-                std::env::var_os("CARGO_TARGET_DIR")
-                    .map(std::path::PathBuf::from)
-                    .unwrap_or_else(|| home.join(".cache/rocemesh/target"))
-                    .join("bench-analyze")
-            });
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench-analyze"));
             std::fs::create_dir_all(&dir)?;
             let scale = scale_records.map(|n| {
                 let d = scale_dir.unwrap_or_else(|| {
@@ -113,6 +100,47 @@ fn main() -> Result<()> {
                     format!("{:>10.2}", f.value)
                 };
                 println!("{:<56} {v} {:<9} {}", f.what, f.unit, f.note);
+            }
+        }
+        What::Live {
+            rnics,
+            rnics_per_tor,
+            pps,
+            windows,
+            window_s,
+            deadline_s,
+            fault_window,
+            spread_s,
+            port,
+            dir,
+            analyze_bin,
+            http,
+        } => {
+            if cfg!(debug_assertions) {
+                eprintln!("warning: debug build; run `cargo run --release -p rocemesh-bench -- live` for real numbers");
+            }
+            let analyze_bin = sibling("analyze", analyze_bin)?;
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench-live"));
+            println!(
+                "bench live: {rnics} RNICs ({rnics_per_tor} per ToR) at {pps} probes/s each, {windows} windows of {window_s} s, deadline {deadline_s} s, {} cores",
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            );
+            let o = rocemesh_bench::live::Options {
+                rnics,
+                rnics_per_tor,
+                pps,
+                windows,
+                window_s,
+                deadline_s,
+                fault_window,
+                spread_s,
+                port,
+                dir,
+                analyze_bin,
+                http,
+            };
+            for f in rocemesh_bench::live::run(&o)? {
+                println!("{:<56} {:>10.2} {:<9} {}", f.what, f.value, f.unit, f.note);
             }
         }
         What::Formats { records, chunk_records, segment_mib, zstd_level, keep } => {
@@ -167,4 +195,27 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The binary `name`: `given`, or the one next to this binary; an error saying how to build it
+/// where it is not there.
+fn sibling(name: &str, given: Option<std::path::PathBuf>) -> Result<std::path::PathBuf> {
+    let path = match given {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name(name),
+    };
+    anyhow::ensure!(
+        path.exists(),
+        "{} not found: build it with the package set scripts/test builds (--release), or pass --{name}-bin",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// `$CARGO_TARGET_DIR`, or the shared target directory scripts/setup uses.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+            .join(".cache/rocemesh/target")
+    })
 }

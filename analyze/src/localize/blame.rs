@@ -80,6 +80,7 @@ impl Blamer {
 /// Stage 5's first half: the log-likelihood ratio of every (element, window) tested, per mode,
 /// for one false-discovery cut over all windows. Only ratios that could pass are kept
 /// ([`bh_llr_cut`]): what is kept grows with the candidates, not the input.
+#[derive(Debug, Clone)]
 pub(super) struct Llrs {
     pub(super) fdr: f64,
     /// Ratios below this cannot pass: -ln(fdr), less a margin for rounding.
@@ -94,18 +95,31 @@ impl Llrs {
     }
 
     pub(super) fn add(&mut self, e: &Evidence, elements: usize, b: &Blamer, opts: &Options) {
-        let mut counts = vec![(0u32, 0u32); elements];
         for groups in e.by_window.values() {
-            for (m, &(mode, _)) in MODES.iter().enumerate() {
-                let share = b.null_share(groups, mode, opts, &mut counts);
-                for &(bad, total) in counts.iter().filter(|c| c.1 > 0) {
-                    self.tests[m] += 1;
-                    let g = excess_llr(bad, total, share);
-                    if g >= self.keep_from {
-                        self.kept[m].push(g);
-                    }
+            self.add_window(groups, elements, b, opts);
+        }
+    }
+
+    /// One window's tests.
+    pub(super) fn add_window(&mut self, groups: &[Group], elements: usize, b: &Blamer, opts: &Options) {
+        let mut counts = vec![(0u32, 0u32); elements];
+        for (m, &(mode, _)) in MODES.iter().enumerate() {
+            let share = b.null_share(groups, mode, opts, &mut counts);
+            for &(bad, total) in counts.iter().filter(|c| c.1 > 0) {
+                self.tests[m] += 1;
+                let g = excess_llr(bad, total, share);
+                if g >= self.keep_from {
+                    self.kept[m].push(g);
                 }
             }
+        }
+    }
+
+    /// Adds another's tests (taken at the same false-discovery rate).
+    pub(super) fn merge(&mut self, other: &Llrs) {
+        for m in 0..2 {
+            self.tests[m] += other.tests[m];
+            self.kept[m].extend(other.kept[m].iter().copied().filter(|&g| g >= self.keep_from));
         }
     }
 

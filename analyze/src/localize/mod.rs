@@ -113,6 +113,7 @@ use statistics::Z99;
 pub use statistics::{Signal, smallest_detectable};
 use std::collections::BTreeMap;
 use tally::{Tally, TallyContext, tally_range};
+pub use windows::BaselineCounts;
 
 /// Tunables. The defaults are starting points, checked against the generated scenario suite
 /// (`analyze/tests/accuracy.rs`), not fitted to the public examples.
@@ -640,8 +641,74 @@ pub fn localize_files(
 /// multiple of the summaries' windows (ingest folds the records of files whose are not).
 pub fn localize_windows(ds: &Dataset, w: &Windows, opts: &Options) -> Localization {
     let window_ns = opts.window_s.max(1) * 1_000_000_000;
+    let base = windows::baselines(w, &tor_ids(ds), opts, window_ns);
+    from_windows(ds, w, base, Llrs::new(opts.fdr), None, opts).0
+}
+
+/// What a live window leaves the next one ([`localize_live`]): what its covers picked and what
+/// it blamed, which the next window's edges are judged against, as `localize` judges a window
+/// against its neighbour's picks and findings.
+#[derive(Debug, Clone)]
+pub struct Before {
+    pub window_start_ns: u64,
+    picks: [Vec<(&'static str, String)>; 2],
+    blamed: Vec<Blamed>,
+}
+
+/// One window's false-discovery tests ([`localize_live`]): the live analyzer keeps the recent
+/// windows' so that a window's cut is over them, as `localize`'s is over its whole input.
+#[derive(Debug, Clone)]
+pub struct Tests(Llrs);
+
+impl Tests {
+    /// Tests taken (loss, slowness).
+    pub fn count(&self) -> [u64; 2] {
+        self.0.tests
+    }
+}
+
+/// [`localize_windows`] for the live analyzer, over the keys of one window (`w`, starting at
+/// `start_ns`): against baselines it sums from the recent windows' [`BaselineCounts`], with a
+/// false-discovery cut over `earlier` windows' tests and this window's own, its edges judged
+/// against what the window `before` it picked and blamed. Returns the localisation, the
+/// window's tests, and what it leaves the next window.
+pub fn localize_live(
+    ds: &Dataset,
+    w: &Windows,
+    start_ns: u64,
+    base: Baselines,
+    earlier: &[&Tests],
+    before: Option<&Before>,
+    opts: &Options,
+) -> (Localization, Option<Tests>, Before) {
+    let mut llrs = Llrs::new(opts.fdr);
+    for t in earlier {
+        llrs.merge(&t.0);
+    }
+    let window_ns = opts.window_s.max(1) * 1_000_000_000;
+    let win = (start_ns / window_ns) as u32;
+    let (l, mut tests, picks) = from_windows(ds, w, base, llrs, before, opts);
+    let blamed = l.blamed.iter().filter(|b| b.window_start_ns == start_ns).cloned().collect();
+    let picks = picks.filter(|p| p.0 == win).map_or_else(Default::default, |p| p.1);
+    (l, tests.remove(&win).map(Tests), Before { window_start_ns: start_ns, picks, blamed })
+}
+
+/// The picks of a window by element name, as [`Before`] keeps them.
+type NamedPicks = (u32, [Vec<(&'static str, String)>; 2]);
+
+/// Stages 2 to 5 over window summaries against `base`, the cut over `llrs` (tests already
+/// taken) and the windows' own tests, which it returns by window number with the last
+/// window's picks; `before` is the window before the first's.
+fn from_windows(
+    ds: &Dataset,
+    w: &Windows,
+    base: Baselines,
+    mut llrs: Llrs,
+    before: Option<&Before>,
+    opts: &Options,
+) -> (Localization, BTreeMap<u32, Llrs>, Option<NamedPicks>) {
+    let window_ns = opts.window_s.max(1) * 1_000_000_000;
     let tor_of = tor_ids(ds);
-    let base = windows::baselines(w, &tor_of, opts, window_ns);
     let hosts = Hosts::of(ds);
     let agents = Agents::of(ds, window_ns);
     let scan = windows::noise_scan(ds, w, &hosts, &tor_of, &base, opts, window_ns);
@@ -651,19 +718,36 @@ pub fn localize_windows(ds: &Dataset, w: &Windows, opts: &Options) -> Localizati
     let (mut tally, mut el) = (Tally::new(ds), Elements::new(ds));
     let range = windows::tally(ds, w, &cx, &mut tally);
     let e = evidence(ds, &range, &tally, &cx, &mut el);
-    let mut llrs = Llrs::new(opts.fdr);
-    llrs.add(&e, el.names.len(), &blamer, opts);
+    let mut tests = BTreeMap::new();
+    for (&win, groups) in &e.by_window {
+        let mut t = Llrs::new(opts.fdr);
+        t.add_window(groups, el.names.len(), &blamer, opts);
+        llrs.merge(&t);
+        tests.insert(win, t);
+    }
     let mut held = held_hosts(&noise, &hosts);
     let mut stream = BlameStream::new(llrs.cuts());
+    if let Some(b) = before {
+        let w = (b.window_start_ns / window_ns) as u32;
+        let ids = |p: &[(&'static str, String)]| p.iter().filter_map(|k| el.ids.get(k).copied()).collect();
+        stream.before_prev = Some((w, [ids(&b.picks[0]), ids(&b.picks[1])]));
+        for x in &b.blamed {
+            held.hold(&x.kind, &x.entity, w, x.score, x.evidence.clone());
+        }
+    }
     stream.add(e, &el, &blamer, &base, opts, &mut held);
     stream.finish(&el, &base, &mut held);
+    let picks = stream.before_prev.take().map(|(w, p)| {
+        let named = |v: &[u32]| v.iter().map(|&x| el.names[x as usize].clone()).collect();
+        (w, [named(&p[0]), named(&p[1])])
+    });
     let mut l = conclude(ds, opts, window_ns, &base, &noise, &hosts, tally, el, held);
     l.evidence = EvidenceUsed {
         from: "window_summaries",
         files_summarised: w.files_summarised as u64,
         files_folded: w.files_folded as u64,
     };
-    l
+    (l, tests, picks)
 }
 
 /// The noisy hosts' windows, held as `host` findings.

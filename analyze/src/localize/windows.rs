@@ -102,12 +102,40 @@ fn max_p99(pd: &Hist, rd: &Hist) -> i64 {
 
 /// Stage 1 from summaries: [`Baselines`] from the ok probes' histograms.
 pub(super) fn baselines(w: &Windows, tor_of: &[u32], opts: &Options, window_ns: u64) -> Baselines {
-    let mut rtt: [[Hist; 2]; TS_CODES] = Default::default();
-    let mut legs: [[Hist; 2]; TS_CODES] = Default::default();
-    // The ToR-mesh RTTs by (window, source, ToR, bucket): sparse, since a long input has many
-    // windows and each ToR's RTTs fill few buckets.
-    let mut shift: HashMap<(u32, usize, u32, u16), u64, foldhash::fast::RandomState> = HashMap::default();
+    let mut counts = BaselineCounts::default();
     for (k, cells) in w.iter() {
+        counts.add(k, cells, tor_of, window_ns);
+    }
+    counts.probes = w.probes;
+    counts.baselines(opts)
+}
+
+/// What stage 1 takes from summaries, which adds up over keys and windows: the ok probes'
+/// histograms by source and scope, the ToR-mesh RTTs by (window, source, ToR), the probes.
+/// The live analyzer keeps one per window and sums the recent ones, so that its baselines are
+/// those of the recent windows' keys without keeping the keys.
+#[derive(Clone, Default)]
+pub struct BaselineCounts {
+    rtt: [[Hist; 2]; TS_CODES],
+    legs: [[Hist; 2]; TS_CODES],
+    /// The ToR-mesh RTTs by (window, source, ToR, bucket): sparse, since a long input has many
+    /// windows and each ToR's RTTs fill few buckets.
+    shift: HashMap<(u32, usize, u32, u16), u64, foldhash::fast::RandomState>,
+    /// Probes of every class in the keys added (the sampling strides follow it).
+    pub probes: u64,
+}
+
+impl std::fmt::Debug for BaselineCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaselineCounts").field("probes", &self.probes).field("shift_cells", &self.shift.len()).finish()
+    }
+}
+
+impl BaselineCounts {
+    /// Adds one key's cells. `tor_of` gives each RNIC id a ToR id (any numbering that gives
+    /// one ToR one id: ToR-mesh and inter-ToR keys are told apart, and the RTT shift is voted,
+    /// by it); `probes` is left to the caller.
+    pub fn add(&mut self, k: &WindowKey, cells: &[Cell], tor_of: &[u32], window_ns: u64) {
         let inter = is_inter(k, tor_of);
         let win = window_of(k, window_ns);
         let tor = tor_of.get(k.prober as usize).copied().unwrap_or(u32::MAX);
@@ -116,44 +144,63 @@ pub(super) fn baselines(w: &Windows, tor_of: &[u32], opts: &Options, window_ns: 
             let n = u64::from(c.count);
             match Measure::from_u8(c.measure) {
                 Some(Measure::NetworkRtt) => {
-                    rtt[code][usize::from(inter)].add(c.bucket, n);
+                    self.rtt[code][usize::from(inter)].add(c.bucket, n);
                     if !inter {
-                        *shift.entry((win, code, tor, c.bucket)).or_default() += n;
+                        *self.shift.entry((win, code, tor, c.bucket)).or_default() += n;
                     }
                 }
-                Some(Measure::ProberDelay) => legs[code][0].add(c.bucket, n),
-                Some(Measure::ResponderDelay) => legs[code][1].add(c.bucket, n),
+                Some(Measure::ProberDelay) => self.legs[code][0].add(c.bucket, n),
+                Some(Measure::ResponderDelay) => self.legs[code][1].add(c.bucket, n),
                 None => {}
             }
         }
     }
-    let fleet_stride = (w.probes / SAMPLE_TARGET as u64).max(1);
-    let mut out = Baselines::empty(opts);
-    for code in 0..TS_CODES {
-        let total: u64 = rtt[code].iter().map(Hist::total).sum();
-        if total == 0 {
-            continue;
+
+    /// Adds another's counts (another window's, or more of one window's).
+    pub fn merge(&mut self, other: &BaselineCounts) {
+        for (mine, theirs) in self.rtt.iter_mut().zip(&other.rtt).chain(self.legs.iter_mut().zip(&other.legs)) {
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                m.0.iter_mut().zip(&t.0).for_each(|(a, b)| *a += b);
+            }
         }
-        // The records' sample: one probe in `n / SAMPLE_TARGET` of the whole input, and every
-        // ok probe of a source that leaves fewer than SAMPLE_MIN in that stride.
-        let stride = if total / fleet_stride < SAMPLE_MIN as u64 { 1 } else { fleet_stride };
-        let scoped = std::array::from_fn(|scope| expand(rtt[code][scope].iter(), stride));
-        let [pd, rd] = &legs[code];
-        let pooled = pd.0.iter().zip(&rd.0).enumerate().filter(|(_, (p, r))| **p + **r > 0);
-        let legs_sample = expand(pooled.map(|(b, (p, r))| (b as u16, p + r)), stride);
-        out.set_source(code, scoped, legs_sample, max_p99(pd, rd), opts);
+        for (&k, &n) in &other.shift {
+            *self.shift.entry(k).or_default() += n;
+        }
+        self.probes += other.probes;
     }
-    // The records' shift sample: one probe in `n / SHIFT_SAMPLE_TARGET` of the whole input.
-    let stride = (w.probes / SHIFT_SAMPLE_TARGET as u64).max(1);
-    let mut cells: Vec<((u32, usize, u32, u16), u64)> = shift.into_iter().collect();
-    cells.sort_unstable_by_key(|c| c.0);
-    let mut samples: HashMap<(u32, usize, u32), Vec<f64>> = HashMap::new();
-    for run in cells.chunk_by(|a, b| (a.0.0, a.0.1, a.0.2) == (b.0.0, b.0.1, b.0.2)) {
-        let (w, c, tor, _) = run[0].0;
-        samples.insert((w, c, tor), expand(run.iter().map(|&((.., b), n)| (b, n)), stride));
+
+    /// The baselines of the keys added, as [`baselines`] gives them over the same keys.
+    pub fn baselines(&self, opts: &Options) -> Baselines {
+        let BaselineCounts { rtt, legs, shift, probes } = self;
+        let probes = *probes;
+        let fleet_stride = (probes / SAMPLE_TARGET as u64).max(1);
+        let mut out = Baselines::empty(opts);
+        for code in 0..TS_CODES {
+            let total: u64 = rtt[code].iter().map(Hist::total).sum();
+            if total == 0 {
+                continue;
+            }
+            // The records' sample: one probe in `n / SAMPLE_TARGET` of the whole input, and every
+            // ok probe of a source that leaves fewer than SAMPLE_MIN in that stride.
+            let stride = if total / fleet_stride < SAMPLE_MIN as u64 { 1 } else { fleet_stride };
+            let scoped = std::array::from_fn(|scope| expand(rtt[code][scope].iter(), stride));
+            let [pd, rd] = &legs[code];
+            let pooled = pd.0.iter().zip(&rd.0).enumerate().filter(|(_, (p, r))| **p + **r > 0);
+            let legs_sample = expand(pooled.map(|(b, (p, r))| (b as u16, p + r)), stride);
+            out.set_source(code, scoped, legs_sample, max_p99(pd, rd), opts);
+        }
+        // The records' shift sample: one probe in `n / SHIFT_SAMPLE_TARGET` of the whole input.
+        let stride = (probes / SHIFT_SAMPLE_TARGET as u64).max(1);
+        let mut cells: Vec<((u32, usize, u32, u16), u64)> = shift.iter().map(|(&k, &n)| (k, n)).collect();
+        cells.sort_unstable_by_key(|c| c.0);
+        let mut samples: HashMap<(u32, usize, u32), Vec<f64>> = HashMap::new();
+        for run in cells.chunk_by(|a, b| (a.0.0, a.0.1, a.0.2) == (b.0.0, b.0.1, b.0.2)) {
+            let (w, c, tor, _) = run[0].0;
+            samples.insert((w, c, tor), expand(run.iter().map(|&((.., b), n)| (b, n)), stride));
+        }
+        out.measure_shifts(samples);
+        out
     }
-    out.measure_shifts(samples);
-    out
 }
 
 /// Stage 2's scan from summaries: late host delays (dated to their key's span), each host's

@@ -3,10 +3,21 @@
 //!
 //! This module owns the live state: the summary windows of the last `history_windows`, the
 //! fleet's RNICs as the pushes name them, the findings open now, and the rule that says a window
-//! is ready. It localises with [`crate::localize::localize_windows`], the code `analyze localize
-//! --evidence summaries` runs, over the window and the history before it (baselines come from
-//! recent windows, so a fresh start needs no stored data); what the window alone blames is what
-//! it says.
+//! is ready ([`run`] receives and writes; [`view`] is what `/metrics` and the page show). It
+//! localises with [`crate::localize::localize_live`], the stages `analyze localize --evidence
+//! summaries` runs, and what the window blames is what it says:
+//!
+//! - the baselines are those of the window and the history before it (a fresh start needs no
+//!   stored data), summed from each window's [`BaselineCounts`], taken once when the window is
+//!   localised: the same baselines as `localize` over those windows' keys, without keeping them;
+//! - the counters and the evidence are the window's; a pick at its edge is judged against what
+//!   the window before it picked and blamed when it was localised ([`localize::Before`]), as
+//!   `localize` judges a window against its neighbour's;
+//! - the false-discovery cut is over the history's tests: each earlier window's as they were
+//!   taken when it was localised (against the baselines of its time), and the window's own.
+//!
+//! So a window costs its own keys, not the history's: keys are kept for the windows not yet
+//! localised, and of the others their counts.
 //!
 //! - A window is ready once every RNIC heard in it or in the [`EXPECT_WINDOWS`] before it has
 //!   pushed all parts of its last summary of it (`formats::live::Header::last`: one its writer
@@ -41,19 +52,22 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rocemesh_formats::inventory::Inventory;
-use std::io::Write;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use rocemesh_formats::keys::FleetKeys;
-use rocemesh_formats::live::{Keys, PushError, Received, decode};
+use rocemesh_formats::live::Received;
 use rocemesh_formats::record::{EndpointRole, MAX_HOPS};
 use rocemesh_formats::segment::{LONG_GAP_FACTOR, LONG_GAP_MIN_NS};
 use rocemesh_formats::window::{Cell, STALL_NS};
 use serde::Serialize;
 
 use crate::ingest::{AgentFile, Dataset, NO_SERVICE, Rnic, WindowKey, Windows};
-use crate::localize::{self, Options};
+use crate::localize::{self, BaselineCounts, Options, Tests};
+use rocemesh_formats::record::Class;
+
+pub mod metrics;
+pub mod page;
+mod run;
+pub mod serve;
+pub mod view;
+pub use run::{Listen, LiveError, receive, run};
 
 /// A window waits for the RNICs heard in it or in this many windows before it.
 pub const EXPECT_WINDOWS: u64 = 3;
@@ -86,6 +100,8 @@ pub enum Event {
         complete: bool,
         /// Localised this long after the window's end, ms (by this machine's clock).
         after_end_ms: u64,
+        /// Its localisation took this long, ms.
+        localise_ms: u64,
         rnics_heard: usize,
         /// RNICs the inventory names or a push named: those not heard are silent.
         rnics_known: usize,
@@ -139,17 +155,31 @@ struct Heard {
 
 #[derive(Debug, Default)]
 struct Win {
+    /// Its keys and their cells, until it is localised.
     keys: Vec<WindowKey>,
     cells: Vec<Cell>,
     heard: HashMap<u32, Heard>,
     seqs: HashSet<(u32, u32, u64)>,
+    /// Once localised: its baselines' counts (late pushes added) and its tests.
+    counts: Option<BaselineCounts>,
+    tests: Option<Tests>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct OpenFinding {
     start_ns: u64,
     last_blamed: u64,
     windows: u64,
+    score: f64,
+    evidence: String,
+}
+
+/// A localised window as the view shows it, its heatmap by ToR id.
+#[derive(Debug, Clone)]
+struct Shown {
+    window: view::WindowView,
+    /// ToR id -> (probes toward it, lost).
+    heat: BTreeMap<u32, (u64, u64)>,
 }
 
 /// The live state (see the module documentation). Driven by the caller's clock, so that a test
@@ -175,6 +205,14 @@ pub struct Live {
     open: BTreeMap<(String, String), OpenFinding>,
     said: HashSet<&'static str>,
     pub counts: Counts,
+    /// ToR ids by name, and each RNIC's (`u32::MAX`: none known): an id is never reused, so
+    /// that a window's counts keep their meaning as RNICs are learnt.
+    tor_ids: HashMap<String, u32>,
+    tor_of: Vec<u32>,
+    /// The last [`view::VIEW_WINDOWS`] windows localised.
+    shown: std::collections::VecDeque<Shown>,
+    /// What the window localised last picked and blamed (the next one's edges).
+    before: Option<localize::Before>,
 }
 
 impl Live {
@@ -201,7 +239,7 @@ impl Live {
         let switch_by_addr = inventory
             .map(|inv| inv.switch_addrs().into_iter().map(|(a, n)| (a, n.to_owned())).collect())
             .unwrap_or_default();
-        Live {
+        let mut live = Live {
             cfg,
             base,
             by_name,
@@ -214,27 +252,52 @@ impl Live {
             open: BTreeMap::new(),
             said: HashSet::new(),
             counts: Counts::default(),
+            tor_ids: HashMap::new(),
+            tor_of: Vec::new(),
+            shown: std::collections::VecDeque::new(),
+            before: None,
+        };
+        for id in 0..live.base.rnics.len() {
+            let tor = live.base.rnics[id].tor.clone();
+            live.tor_of.push(u32::MAX);
+            live.set_tor(id, &tor);
         }
+        live
+    }
+
+    fn set_tor(&mut self, rnic: usize, tor: &str) {
+        if tor.is_empty() {
+            return;
+        }
+        let next = self.tor_ids.len() as u32;
+        self.tor_of[rnic] = *self.tor_ids.entry(tor.to_owned()).or_insert(next);
     }
 
     fn rnic_id(&mut self, name: &str, tor: &str, host: &str) -> u32 {
         if let Some(&id) = self.by_name.get(name) {
             // A pinglist target's entry names no ToR; its own push does.
-            let known = &mut self.base.rnics[id as usize].tor;
-            if known.is_empty() && !tor.is_empty() {
-                tor.clone_into(known);
+            if self.base.rnics[id as usize].tor.is_empty() && !tor.is_empty() {
+                tor.clone_into(&mut self.base.rnics[id as usize].tor);
+                self.set_tor(id as usize, tor);
             }
             return id;
         }
         let id = self.base.rnics.len() as u32;
         self.base.rnics.push(Rnic { name: name.to_owned(), tor: tor.to_owned(), host: host.to_owned() });
         self.by_name.insert(name.to_owned(), id);
+        self.tor_of.push(u32::MAX);
+        self.set_tor(id as usize, tor);
         id
     }
 
     /// Counts a refusal; the first of its reason becomes a `problem` line.
     pub fn refuse(&mut self, reason: &'static str, from: &str, detail: String, out: &mut Vec<Event>) {
-        *self.counts.refused.entry(reason).or_default() += 1;
+        self.refuse_many(reason, 1, from, detail, out);
+    }
+
+    /// Counts `n` refusals of one reason ([`Live::refuse`]).
+    pub fn refuse_many(&mut self, reason: &'static str, n: u64, from: &str, detail: String, out: &mut Vec<Event>) {
+        *self.counts.refused.entry(reason).or_default() += n;
         if self.said.insert(reason) {
             out.push(Event::Problem { reason: reason.to_owned(), from: from.to_owned(), detail });
         }
@@ -356,6 +419,9 @@ impl Live {
         let s = push.summary;
         let start = s.start_unix_ns;
         self.first_window_ns.get_or_insert(start);
+        // A window localised keeps no keys: a late push adds to its counts alone.
+        let keep_keys = start >= self.done_to_ns;
+        let (window_ns, tor_of) = (self.cfg.window_ns, &self.tor_of);
         let w = self.windows.entry(start).or_default();
         w.seqs.insert(seq);
         let heard = w.heard.entry(me).or_insert_with(|| Heard { first_ns: u64::MAX, ..Heard::default() });
@@ -376,10 +442,8 @@ impl Live {
                 self.counts.service_keys += 1;
                 continue;
             }
-            let from = w.cells.len() as u32;
             let cells = &s.cells[k.cells_start as usize..(k.cells_start + k.cells_len) as usize];
-            w.cells.extend_from_slice(cells);
-            w.keys.push(WindowKey {
+            let key = WindowKey {
                 start_ns: start,
                 prober,
                 target,
@@ -391,8 +455,16 @@ impl Live {
                 last_ns: k.last_t1_ns,
                 first_ok_ns: k.first_ok_t1_ns,
                 epoch_changes: k.epoch_changes,
-                cells: (from, w.cells.len() as u32),
-            });
+                cells: (w.cells.len() as u32, (w.cells.len() + cells.len()) as u32),
+            };
+            if let Some(c) = &mut w.counts {
+                c.add(&key, cells, tor_of, window_ns);
+                c.probes += key.probes();
+            }
+            if keep_keys {
+                w.cells.extend_from_slice(cells);
+                w.keys.push(key);
+            }
         }
         self.counts.taken += 1;
     }
@@ -433,33 +505,96 @@ impl Live {
     }
 
     fn localise(&mut self, start: u64, now_ns: u64, mut missing: Vec<u32>, expected: usize, out: &mut Vec<Event>) {
-        let history_from = start.saturating_sub(self.cfg.history_windows.saturating_sub(1) * self.cfg.window_ns);
+        let clock = std::time::Instant::now();
+        let window_ns = self.cfg.window_ns;
+        let history_from = start.saturating_sub(self.cfg.history_windows.saturating_sub(1) * window_ns);
+        self.count_window(start);
+        let mut sum = BaselineCounts::default();
+        for c in self.windows.range(history_from..=start).filter_map(|(_, w)| w.counts.as_ref()) {
+            sum.merge(c);
+        }
+        let opts = Options { window_s: window_ns / 1_000_000_000, ..self.cfg.opts.clone() };
+        let base = sum.baselines(&opts);
         let ds = self.dataset(history_from, start);
-        let keys: Vec<u64> = self.windows.range(history_from..=start).map(|(&s, _)| s).collect();
-        let parts = keys
-            .iter()
-            .map(|s| {
-                let w = self.windows.get_mut(s).expect("listed");
-                (std::mem::take(&mut w.keys), std::mem::take(&mut w.cells))
-            })
-            .collect();
-        let windows = Windows::from_parts(parts);
-        let opts = Options { window_s: self.cfg.window_ns / 1_000_000_000, ..self.cfg.opts.clone() };
-        let l = localize::localize_windows(&ds, &windows, &opts);
-        for (s, (k, c)) in keys.iter().zip(windows.into_parts()) {
-            let w = self.windows.get_mut(s).expect("listed");
-            (w.keys, w.cells) = (k, c);
+        let heat = self.heat(start);
+        let w = self.windows.get_mut(&start).expect("listed");
+        // Its keys are needed no more: a late push adds to its counts.
+        let windows = Windows::from_parts(vec![(std::mem::take(&mut w.keys), std::mem::take(&mut w.cells))]);
+        let earlier: Vec<&Tests> =
+            self.windows.range(history_from..start).filter_map(|(_, w)| w.tests.as_ref()).collect();
+        let before = self.before.as_ref().filter(|b| b.window_start_ns + window_ns == start);
+        let (l, tests, before) = localize::localize_live(&ds, &windows, start, base, &earlier, before, &opts);
+        self.before = Some(before);
+        if let Some(w) = self.windows.get_mut(&start) {
+            w.tests = tests;
         }
         let blamed: Vec<&localize::Blamed> = l.blamed.iter().filter(|b| b.window_start_ns == start).collect();
-        for b in &blamed {
+        self.hold(&blamed, start, out);
+        missing.sort_unstable();
+        let w = &self.windows[&start];
+        let window = view::WindowView {
+            start_ns: start,
+            complete: missing.is_empty(),
+            after_end_ms: now_ns.saturating_sub(start + window_ns) / 1_000_000,
+            localise_ms: clock.elapsed().as_millis() as u64,
+            rnics_heard: w.heard.len(),
+            rnics_missing: missing.len(),
+            missing: missing.iter().take(MISSING_NAMED).map(|&r| self.base.rnics[r as usize].name.clone()).collect(),
+            probes: w.heard.values().map(|h| h.probes).sum(),
+            tor_probes: Vec::new(),
+            tor_lost: Vec::new(),
+            open: self.open.len(),
+        };
+        out.push(Event::Window {
+            window_start_ns: start,
+            complete: window.complete,
+            after_end_ms: window.after_end_ms,
+            localise_ms: window.localise_ms,
+            rnics_heard: window.rnics_heard,
+            rnics_known: self.base.rnics.len(),
+            rnics_missing: window.rnics_missing,
+            missing: window.missing.clone(),
+            probes: window.probes,
+            open: window.open,
+        });
+        if self.shown.len() >= view::VIEW_WINDOWS {
+            self.shown.pop_front();
+        }
+        self.shown.push_back(Shown { window, heat });
+        debug_assert!(expected >= missing.len());
+    }
+
+    /// Takes window `start`'s baseline counts from its keys (once: later pushes add to them).
+    fn count_window(&mut self, start: u64) {
+        let Some(w) = self.windows.get_mut(&start) else { return };
+        let mut counts = BaselineCounts::default();
+        for k in &w.keys {
+            counts.add(k, &w.cells[k.cells.0 as usize..k.cells.1 as usize], &self.tor_of, self.cfg.window_ns);
+            counts.probes += k.probes();
+        }
+        w.counts = Some(counts);
+    }
+
+    /// Opens what `blamed` (window `start`'s) names and no open finding holds; closes what has
+    /// been quiet long enough.
+    fn hold(&mut self, blamed: &[&localize::Blamed], start: u64, out: &mut Vec<Event>) {
+        for b in blamed {
             let key = (b.kind.clone(), b.entity.clone());
             match self.open.get_mut(&key) {
                 Some(f) => {
                     f.last_blamed = start;
                     f.windows += 1;
+                    (f.score, f.evidence) = (b.score, b.evidence.clone());
                 }
                 None => {
-                    self.open.insert(key, OpenFinding { start_ns: start, last_blamed: start, windows: 1 });
+                    let f = OpenFinding {
+                        start_ns: start,
+                        last_blamed: start,
+                        windows: 1,
+                        score: b.score,
+                        evidence: b.evidence.clone(),
+                    };
+                    self.open.insert(key, f);
                     out.push(Event::Open {
                         kind: b.kind.clone(),
                         entity: b.entity.clone(),
@@ -483,20 +618,18 @@ impl Live {
                 windows: f.windows,
             });
         }
-        missing.sort_unstable();
-        let w = &self.windows[&start];
-        out.push(Event::Window {
-            window_start_ns: start,
-            complete: missing.is_empty(),
-            after_end_ms: now_ns.saturating_sub(start + self.cfg.window_ns) / 1_000_000,
-            rnics_heard: w.heard.len(),
-            rnics_known: self.base.rnics.len(),
-            rnics_missing: missing.len(),
-            missing: missing.iter().take(MISSING_NAMED).map(|&r| self.base.rnics[r as usize].name.clone()).collect(),
-            probes: w.heard.values().map(|h| h.probes).sum(),
-            open: self.open.len(),
-        });
-        debug_assert!(expected >= missing.len());
+    }
+
+    /// Window `start`'s probes toward each ToR, and of those lost (the page's heatmap).
+    fn heat(&self, start: u64) -> BTreeMap<u32, (u64, u64)> {
+        let mut heat = BTreeMap::new();
+        for k in self.windows.get(&start).map_or(&[][..], |w| &w.keys[..]) {
+            let Some(&tor) = self.tor_of.get(k.target as usize).filter(|&&t| t != u32::MAX) else { continue };
+            let c = |class: Class| u64::from(k.counts[class as usize]);
+            let e = heat.entry(tor).or_insert((0, 0));
+            *e = (e.0 + c(Class::Ok) + c(Class::Lost) + c(Class::Partial), e.1 + c(Class::Lost));
+        }
+        heat
     }
 
     /// The dataset of windows `from..=to`: the fleet's RNICs and paths, and each (RNIC, agent
@@ -554,109 +687,63 @@ impl Live {
     pub fn open_findings(&self) -> usize {
         self.open.len()
     }
-}
 
-/// Where and how `run` listens.
-#[derive(Debug)]
-pub struct Listen {
-    pub addr: SocketAddr,
-    /// Check every push's seal against these keys; `None`: seals are not checked.
-    pub keys: Option<FleetKeys>,
-    /// Stop after this long (tests, benches); `None`: run until killed.
-    pub for_ns: Option<u64>,
-    /// Append the JSON lines here, flushed after each tick; `None`: standard output.
-    pub output: Option<PathBuf>,
-}
-
-/// Why `run` could not start or go on.
-#[derive(Debug, thiserror::Error)]
-pub enum LiveError {
-    #[error("cannot listen on {addr}: {source} (another analyzer on that port? pick another with --listen)")]
-    Listen { addr: SocketAddr, source: std::io::Error },
-    #[error("cannot write the findings to {path}: {source}")]
-    Output { path: String, source: std::io::Error },
-}
-
-/// How often ready windows are looked for.
-const TICK_NS: u64 = 200_000_000;
-
-/// Receives pushes on `listen.addr` and writes each ready window's lines, until `for_ns` has
-/// passed (or forever). Returns what it counted.
-pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Result<Counts, LiveError> {
-    let socket = rocemesh_formats::live::bind_receiver(listen.addr)
-        .map_err(|source| LiveError::Listen { addr: listen.addr, source })?;
-    socket
-        .set_read_timeout(Some(std::time::Duration::from_nanos(TICK_NS)))
-        .map_err(|source| LiveError::Listen { addr: listen.addr, source })?;
-    let mut out: Box<dyn Write> = match &listen.output {
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|source| LiveError::Output { path: p.display().to_string(), source })?,
-        )),
-        None => Box::new(std::io::stdout().lock()),
-    };
-    let out_name = listen.output.as_ref().map_or("standard output".to_owned(), |p| p.display().to_string());
-    let mut live = Live::new(cfg, inventory);
-    let started = crate::watch::wall_now_ns();
-    let mut next_tick = started;
-    let mut buf = vec![0u8; 65_536];
-    let mut events = Vec::new();
-    loop {
-        let now = crate::watch::wall_now_ns();
-        if listen.for_ns.is_some_and(|f| now >= started.saturating_add(f)) {
-            return Ok(live.counts);
-        }
-        match socket.recv_from(&mut buf) {
-            Ok((n, from)) => receive(&mut live, &buf[..n], &from.to_string(), listen.keys.as_ref(), &mut events),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(e) => live.refuse("receive", "", e.to_string(), &mut events),
-        }
-        let now = crate::watch::wall_now_ns();
-        if now >= next_tick {
-            next_tick = now + TICK_NS;
-            live.tick(now, &mut events);
-        }
-        if !events.is_empty() {
-            write_events(&mut out, &events).map_err(|source| LiveError::Output { path: out_name.clone(), source })?;
-            events.clear();
-        }
-    }
-}
-
-/// Decodes one datagram and hands it to `live` (or counts why not).
-pub fn receive(live: &mut Live, bytes: &[u8], from: &str, keys: Option<&FleetKeys>, out: &mut Vec<Event>) {
-    let now = crate::watch::wall_now_ns();
-    let now_s = now / 1_000_000_000;
-    let accepted = |id: u8| {
-        keys?
-            .keys
+    /// The view of the state now (the caller fills in what its loop counts).
+    pub fn view(&self, now_ns: u64) -> view::View {
+        let mut tors: Vec<(&String, u32)> = self.tor_ids.iter().map(|(n, &id)| (n, id)).collect();
+        tors.sort();
+        let windows = self
+            .shown
             .iter()
-            .find(|k| k.id == id && k.accepted_at(now_s))
-            .and_then(|k| Some(rocemesh_formats::live::Seal { id, secret: k.secret_bytes()? }))
-    };
-    let check = match keys {
-        Some(_) => Keys::Checked(&accepted),
-        None => Keys::Unchecked,
-    };
-    match decode(bytes, &check) {
-        Ok(r) => live.add(r, from, now, out),
-        Err(e) => {
-            let reason = match e {
-                PushError::Unsealed | PushError::UnknownKey(_) | PushError::BadMac => "seal",
-                _ => "malformed",
-            };
-            live.refuse(reason, from, e.to_string(), out);
+            .map(|s| {
+                let cell = |id: u32| s.heat.get(&id).copied().unwrap_or_default();
+                let mut w = s.window.clone();
+                (w.tor_probes, w.tor_lost) = tors.iter().map(|&(_, id)| cell(id)).unzip();
+                w
+            })
+            .collect();
+        let mut open: Vec<view::OpenView> = self
+            .open
+            .iter()
+            .map(|((kind, entity), f)| view::OpenView {
+                kind: kind.clone(),
+                entity: entity.clone(),
+                since_ns: f.start_ns,
+                last_blamed_ns: f.last_blamed,
+                windows: f.windows,
+                score: f.score,
+                evidence: f.evidence.clone(),
+            })
+            .collect();
+        open.sort_by_key(|f| f.since_ns);
+        view::View {
+            now_unix_ns: now_ns,
+            window_ns: self.cfg.window_ns,
+            deadline_ns: self.cfg.deadline_ns,
+            open,
+            windows,
+            tors: tors.into_iter().map(|(n, _)| n.clone()).collect(),
+            rnics_known: self.base.rnics.len(),
+            received: self.counts.received,
+            taken: self.counts.taken,
+            refused: self.counts.refused.iter().map(|(&r, &n)| (r.to_owned(), n)).collect(),
+            ..view::View::default()
         }
     }
-}
 
-fn write_events(out: &mut dyn Write, events: &[Event]) -> std::io::Result<()> {
-    for e in events {
-        serde_json::to_writer(&mut *out, e)?;
-        out.write_all(b"\n")?;
+    /// The findings open now, as [`Live::restore`] takes them back (JSON).
+    pub fn open_state(&self) -> String {
+        let open: Vec<(&(String, String), &OpenFinding)> = self.open.iter().collect();
+        serde_json::to_string(&open).unwrap_or_default()
     }
-    out.flush()
+
+    /// Takes back the findings a previous run held open ([`Live::open_state`]): one still
+    /// blamed goes on without a second `open` line, one that is not closes after its quiet
+    /// windows, as if the analyzer had not stopped.
+    pub fn restore(&mut self, state: &str) -> Result<usize, serde_json::Error> {
+        let open: Vec<((String, String), OpenFinding)> = serde_json::from_str(state)?;
+        let n = open.len();
+        self.open.extend(open);
+        Ok(n)
+    }
 }

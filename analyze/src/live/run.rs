@@ -1,0 +1,338 @@
+//! The running analyzer: a receiving thread that only reads datagrams (so that a localisation
+//! never leaves the socket unread), a bounded queue to the thread that decodes, takes and
+//! localises, the JSON lines' output, the state file, and the view `/metrics` and the page
+//! serve ([`super::serve`]).
+
+use std::io::Write;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_formats::keys::FleetKeys;
+use rocemesh_formats::live::{Keys, PushError, decode};
+
+use super::view::Shared;
+use super::{Config, Counts, Event, Live};
+
+/// Where and how [`run`] listens and writes.
+#[derive(Debug)]
+pub struct Listen {
+    pub addr: SocketAddr,
+    /// Check every push's seal against these keys; `None`: seals are not checked.
+    pub keys: Option<FleetKeys>,
+    /// Stop after this long (tests, benches); `None`: run until killed.
+    pub for_ns: Option<u64>,
+    /// Append the JSON lines here, flushed after each tick; `None`: standard output.
+    pub output: Option<PathBuf>,
+    /// Serve `/metrics`, the page and `/findings.json` here; `None`: not served.
+    pub http: Option<SocketAddr>,
+    /// Keep the findings open here, rewritten as they change, taken back at start.
+    pub state: Option<PathBuf>,
+}
+
+/// Why [`run`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error("cannot listen on {addr}: {source} (another analyzer on that port? pick another with --listen)")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot write the findings to {path}: {source} (check the directory exists and is writable)")]
+    Output { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Http(#[from] super::serve::ServeError),
+    #[error("cannot take back the open findings from {path}: {why} (move the file away to start without them)")]
+    State { path: String, why: String },
+    #[error("the receiving thread stopped: {0}")]
+    Receiver(String),
+}
+
+/// How often ready windows are looked for.
+const TICK_NS: u64 = 200_000_000;
+/// Datagrams read and not yet taken, at most: about 512 MiB of 16 KiB pushes. Beyond it a
+/// datagram is dropped and counted (`overload`): a fleet's burst at a window's end waits here
+/// while a window is localised, instead of overflowing the socket's buffer unseen.
+pub const QUEUE_PUSHES: usize = 32_768;
+
+/// What the receiving thread tells the taking one besides the datagrams.
+#[derive(Default)]
+struct Inbox {
+    queued: AtomicUsize,
+    overload: AtomicU64,
+    errors: AtomicU64,
+    last_error: Mutex<String>,
+    stop: AtomicBool,
+}
+
+struct Datagram {
+    bytes: Vec<u8>,
+    from: SocketAddr,
+}
+
+/// Receives pushes on `listen.addr` and writes each ready window's lines, until `for_ns` has
+/// passed (or forever). Returns what it counted.
+pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Result<Counts, LiveError> {
+    let socket = rocemesh_formats::live::bind_receiver(listen.addr)
+        .map_err(|source| LiveError::Listen { addr: listen.addr, source })?;
+    socket
+        .set_read_timeout(Some(Duration::from_nanos(TICK_NS)))
+        .map_err(|source| LiveError::Listen { addr: listen.addr, source })?;
+    let mut out = Output::open(listen.output.clone())?;
+    let mut live = Live::new(cfg, inventory);
+    if let Some(path) = &listen.state {
+        restore(&mut live, path)?;
+    }
+    let shared = Shared::default();
+    let mut first = live.view(crate::watch::wall_now_ns());
+    first.started_unix_ns = first.now_unix_ns;
+    shared.set(first);
+    let _server = listen.http.map(|addr| super::serve::start(addr, shared.clone())).transpose()?;
+    let inbox = Arc::new(Inbox::default());
+    let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_PUSHES);
+    let receiver = {
+        let inbox = Arc::clone(&inbox);
+        std::thread::Builder::new()
+            .name("live-recv".into())
+            .spawn(move || receive_loop(&socket, &tx, &inbox))
+            .map_err(|e| LiveError::Receiver(e.to_string()))?
+    };
+    let result = take_loop(&mut live, &rx, &inbox, listen, &mut out, &shared);
+    inbox.stop.store(true, Ordering::Relaxed);
+    drop(rx);
+    let _ = receiver.join();
+    result.map(|()| live.counts)
+}
+
+/// Reads datagrams into the queue until told to stop or the queue is gone.
+fn receive_loop(socket: &UdpSocket, tx: &SyncSender<Datagram>, inbox: &Inbox) {
+    let mut buf = vec![0u8; 65_536];
+    while !inbox.stop.load(Ordering::Relaxed) {
+        match socket.recv_from(&mut buf) {
+            Ok((n, from)) => match tx.try_send(Datagram { bytes: buf[..n].to_vec(), from }) {
+                Ok(()) => {
+                    inbox.queued.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(TrySendError::Full(_)) => {
+                    inbox.overload.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(TrySendError::Disconnected(_)) => return,
+            },
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => {
+                inbox.errors.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut last) = inbox.last_error.lock() {
+                    *last = e.to_string();
+                }
+            }
+        }
+    }
+}
+
+/// Takes what the queue holds and localises what is ready, tick by tick.
+fn take_loop(
+    live: &mut Live,
+    rx: &Receiver<Datagram>,
+    inbox: &Inbox,
+    listen: &Listen,
+    out: &mut Output,
+    shared: &Shared,
+) -> Result<(), LiveError> {
+    let started = crate::watch::wall_now_ns();
+    let mut next_tick = started;
+    let mut events = Vec::new();
+    let (mut overload_seen, mut errors_seen) = (0, 0);
+    let kernel_base = kernel_drops(listen.addr.port()).unwrap_or(0);
+    let mut kernel_seen = kernel_base;
+    let mut saved_state = live.open_state();
+    loop {
+        let now = crate::watch::wall_now_ns();
+        if listen.for_ns.is_some_and(|f| now >= started.saturating_add(f)) {
+            return Ok(());
+        }
+        match rx.recv_timeout(Duration::from_nanos(next_tick.saturating_sub(now).max(1_000_000))) {
+            Ok(d) => {
+                inbox.queued.fetch_sub(1, Ordering::Relaxed);
+                receive(live, &d.bytes, &d.from.to_string(), listen.keys.as_ref(), &mut events);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Err(LiveError::Receiver("it ended".into())),
+        }
+        let now = crate::watch::wall_now_ns();
+        if now < next_tick {
+            continue;
+        }
+        next_tick = now + TICK_NS;
+        let overload = inbox.overload.load(Ordering::Relaxed);
+        if overload > overload_seen {
+            let detail = format!(
+                "{} datagrams dropped: more than {QUEUE_PUSHES} waited to be taken (this machine is too slow for \
+                 the fleet's pushes: give the analyzer more cores, or a longer --window-s)",
+                overload - overload_seen
+            );
+            live.refuse_many("overload", overload - overload_seen, "", detail, &mut events);
+            overload_seen = overload;
+        }
+        if let Some(dropped) = kernel_drops(listen.addr.port()).filter(|&d| d > kernel_seen) {
+            let detail = format!(
+                "the kernel dropped {} datagrams at this socket, its receive buffer full: raise \
+                 net.core.rmem_max (the analyzer asks for {} MiB) and restart the analyzer",
+                dropped - kernel_base,
+                rocemesh_formats::live::RECEIVE_BUFFER_BYTES >> 20
+            );
+            live.refuse_many("kernel_drop", dropped - kernel_seen, "", detail, &mut events);
+            kernel_seen = dropped;
+        }
+        let errors = inbox.errors.load(Ordering::Relaxed);
+        if errors > errors_seen {
+            let detail = inbox.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            live.refuse_many("receive", errors - errors_seen, "", detail, &mut events);
+            errors_seen = errors;
+        }
+        live.tick(now, &mut events);
+        out.write(&events);
+        events.clear();
+        let mut view = live.view(now);
+        (view.started_unix_ns, view.lines_lost) = (started, out.lost);
+        (view.queued, view.queue_capacity) = (inbox.queued.load(Ordering::Relaxed), QUEUE_PUSHES);
+        shared.set(view);
+        if let Some(path) = &listen.state {
+            let state = live.open_state();
+            if state != saved_state {
+                save_state(path, &state);
+                saved_state = state;
+            }
+        }
+    }
+}
+
+/// Datagrams the kernel dropped at the UDP sockets bound to `port` (their receive buffer
+/// full): the `drops` column of /proc/net/udp and udp6, summed; `None` where neither is
+/// readable. Read once a tick: a few hundred lines on a collector.
+fn kernel_drops(port: u16) -> Option<u64> {
+    let port = format!(":{port:04X}");
+    let tables: Vec<String> =
+        ["/proc/net/udp", "/proc/net/udp6"].iter().filter_map(|p| std::fs::read_to_string(p).ok()).collect();
+    if tables.is_empty() {
+        return None;
+    }
+    let drops = |line: &str| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local = fields.get(1)?;
+        if local.ends_with(&port) { fields.last()?.parse::<u64>().ok() } else { None }
+    };
+    Some(tables.iter().flat_map(|t| t.lines().skip(1).filter_map(drops)).sum())
+}
+
+/// Decodes one datagram and hands it to `live` (or counts why not).
+pub fn receive(live: &mut Live, bytes: &[u8], from: &str, keys: Option<&FleetKeys>, out: &mut Vec<Event>) {
+    let now = crate::watch::wall_now_ns();
+    let now_s = now / 1_000_000_000;
+    let accepted = |id: u8| {
+        keys?
+            .keys
+            .iter()
+            .find(|k| k.id == id && k.accepted_at(now_s))
+            .and_then(|k| Some(rocemesh_formats::live::Seal { id, secret: k.secret_bytes()? }))
+    };
+    let check = match keys {
+        Some(_) => Keys::Checked(&accepted),
+        None => Keys::Unchecked,
+    };
+    match decode(bytes, &check) {
+        Ok(r) => live.add(r, from, now, out),
+        Err(e) => {
+            let reason = match e {
+                PushError::Unsealed | PushError::UnknownKey(_) | PushError::BadMac => "seal",
+                _ => "malformed",
+            };
+            live.refuse(reason, from, e.to_string(), out);
+        }
+    }
+}
+
+/// The JSON lines' destination. A line that cannot be written (a full disk, a closed pipe)
+/// is counted as lost, the first failure said on standard error; the file is opened again on
+/// the next write, so that the analyzer goes on once there is room.
+struct Output {
+    path: Option<PathBuf>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    lost: u64,
+    said: bool,
+}
+
+impl Output {
+    fn open(path: Option<PathBuf>) -> Result<Output, LiveError> {
+        let mut out = Output { path, file: None, lost: 0, said: false };
+        if let Some(p) = &out.path {
+            out.file =
+                Some(Self::append(p).map_err(|source| LiveError::Output { path: p.display().to_string(), source })?);
+        }
+        Ok(out)
+    }
+
+    fn append(p: &std::path::Path) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+        Ok(std::io::BufWriter::new(f))
+    }
+
+    fn write(&mut self, events: &[Event]) {
+        if events.is_empty() {
+            return;
+        }
+        let result = match &self.path {
+            None => write_events(&mut std::io::stdout().lock(), events),
+            Some(p) => {
+                if self.file.is_none() {
+                    self.file = Self::append(p).ok();
+                }
+                match &mut self.file {
+                    Some(f) => write_events(f, events),
+                    None => Err(std::io::Error::other("cannot open it")),
+                }
+            }
+        };
+        if let Err(e) = result {
+            self.lost += events.len() as u64;
+            self.file = None;
+            if !self.said {
+                self.said = true;
+                let to = self.path.as_ref().map_or("standard output".to_owned(), |p| p.display().to_string());
+                eprintln!(
+                    "analyze live: cannot write the findings to {to}: {e}; lines are counted as lost \
+                     (rocemesh_live_lines_lost_total) until it can"
+                );
+            }
+        }
+    }
+}
+
+fn write_events(out: &mut dyn Write, events: &[Event]) -> std::io::Result<()> {
+    for e in events {
+        serde_json::to_writer(&mut *out, e)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+fn restore(live: &mut Live, path: &std::path::Path) -> Result<(), LiveError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LiveError::State { path: path.display().to_string(), why: e.to_string() }),
+    };
+    let n =
+        live.restore(&text).map_err(|e| LiveError::State { path: path.display().to_string(), why: e.to_string() })?;
+    eprintln!("analyze live: {n} findings open at the last stop taken back from {}", path.display());
+    Ok(())
+}
+
+/// Writes the state beside its path and renames it over: a crash leaves the old or the new.
+fn save_state(path: &std::path::Path, state: &str) {
+    let tmp = path.with_extension("tmp");
+    let result = std::fs::write(&tmp, state).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = result {
+        eprintln!("analyze live: cannot keep the open findings in {}: {e}", path.display());
+    }
+}
