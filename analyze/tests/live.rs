@@ -354,3 +354,37 @@ fn a_window_cut_by_a_rotation_waits_for_its_last_summary() {
     }
     assert!(live.counts.refused.is_empty(), "{:?}", live.counts.refused);
 }
+
+/// A restart with the state taken back (`--state`): a finding still blamed goes on without a
+/// second `open`, where a fresh analyzer without it opens the same finding again.
+#[test]
+fn a_restart_with_its_state_does_not_open_a_finding_twice() {
+    // A lossy ToR from 60 s to the end: its hosts' agents go on pushing throughout.
+    let s = scenario("tor-loss.toml", 180);
+    let (_dir, files, inv) = simulate(&s);
+    let by_window = pushes(&files, None);
+    let mut first = Live::new(config(), Some(&inv));
+    let mut events = Vec::new();
+    let mut rest = BTreeMap::new();
+    for (&start, p) in &by_window {
+        if first.open_findings() > 0 {
+            rest.insert(start, p.clone());
+        } else {
+            events.extend(replay(&mut first, &BTreeMap::from([(start, p.clone())])));
+        }
+    }
+    let open = opened(&events);
+    assert!(!open.is_empty() && !rest.is_empty(), "the fault opened before the end: {open:?}");
+    let state = first.open_state();
+
+    let mut restored = Live::new(config(), Some(&inv));
+    assert_eq!(restored.restore(&state).unwrap(), first.open_findings());
+    let after = replay(&mut restored, &rest);
+    let again: Vec<_> = opened(&after).into_keys().filter(|k| open.contains_key(k)).collect();
+    assert!(again.is_empty(), "opened again after the restart: {again:?}");
+    assert!(restored.open_findings() >= 1, "the finding is still held");
+
+    let mut fresh = Live::new(config(), Some(&inv));
+    let fresh_open = opened(&replay(&mut fresh, &rest));
+    assert!(open.keys().any(|k| fresh_open.contains_key(k)), "without the state it opens again: {fresh_open:?}");
+}

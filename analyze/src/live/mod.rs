@@ -419,10 +419,14 @@ impl Live {
         let s = push.summary;
         let start = s.start_unix_ns;
         self.first_window_ns.get_or_insert(start);
-        // A window localised keeps no keys: a late push adds to its counts alone.
+        // A window localised keeps no keys: a late push adds to its counts alone (a window no
+        // push had reached when it was passed gets counts of its own).
         let keep_keys = start >= self.done_to_ns;
         let (window_ns, tor_of) = (self.cfg.window_ns, &self.tor_of);
         let w = self.windows.entry(start).or_default();
+        if !keep_keys && w.counts.is_none() {
+            w.counts = Some(BaselineCounts::default());
+        }
         w.seqs.insert(seq);
         let heard = w.heard.entry(me).or_insert_with(|| Heard { first_ns: u64::MAX, ..Heard::default() });
         let summary = (header.agent_epoch, header.seq.wrapping_sub(u64::from(header.part)));
@@ -606,15 +610,19 @@ impl Live {
             }
         }
         let quiet_ns = self.cfg.opts.close_after_quiet_windows.max(1) * self.cfg.window_ns;
-        let closing: Vec<(String, String)> =
-            self.open.iter().filter(|(_, f)| f.last_blamed + quiet_ns <= start).map(|(k, _)| k.clone()).collect();
+        let closing: Vec<(String, String)> = self
+            .open
+            .iter()
+            .filter(|(_, f)| f.last_blamed.saturating_add(quiet_ns) <= start)
+            .map(|(k, _)| k.clone())
+            .collect();
         for key in closing {
             let f = self.open.remove(&key).expect("listed");
             out.push(Event::Close {
                 kind: key.0,
                 entity: key.1,
                 start_ns: f.start_ns,
-                end_ns: f.last_blamed + self.cfg.window_ns,
+                end_ns: f.last_blamed.saturating_add(self.cfg.window_ns),
                 windows: f.windows,
             });
         }

@@ -51,15 +51,19 @@ pub enum LiveError {
 
 /// How often ready windows are looked for.
 const TICK_NS: u64 = 200_000_000;
-/// Datagrams read and not yet taken, at most: about 512 MiB of 16 KiB pushes. Beyond it a
-/// datagram is dropped and counted (`overload`): a fleet's burst at a window's end waits here
-/// while a window is localised, instead of overflowing the socket's buffer unseen.
+/// Datagrams read and not yet taken, at most, and their bytes at most (the queue holds them
+/// before any check, so whoever reaches the port fills it as fast as the agents: it is bounded
+/// by what it holds, not by their count). Beyond either a datagram is dropped and counted
+/// (`overload`): a fleet's burst at a window's end waits here while a window is localised,
+/// instead of overflowing the socket's buffer unseen.
 pub const QUEUE_PUSHES: usize = 32_768;
+pub const QUEUE_BYTES: usize = 512 << 20;
 
 /// What the receiving thread tells the taking one besides the datagrams.
 #[derive(Default)]
 struct Inbox {
     queued: AtomicUsize,
+    queued_bytes: AtomicUsize,
     overload: AtomicU64,
     errors: AtomicU64,
     last_error: Mutex<String>,
@@ -69,6 +73,8 @@ struct Inbox {
 struct Datagram {
     bytes: Vec<u8>,
     from: SocketAddr,
+    /// When it was read (a push's clock is judged against this, not the time it is taken).
+    received_ns: u64,
 }
 
 /// Receives pushes on `listen.addr` and writes each ready window's lines, until `for_ns` has
@@ -110,15 +116,25 @@ fn receive_loop(socket: &UdpSocket, tx: &SyncSender<Datagram>, inbox: &Inbox) {
     let mut buf = vec![0u8; 65_536];
     while !inbox.stop.load(Ordering::Relaxed) {
         match socket.recv_from(&mut buf) {
-            Ok((n, from)) => match tx.try_send(Datagram { bytes: buf[..n].to_vec(), from }) {
-                Ok(()) => {
-                    inbox.queued.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(TrySendError::Full(_)) => {
+            Ok((n, from)) => {
+                // Counted before it is sent, so that the taker never takes more than was counted.
+                if inbox.queued_bytes.fetch_add(n, Ordering::Relaxed) + n > QUEUE_BYTES {
+                    inbox.queued_bytes.fetch_sub(n, Ordering::Relaxed);
                     inbox.overload.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
-                Err(TrySendError::Disconnected(_)) => return,
-            },
+                inbox.queued.fetch_add(1, Ordering::Relaxed);
+                let d = Datagram { bytes: buf[..n].to_vec(), from, received_ns: crate::watch::wall_now_ns() };
+                match tx.try_send(d) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => {
+                        inbox.queued.fetch_sub(1, Ordering::Relaxed);
+                        inbox.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+                        inbox.overload.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(TrySendError::Disconnected(_)) => return,
+                }
+            }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(e) => {
                 inbox.errors.fetch_add(1, Ordering::Relaxed);
@@ -152,10 +168,7 @@ fn take_loop(
             return Ok(());
         }
         match rx.recv_timeout(Duration::from_nanos(next_tick.saturating_sub(now).max(1_000_000))) {
-            Ok(d) => {
-                inbox.queued.fetch_sub(1, Ordering::Relaxed);
-                receive(live, &d.bytes, &d.from.to_string(), listen.keys.as_ref(), &mut events);
-            }
+            Ok(d) => take(live, &d, inbox, listen, &mut events),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return Err(LiveError::Receiver("it ended".into())),
         }
@@ -163,13 +176,24 @@ fn take_loop(
         if now < next_tick {
             continue;
         }
+        // What arrived before this tick is taken before windows are judged ready: after a long
+        // localisation the queue holds pushes that came in time. Only those: a flood must not
+        // keep the tick from running.
+        for _ in 0..inbox.queued.load(Ordering::Relaxed) {
+            match rx.try_recv() {
+                Ok(d) => take(live, &d, inbox, listen, &mut events),
+                Err(_) => break,
+            }
+        }
         next_tick = now + TICK_NS;
         let overload = inbox.overload.load(Ordering::Relaxed);
         if overload > overload_seen {
             let detail = format!(
-                "{} datagrams dropped: more than {QUEUE_PUSHES} waited to be taken (this machine is too slow for \
-                 the fleet's pushes: give the analyzer more cores, or a longer --window-s)",
-                overload - overload_seen
+                "{} datagrams dropped: {QUEUE_PUSHES} datagrams or {} MiB waited to be taken (this machine is too \
+                 slow for the fleet's pushes, or something floods the port: give the analyzer more cores, a \
+                 longer --window-s, or firewall the port to the agents)",
+                overload - overload_seen,
+                QUEUE_BYTES >> 20
             );
             live.refuse_many("overload", overload - overload_seen, "", detail, &mut events);
             overload_seen = overload;
@@ -225,9 +249,15 @@ fn kernel_drops(port: u16) -> Option<u64> {
     Some(tables.iter().flat_map(|t| t.lines().skip(1).filter_map(drops)).sum())
 }
 
-/// Decodes one datagram and hands it to `live` (or counts why not).
-pub fn receive(live: &mut Live, bytes: &[u8], from: &str, keys: Option<&FleetKeys>, out: &mut Vec<Event>) {
-    let now = crate::watch::wall_now_ns();
+/// Takes one datagram off the queue.
+fn take(live: &mut Live, d: &Datagram, inbox: &Inbox, listen: &Listen, events: &mut Vec<Event>) {
+    inbox.queued.fetch_sub(1, Ordering::Relaxed);
+    inbox.queued_bytes.fetch_sub(d.bytes.len(), Ordering::Relaxed);
+    receive(live, &d.bytes, &d.from.to_string(), listen.keys.as_ref(), d.received_ns, events);
+}
+
+/// Decodes one datagram received at `now` (ns) and hands it to `live` (or counts why not).
+pub fn receive(live: &mut Live, bytes: &[u8], from: &str, keys: Option<&FleetKeys>, now: u64, out: &mut Vec<Event>) {
     let now_s = now / 1_000_000_000;
     let accepted = |id: u8| {
         keys?
@@ -295,7 +325,11 @@ impl Output {
         };
         if let Err(e) = result {
             self.lost += events.len() as u64;
-            self.file = None;
+            // Its buffer is thrown away, not flushed again on drop: a half-written line must
+            // not land before the next one.
+            if let Some(f) = self.file.take() {
+                let _ = f.into_parts();
+            }
             if !self.said {
                 self.said = true;
                 let to = self.path.as_ref().map_or("standard output".to_owned(), |p| p.display().to_string());
