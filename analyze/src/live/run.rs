@@ -370,3 +370,39 @@ fn save_state(path: &std::path::Path, state: &str) {
         eprintln!("analyze live: cannot keep the open findings in {}: {e}", path.display());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem_line() -> Event {
+        Event::Problem { reason: "late".into(), from: "a".into(), detail: "b".into() }
+    }
+
+    /// A full disk (/dev/full answers every write with ENOSPC): the lines are counted as lost,
+    /// nothing panics, and each later write is tried again.
+    #[test]
+    fn a_full_disk_counts_the_lines_lost_and_goes_on() {
+        let mut out = Output::open(Some(PathBuf::from("/dev/full"))).unwrap();
+        // More than BufWriter's 8 KiB, so that the first write reaches the device.
+        let many = vec![problem_line(); 400];
+        out.write(&many);
+        assert_eq!(out.lost, 400);
+        out.write(&many);
+        assert_eq!(out.lost, 800, "tried again, and lost again");
+        assert!(out.said);
+    }
+
+    /// A writable file takes every line once the disk has room again.
+    #[test]
+    fn lines_go_out_whole_once_the_file_can_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.jsonl");
+        let mut out = Output::open(Some(path.clone())).unwrap();
+        out.write(&[problem_line(), problem_line()]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+        assert_eq!(out.lost, 0);
+    }
+}
