@@ -5,8 +5,7 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
-use super::serve::HTTP_ERRORS;
-use super::view::{OpenView, View};
+use super::view::{HTTP_ERRORS, OpenView, View};
 
 /// The exposition, with a `# HELP` and `# TYPE` line before each family.
 pub fn render_metrics(v: &View) -> String {

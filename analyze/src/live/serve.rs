@@ -11,7 +11,7 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -19,11 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::metrics::render_metrics;
 use super::page::render_page;
-use super::view::Shared;
-
-/// Connections that ended in an error: malformed or timed out, refused busy, or gone before
-/// their answer was taken (`rocemesh_live_http_errors_total`). One process-wide count.
-pub(super) static HTTP_ERRORS: AtomicU64 = AtomicU64::new(0);
+use super::view::{HTTP_ERRORS, Shared};
 
 /// Time a connection has to send its request head (from its accept), and again to take the
 /// answer (from the first byte written).

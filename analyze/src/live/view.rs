@@ -3,9 +3,15 @@
 //! analyzer never waits on a reader: readers clone an `Arc` of the latest view.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+
+/// Connections that ended in an error (counted by [`super::serve`], rendered by
+/// [`super::metrics`]): malformed or timed out, refused busy, or gone before
+/// their answer was taken (`rocemesh_live_http_errors_total`). One process-wide count.
+pub(super) static HTTP_ERRORS: AtomicU64 = AtomicU64::new(0);
 
 /// Windows the view keeps (the page's heatmap columns and window table rows).
 pub const VIEW_WINDOWS: usize = 24;
