@@ -107,7 +107,9 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
     let result = take_loop(&mut live, &rx, &inbox, listen, &mut out, &shared);
     inbox.stop.store(true, Ordering::Relaxed);
     drop(rx);
-    let _ = receiver.join();
+    if receiver.join().is_err() {
+        eprintln!("analyze live: the receiving thread panicked");
+    }
     result.map(|()| live.counts)
 }
 
@@ -314,13 +316,15 @@ impl Output {
         let result = match &self.path {
             None => write_events(&mut std::io::stdout().lock(), events),
             Some(p) => {
-                if self.file.is_none() {
-                    self.file = Self::append(p).ok();
-                }
-                match &mut self.file {
-                    Some(f) => write_events(f, events),
-                    None => Err(std::io::Error::other("cannot open it")),
-                }
+                let opened = match self.file.take() {
+                    Some(f) => Ok(f),
+                    None => Self::append(p),
+                };
+                opened.and_then(|mut f| {
+                    let written = write_events(&mut f, events);
+                    self.file = Some(f);
+                    written
+                })
             }
         };
         if let Err(e) = result {
