@@ -188,23 +188,29 @@ fn scrape_cmd(args: ScrapeArgs) -> Result<i32> {
     let mut failed = false;
     for t in &summary.targets {
         eprintln!(
-            "{}: {} snapshots of {} reads ({} torn, read again), {} failures{}",
+            "{}: {} snapshots of {} reads ({} torn, read again), {} failures; reads took {:.1} ms on average, \
+             {:.1} ms at most; {} ticks found a read in flight{}",
             t.target,
             t.snapshots,
             t.reads,
             t.torn,
             t.failures,
+            t.read_ns_sum as f64 / t.completed.max(1) as f64 / 1e6,
+            t.read_ns_max as f64 / 1e6,
+            t.late_ticks,
             t.last_failure.as_ref().map_or(String::new(), |f| format!(", last: {f}"))
         );
         failed |= t.snapshots == 0;
     }
     eprintln!(
-        "scrape: {} targets, {:.1} snapshots/s over {:.1} s, collector CPU {:.2} s ({:.0} snapshots per CPU second)",
+        "scrape: {} targets, {:.1} snapshots/s over {:.1} s, collector CPU {:.2} s ({:.0} snapshots per CPU second), \
+         {} ticks missed while the collector's loop was late",
         summary.targets.len(),
         summary.snapshots_per_s(),
         summary.seconds,
         summary.cpu_s,
-        summary.targets.iter().map(|t| t.snapshots).sum::<u64>() as f64 / summary.cpu_s.max(1e-6)
+        summary.targets.iter().map(|t| t.snapshots).sum::<u64>() as f64 / summary.cpu_s.max(1e-6),
+        summary.ticks_missed
     );
     Ok(if failed { PROBLEMS } else { OK })
 }

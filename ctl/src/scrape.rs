@@ -10,6 +10,12 @@
 //! refuses it and the QP goes to error) or a lost connection is reported with the target and
 //! the reason, and the target is connected again a second later. What was read is printed as
 //! JSON lines and, with `--prom`, written as a Prometheus text file at every tick.
+//!
+//! Between ticks the thread sleeps in poll(2) on the CM channel and each device's completion
+//! channel: it spins on nothing, so that a read's latency is the fabric's and not the
+//! collector's polling step. A target whose read is still in flight at a tick is read once as
+//! soon as that read completes, so that a read slower than a tick costs one tick's delay, not
+//! the tick.
 
 use std::io::{self, Write};
 use std::mem::zeroed;
@@ -57,6 +63,13 @@ pub struct TargetSummary {
     pub snapshots: u64,
     pub torn: u64,
     pub failures: u64,
+    /// Reads completed (successfully), and the sum and largest of their times from post to
+    /// completion, ns.
+    pub completed: u64,
+    pub read_ns_sum: u64,
+    pub read_ns_max: u64,
+    /// Ticks that found a read still in flight (that target was read when it completed).
+    pub late_ticks: u64,
     /// The last failure, as said.
     pub last_failure: Option<String>,
 }
@@ -68,6 +81,9 @@ pub struct Summary {
     pub seconds: f64,
     /// CPU time of this process (user + system), s.
     pub cpu_s: f64,
+    /// Ticks that passed while the loop was busy (writing, decoding), so that no read was
+    /// posted for them.
+    pub ticks_missed: u64,
 }
 
 impl Summary {
@@ -81,7 +97,15 @@ enum State {
     /// Resolving or connecting.
     Connecting,
     /// Connected: reads may be posted.
-    Ready { grant: Grant, buf: Vec<u8>, mr: *mut ffi::ibv_mr, want: usize, in_flight: Option<Instant> },
+    Ready {
+        grant: Grant,
+        buf: Vec<u8>,
+        mr: *mut ffi::ibv_mr,
+        want: usize,
+        in_flight: Option<Instant>,
+        /// A tick came while a read was in flight: read again when it completes.
+        owed: bool,
+    },
     /// Down; connect again at this time.
     Down { retry_at: Instant },
 }
@@ -94,10 +118,14 @@ struct Target {
     last: Option<Snapshot>,
 }
 
-/// Per device context: the protection domain and completion queue of its targets' QPs.
+/// Per device context: the protection domain and completion queue of its targets' QPs, and the
+/// completion channel (non-blocking) that wakes the thread when the queue has work.
 struct Device {
     ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
+    channel: *mut ffi::ibv_comp_channel,
+    /// The channel's descriptor, for poll(2).
+    fd: libc::c_int,
     cq: *mut ffi::ibv_cq,
 }
 
@@ -140,13 +168,32 @@ impl Collector {
             if pd.is_null() {
                 return Err(format!("ibv_alloc_pd: {}", io::Error::last_os_error()));
             }
-            let cq = ffi::ibv_create_cq(ctx, (2 * targets + 16) as i32, null_mut(), null_mut(), 0);
+            let channel = ffi::ibv_create_comp_channel(ctx);
+            if channel.is_null() {
+                let e = io::Error::last_os_error();
+                ffi::ibv_dealloc_pd(pd);
+                return Err(format!("ibv_create_comp_channel: {e}"));
+            }
+            let cq = ffi::ibv_create_cq(ctx, (2 * targets + 16) as i32, null_mut(), channel, 0);
             if cq.is_null() {
                 let e = io::Error::last_os_error();
+                ffi::ibv_destroy_comp_channel(channel);
                 ffi::ibv_dealloc_pd(pd);
                 return Err(format!("ibv_create_cq: {e}"));
             }
-            self.devices.push(Device { ctx, pd, cq });
+            let d = Device { ctx, pd, channel, fd: (*channel).fd, cq };
+            // A blocking channel would stall the loop in ibv_get_cq_event; an unarmed CQ would
+            // never wake it.
+            let flags = libc::fcntl(d.fd, libc::F_GETFL);
+            let armed = flags >= 0
+                && libc::fcntl(d.fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+                && ffi::ibv_req_notify_cq(cq, 0) == 0;
+            if !armed {
+                let e = io::Error::last_os_error();
+                d.destroy();
+                return Err(format!("arming the completion channel (O_NONBLOCK, ibv_req_notify_cq): {e}"));
+            }
+            self.devices.push(d);
             Ok((pd, cq))
         }
     }
@@ -298,7 +345,7 @@ impl Collector {
             return Err(format!("ibv_reg_mr({} bytes): {}", buf.len(), io::Error::last_os_error()));
         }
         let want = self.targets[i].last.as_ref().map_or(8 * FIXED_WORDS, |s| s.read_bytes().min(len));
-        self.targets[i].state = State::Ready { grant, buf, mr, want, in_flight: None };
+        self.targets[i].state = State::Ready { grant, buf, mr, want, in_flight: None, owed: false };
         Ok(())
     }
 
@@ -306,7 +353,7 @@ impl Collector {
     fn post_read(&mut self, i: usize, forge: Option<Forge>) {
         let t = &mut self.targets[i];
         let id = t.id;
-        let State::Ready { grant, buf, mr, want, in_flight } = &mut t.state else { return };
+        let State::Ready { grant, buf, mr, want, in_flight, .. } = &mut t.state else { return };
         let (mut remote, mut rkey, mut length) = (grant.addr, grant.rkey, (*want).min(grant.len as usize) as u32);
         match forge {
             Some(Forge::Rkey) => rkey ^= 0x5a5a_5a5a,
@@ -339,6 +386,62 @@ impl Collector {
             let e = io::Error::from_raw_os_error(rc);
             self.fail(i, format!("ibv_post_send(RDMA READ): {e}"));
         }
+    }
+
+    /// A tick: a read on every ready target; one with a read in flight is owed one.
+    fn tick(&mut self, forge: Option<Forge>) {
+        for i in 0..self.targets.len() {
+            match &mut self.targets[i].state {
+                State::Ready { in_flight: None, .. } => self.post_read(i, forge),
+                State::Ready { owed, .. } => {
+                    *owed = true;
+                    self.targets[i].summary.late_ticks += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes the completion channels' events and arms their CQs again. Called before the CQs
+    /// are polled, so that a completion that lands between the two wakes the next poll(2).
+    fn rearm(&mut self) {
+        for d in &self.devices {
+            let mut n = 0u32;
+            loop {
+                let (mut cq, mut ctx): (*mut ffi::ibv_cq, *mut libc::c_void) = (null_mut(), null_mut());
+                // SAFETY: a live, non-blocking channel; the event is acked below.
+                if unsafe { ffi::ibv_get_cq_event(d.channel, &raw mut cq, &raw mut ctx) } != 0 {
+                    break;
+                }
+                n += 1;
+            }
+            // SAFETY: the CQ is live; n events were taken from it.
+            unsafe {
+                if n > 0 {
+                    ffi::ibv_ack_cq_events(d.cq, n);
+                }
+                if ffi::ibv_req_notify_cq(d.cq, 0) != 0 {
+                    // Not armed: the read timeout and the next tick still bound the wait.
+                    eprintln!("ctl scrape: ibv_req_notify_cq: {}", io::Error::last_os_error());
+                }
+            }
+        }
+    }
+
+    /// How long the thread may sleep: until the next tick, the first read timeout or the first
+    /// reconnection, whichever comes first.
+    fn sleep_for(&self, next_tick: Instant, read_timeout: Duration) -> Duration {
+        let now = Instant::now();
+        let until = self
+            .targets
+            .iter()
+            .filter_map(|t| match t.state {
+                State::Ready { in_flight: Some(at), .. } => Some(at + read_timeout),
+                State::Down { retry_at } => Some(retry_at),
+                _ => None,
+            })
+            .fold(next_tick, Instant::min);
+        until.saturating_duration_since(now)
     }
 
     /// Completions: decode what was read; a torn or short read is posted again at once.
@@ -390,8 +493,13 @@ impl Collector {
             Fail(String),
         }
         let t = &mut self.targets[i];
-        let State::Ready { buf, want, in_flight, grant, .. } = &mut t.state else { return Ok(()) };
-        *in_flight = None;
+        let State::Ready { buf, want, in_flight, grant, owed, .. } = &mut t.state else { return Ok(()) };
+        if let Some(at) = in_flight.take() {
+            let ns = at.elapsed().as_nanos() as u64;
+            t.summary.completed += 1;
+            t.summary.read_ns_sum += ns;
+            t.summary.read_ns_max = t.summary.read_ns_max.max(ns);
+        }
         let got = (*want).min(grant.len as usize);
         let next = match view::read(&buf[..got], COUNTER_NAMES.len()) {
             Ok(s) if (s.slots.len() as u64) < s.slots_used && s.read_bytes() > got => {
@@ -406,7 +514,7 @@ impl Collector {
                     writeln!(out, "{}", json_line(&t.addr, &s))?;
                 }
                 t.last = Some(s);
-                Next::Done
+                if std::mem::take(owed) { Next::Again } else { Next::Done }
             }
             Err(ViewError::Torn { .. }) => {
                 t.summary.torn += 1;
@@ -453,14 +561,22 @@ impl Drop for Collector {
             release(t);
         }
         for d in &self.devices {
-            // SAFETY: no QP uses them any more.
-            unsafe {
-                ffi::ibv_destroy_cq(d.cq);
-                ffi::ibv_dealloc_pd(d.pd);
-            }
+            d.destroy();
         }
         // SAFETY: every id on the channel is destroyed above.
         unsafe { ffi::rdma_destroy_event_channel(self.channel) };
+    }
+}
+
+impl Device {
+    /// Destroys the CQ, its channel and the PD (every event taken was acked in `rearm`).
+    fn destroy(&self) {
+        // SAFETY: no QP uses them any more; the CQ goes before its channel.
+        unsafe {
+            ffi::ibv_destroy_cq(self.cq);
+            ffi::ibv_destroy_comp_channel(self.channel);
+            ffi::ibv_dealloc_pd(self.pd);
+        }
     }
 }
 
@@ -669,6 +785,8 @@ pub fn run(
     let cpu0 = cpu_seconds();
     let tick = Duration::from_secs_f64(1.0 / opts.rate_hz.max(0.001));
     let mut next_tick = Instant::now();
+    let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(1 + c.targets.len());
+    let mut ticks_missed = 0;
     loop {
         if stop.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -682,13 +800,10 @@ pub fn run(
         if now >= next_tick {
             next_tick += tick;
             if next_tick < now {
+                ticks_missed += ((now - next_tick).as_nanos() / tick.as_nanos().max(1)) as u64 + 1;
                 next_tick = now + tick;
             }
-            for i in 0..c.targets.len() {
-                if matches!(c.targets[i].state, State::Ready { in_flight: None, .. }) {
-                    c.post_read(i, opts.forge);
-                }
-            }
+            c.tick(opts.forge);
             if let Some(path) = &opts.prom {
                 let snaps: Vec<(SocketAddr, Option<&Snapshot>)> = c
                     .targets
@@ -702,22 +817,23 @@ pub fn run(
             }
         }
         c.drain_cm();
+        c.rearm();
         c.poll(opts, out).map_err(|e| ScrapeError { what: "writing the output".into(), source: e })?;
-        // Sleep on the CM channel until the next tick; completions of reads posted are polled
-        // in short steps (a read takes microseconds on hardware, a few ms on rxe).
-        let busy = c.targets.iter().any(|t| matches!(t.state, State::Ready { in_flight: Some(_), .. }));
-        let wait = if busy { Duration::from_micros(200) } else { next_tick.saturating_duration_since(Instant::now()) };
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&raw mut pfd, 1, wait.as_millis().min(1_000) as i32) };
-        if busy {
-            std::thread::sleep(wait);
-        }
+        // Sleep until a CM event, a completion, or the next deadline. Rounded up to whole ms:
+        // a wait rounded down to 0 would spin until the deadline.
+        let wait = c.sleep_for(next_tick, opts.read_timeout);
+        pfds.clear();
+        pfds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        pfds.extend(c.devices.iter().map(|d| libc::pollfd { fd: d.fd, events: libc::POLLIN, revents: 0 }));
+        let ms = wait.as_micros().div_ceil(1_000).min(1_000) as i32;
+        // SAFETY: `pfds` holds pfds.len() valid pollfds.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     }
     let summary = Summary {
         targets: c.targets.iter().map(|t| t.summary.clone()).collect(),
         seconds: started.elapsed().as_secs_f64(),
         cpu_s: cpu_seconds() - cpu0,
+        ticks_missed,
     };
     Ok(summary)
 }

