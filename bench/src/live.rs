@@ -102,6 +102,7 @@ impl Fleet {
                     gid: None,
                     port: 1,
                     gid_index: None,
+                    tor_port: None,
                 }],
             })
             .collect();

@@ -87,6 +87,7 @@ pub fn fabric(opt: &Options) -> Inventory {
                     gid: None,
                     port: 1,
                     gid_index: Some(3),
+                    tor_port: None,
                 }],
             });
         }

@@ -128,6 +128,37 @@ pub enum InventoryCmd {
     /// Writes the inventory and checks it as `inventory check` does: exit 1 when the check finds
     /// problems (they are printed; the file is written all the same).
     SwitchAddrs(SwitchAddrsArgs),
+    /// Ports and switch addresses from LLDP neighbour tables, and cabling that disagrees.
+    ///
+    /// Each table is one node's `lldpcli -f json show neighbors`, in a file named after the node
+    /// (`tor1.json`). Links get the interface at each end, RNICs the ToR interface they are
+    /// cabled to, switches the management addresses they advertise (added to `addrs`, so that
+    /// path-trace hops are named). Cabling the tables contradict (a ToR on another spine, swapped
+    /// cables, a host under another ToR, a declared link no table shows) is printed with the
+    /// table's file and line and the fix, and left as the inventory says.
+    ///
+    /// Writes the inventory with what agrees: exit 1 when a table contradicts the inventory or
+    /// the check finds problems.
+    Lldp(LldpArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct LldpArgs {
+    /// LLDP tables: files, or directories of *.json files, each named after its node.
+    #[arg(required = true)]
+    pub tables: Vec<PathBuf>,
+    /// The inventory to start from.
+    #[arg(long)]
+    pub inventory: PathBuf,
+    /// Where to write the result; default: rewrite --inventory in place (needs --force).
+    ///
+    /// The file is written from what it declares: comments and layout are not kept.
+    #[arg(long, alias = "out")]
+    pub output: Option<PathBuf>,
+    /// Replace the output file: --inventory itself when there is no --output, else an existing
+    /// --output.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]

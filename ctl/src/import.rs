@@ -487,16 +487,26 @@ impl Draft {
             self.check_tor_rail(&tor, rail, &desc.host, &r.device, new_tors)?;
             rnics.push(Rnic {
                 device: r.device.clone(),
-                tor,
                 ip: r.ip,
                 // Only when it is not the one the format derives from `ip`: shorter files, and
                 // an address change cannot leave a stale GID behind.
                 gid: r.gid.filter(|g| *g != rocemesh_formats::gid::gid_of(r.ip)),
                 port: r.port,
                 gid_index: r.gid_index,
+                // A re-described RNIC still under the same ToR keeps the port `inventory lldp`
+                // found for it; one that moved has to be found again.
+                tor_port: self.base_tor_port(&desc.host, &r.device, &tor),
+                tor,
             });
         }
         Ok(rnics)
+    }
+
+    /// The base's ToR port of `host`/`device`, if the base has it under `tor`.
+    fn base_tor_port(&self, host: &str, device: &str, tor: &str) -> Option<String> {
+        let h = self.hosts.iter().find(|h| h.name == host)?;
+        let r = h.rnics.iter().find(|r| r.device == device && r.tor == tor)?;
+        r.tor_port.clone()
     }
 
     /// Refuses a ToR name (for `host`/`device`) that is unusable, or that a host has too.
@@ -601,7 +611,7 @@ impl Draft {
             for t in &self.tors {
                 for s in &self.spines {
                     if !existing.contains(&(t.name.clone(), s.name.clone())) {
-                        self.links.push(Link { a: t.name.clone(), b: s.name.clone() });
+                        self.links.push(Link::new(t.name.clone(), s.name.clone()));
                     }
                 }
             }

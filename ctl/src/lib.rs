@@ -38,6 +38,7 @@ mod error;
 pub mod generation;
 pub mod import;
 pub mod keys;
+pub mod lldp;
 pub mod pinglist_dir;
 pub mod push;
 pub mod remote;

@@ -8,11 +8,12 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use rocemesh_ctl::cli::{
-    Cli, CollectArgs, DiffArgs, DoctorArgs, GenArgs, HostsArgs, ImportArgs, InventoryCmd, KeysCmd, PushArgs,
+    Cli, CollectArgs, DiffArgs, DoctorArgs, GenArgs, HostsArgs, ImportArgs, InventoryCmd, KeysCmd, LldpArgs, PushArgs,
     ScrapeArgs, StatusArgs, SwitchAddrsArgs, What,
 };
 use rocemesh_ctl::generation::{GenOptions, Generator};
 use rocemesh_ctl::import::{self, ImportOptions, NameRule, TorMap, TorSource};
+use rocemesh_ctl::lldp;
 use rocemesh_ctl::pinglist_dir::{self, Manifest, PinglistDir};
 use rocemesh_ctl::push::{self, Destination};
 use rocemesh_ctl::remote::RemotePath;
@@ -51,6 +52,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         What::Inventory(InventoryCmd::Import(args)) => inventory_import(args),
         What::Inventory(InventoryCmd::SwitchAddrs(args)) => inventory_switch_addrs(args),
+        What::Inventory(InventoryCmd::Lldp(args)) => inventory_lldp(args),
         What::GenPinglists(args) => gen_pinglists(args),
         What::PushPinglist(args) => push_pinglist(args),
         What::Keys(KeysCmd::Rotate { from: dir, grace_s }) => {
@@ -286,17 +288,60 @@ fn inventory_import(args: ImportArgs) -> Result<i32> {
     Ok(if report.has_problems() { PROBLEMS } else { OK })
 }
 
-fn inventory_switch_addrs(args: SwitchAddrsArgs) -> Result<i32> {
-    let out = args.output.clone().unwrap_or_else(|| args.inventory.clone());
-    if out == args.inventory && !args.force {
+/// Where an inventory rewrite goes: --output, else --inventory itself; either only with --force
+/// when it would replace a file.
+fn rewrite_target(inventory: &Path, output: Option<&Path>, force: bool) -> Result<std::path::PathBuf> {
+    let out = output.unwrap_or(inventory).to_path_buf();
+    if out == inventory && !force {
         bail!(
             "this rewrites {} in place (fix: pass --force to do so, or --output FILE to write elsewhere)",
-            args.inventory.display()
+            inventory.display()
         );
     }
-    if out != args.inventory && out.exists() && !args.force {
+    if out != inventory && out.exists() && !force {
         bail!("{} exists (fix: pass --force to replace it, or choose another --output)", out.display());
     }
+    Ok(out)
+}
+
+fn inventory_lldp(args: LldpArgs) -> Result<i32> {
+    let out = rewrite_target(&args.inventory, args.output.as_deref(), args.force)?;
+    let inventory = Inventory::load(&args.inventory)?;
+    let tables = lldp::load_tables(&args.tables)?;
+    let learned = lldp::apply(&inventory, &args.inventory, &tables);
+    let text = learned.inventory.to_toml_string().context("serialising the inventory")?;
+    let header = format!(
+        "# ports and switch addresses set by ctl inventory lldp from {} tables; check with `ctl inventory check`\n",
+        tables.len()
+    );
+    rocemesh_ctl::write_file_atomically(&out, format!("{header}{text}").as_bytes())?;
+    println!(
+        "{}: {} link ends and {} RNIC ports set, {} switch addresses added, from {} LLDP tables; \
+         still without ports: {} links, {} RNICs",
+        out.display(),
+        learned.link_ports,
+        learned.rnic_ports,
+        learned.addrs,
+        tables.len(),
+        learned.links_unported,
+        learned.rnics_unported
+    );
+    if !learned.ignored.is_empty() {
+        println!("neighbours not in the inventory (ignored): {}", learned.ignored.join(", "));
+    }
+    for p in &learned.problems {
+        println!("{p}");
+    }
+    let report = check::check(&learned.inventory);
+    print!("{}", report.summary);
+    for f in &report.findings {
+        println!("{f}");
+    }
+    Ok(if report.has_problems() || !learned.problems.is_empty() { PROBLEMS } else { OK })
+}
+
+fn inventory_switch_addrs(args: SwitchAddrsArgs) -> Result<i32> {
+    let out = rewrite_target(&args.inventory, args.output.as_deref(), args.force)?;
     let inventory = Inventory::load(&args.inventory)?;
     let list = AddrList::load(&args.map)?;
     let applied = switch_addrs::apply(&inventory, &args.inventory, &list, &out)?;

@@ -24,6 +24,8 @@
 //! [[link]]            # optional: ToR-spine links, for link-level localisation
 //! a = "tor0"
 //! b = "spine0"
+//! a_port = "Ethernet48"   # optional: the interface at each end (`ctl inventory lldp`)
+//! b_port = "Ethernet0"
 //!
 //! [[link]]
 //! a = "spine0"        # either order
@@ -39,6 +41,7 @@
 //! gid = "::ffff:10.0.0.1"         # optional: GID as IPv6 text; default derived from ip
 //! port = 1                        # optional, default 1
 //! gid_index = 3                   # optional
+//! tor_port = "Ethernet0"          # optional: the ToR's interface it is cabled to
 //!
 //! [[host.rnic]]
 //! device = "mlx5_1"
@@ -57,7 +60,9 @@
 //! Rules beyond the syntax: tor, spine and host names share one namespace and, like device
 //! names, use only `[A-Za-z0-9._:-]`; every host has at least one RNIC, each attached to a
 //! declared ToR; no two RNICs share an address or a GID; a link joins a declared ToR and a
-//! declared spine, once; and either every ToR has a `rail` or none does.
+//! declared spine, once; and either every ToR has a `rail` or none does. A port (`a_port`,
+//! `b_port`, `tor_port`) is an interface name as the switch reports it (printable, no spaces,
+//! at most 64 bytes), and no switch port is given to two cables.
 //!
 //! A switch's `addrs` are the addresses it answers from (interface and loopback addresses):
 //! an agent's path trace knows a hop only by the source of its ICMP time-exceeded reply, and
@@ -129,6 +134,28 @@ pub struct Spine {
 pub struct Link {
     pub a: String,
     pub b: String,
+    /// The interface at `a`'s end, as LLDP names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a_port: Option<String>,
+    /// The interface at `b`'s end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b_port: Option<String>,
+}
+
+impl Link {
+    /// A link with no ports known.
+    pub fn new(a: impl Into<String>, b: impl Into<String>) -> Link {
+        Link { a: a.into(), b: b.into(), a_port: None, b_port: None }
+    }
+
+    /// The port at the end named `node`, if that end is `node` and its port is known.
+    pub fn port_at(&self, node: &str) -> Option<&str> {
+        match () {
+            () if self.a == node => self.a_port.as_deref(),
+            () if self.b == node => self.b_port.as_deref(),
+            () => None,
+        }
+    }
 }
 
 /// A server and its RDMA NICs.
@@ -156,6 +183,9 @@ pub struct Rnic {
     pub port: u8,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid_index: Option<u16>,
+    /// The ToR's interface this port is cabled to, as LLDP names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tor_port: Option<String>,
 }
 
 fn default_port() -> u8 {
@@ -245,7 +275,45 @@ impl Inventory {
             names.claim(doc, &host.name, Kind::Host, path)?;
         }
         self.check_rnics(doc, &names)?;
+        self.check_ports(doc)?;
         self.check_switch_addrs(doc)
+    }
+
+    // A switch port holds one cable: two entries on one port mean one of them is wrong, and
+    // the switch counters joined to findings by port would be joined to both.
+    fn check_ports(&self, doc: &Document<'_>) -> Result<(), FileError> {
+        let mut taken: HashMap<(&str, &str), FieldPath> = HashMap::new();
+        let links = self.links.iter().enumerate().flat_map(|(i, l)| {
+            let path = FieldPath::root().key("link").index(i);
+            [(&l.a, &l.a_port, path.key("a_port")), (&l.b, &l.b_port, path.key("b_port"))]
+        });
+        let rnics = self.hosts.iter().enumerate().flat_map(|(i, h)| {
+            h.rnics.iter().enumerate().map(move |(j, r)| {
+                (&r.tor, &r.tor_port, FieldPath::root().key("host").index(i).key("rnic").index(j).key("tor_port"))
+            })
+        });
+        for (switch, port, path) in links.chain(rnics) {
+            let Some(port) = port else { continue };
+            if let Some(problem) = port_problem(port) {
+                return Err(doc.error(&path, problem, PORT_FIX));
+            }
+            match taken.entry((switch, port)) {
+                Entry::Occupied(first) => {
+                    return Err(doc.error(
+                        &path,
+                        format!(
+                            "port {port:?} of {switch:?} is also given{}; a port holds one cable",
+                            at_line(doc.line_of_path(first.get()))
+                        ),
+                        "correct one of the two (`ctl inventory lldp` reads the ports from the switches)",
+                    ));
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(path);
+                }
+            }
+        }
+        Ok(())
     }
 
     // Rail-aware pinglist generation needs every ToR's rail once any is given. Rails are not
@@ -557,6 +625,19 @@ fn in_parts(text: &str, parallel_from_bytes: usize, threads: usize) -> Option<In
     Some(inventory)
 }
 
+const PORT_FIX: &str = "write the interface name as the switch reports it (e.g. `Ethernet48`, `swp1`, `Ethernet1/1`)";
+
+/// What is wrong with an interface name, if anything: empty, longer than 64 bytes, or holding
+/// a space, a quote or a control character (names go into Prometheus labels and HTML).
+pub fn port_problem(port: &str) -> Option<String> {
+    if port.is_empty() || port.len() > 64 {
+        return Some(format!("port {port:?} is {} bytes; a port name has 1 to 64", port.len()));
+    }
+    port.chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '\\' | '\''))
+        .map(|c| format!("port {port:?} holds {c:?}; a port name is printable ASCII with no space or quote"))
+}
+
 fn at_line(line: Option<usize>) -> String {
     line.map(|l| format!(" at line {l}")).unwrap_or_default()
 }
@@ -683,7 +764,12 @@ mod tests {
                 gid: Some(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()),
                 port: 1,
                 gid_index: Some(3),
+                tor_port: Some("Ethernet0".into()),
             }
+        );
+        assert_eq!(
+            (inv.links[0].port_at("tor0"), inv.links[0].port_at("spine0")),
+            (Some("Ethernet48"), Some("Ethernet0"))
         );
         let r1 = &inv.hosts[0].rnics[1];
         assert_eq!((r1.port, r1.gid, r1.gid_index), (1, None, None));
@@ -716,6 +802,7 @@ mod tests {
             gid: None,
             port: 1,
             gid_index: None,
+            tor_port: None,
         };
         assert_eq!(rnic.gid_or_mapped(), "::ffff:10.1.2.3".parse::<Ipv6Addr>().unwrap());
         rnic.ip = "fd00::7".parse().unwrap();
@@ -1063,6 +1150,33 @@ mod tests {
     }
 
     #[test]
+    fn a_switch_port_holds_one_cable_and_port_names_are_checked() {
+        let links = r#"
+            [[link]]
+            a = "tor0"
+            b = "spine0"
+            a_port = "Ethernet1/1"
+            b_port = "Ethernet0"
+            [[host]]
+            name = "h0"
+            [[host.rnic]]
+            device = "mlx5_0"
+            tor = "tor0"
+            ip = "10.0.0.1"
+            tor_port = "PORT"
+        "#;
+        let inv = parse(&with_head(&links.replace("PORT", "Ethernet2"))).unwrap();
+        assert_eq!((inv.links[0].port_at("spine0"), inv.links[0].port_at("tor1")), (Some("Ethernet0"), None));
+        assert_eq!(inv.hosts[0].rnics[0].tor_port.as_deref(), Some("Ethernet2"));
+        let e = err(&with_head(&links.replace("PORT", "Ethernet1/1")));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].tor_port", Some(17)));
+        assert!(e.problem.contains("port \"Ethernet1/1\" of \"tor0\" is also given at line 9"), "{e}");
+        let e = err(&with_head(&links.replace("PORT", "eth 2")));
+        assert_eq!(e.field.as_str(), "host[0].rnic[0].tor_port");
+        assert!(e.problem.contains("holds ' '") && e.fix.contains("Ethernet48"), "{e}");
+    }
+
+    #[test]
     fn rails_are_all_or_nothing() {
         let e = err(r#"
             version = 1
@@ -1316,9 +1430,9 @@ mod tests {
                     if pick.next().copied().unwrap_or(false) {
                         // Alternate the order: either is valid.
                         links.push(if ti % 2 == 0 {
-                            Link { a: tor.name.clone(), b: spine.name.clone() }
+                            Link::new(tor.name.clone(), spine.name.clone())
                         } else {
-                            Link { a: spine.name.clone(), b: tor.name.clone() }
+                            Link::new(spine.name.clone(), tor.name.clone())
                         });
                     }
                 }
@@ -1345,6 +1459,7 @@ mod tests {
                                     .then(|| Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, address as u16)),
                                 port: (*port).max(1),
                                 gid_index: *gid_index,
+                                tor_port: None,
                             }
                         })
                         .collect(),

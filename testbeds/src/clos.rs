@@ -25,6 +25,7 @@
 //! must find is timed from injection to its `open` line.
 
 pub mod live;
+pub mod lldp;
 pub mod net;
 pub mod traces;
 
@@ -227,6 +228,7 @@ fn preflight(bin: &Path) -> anyhow::Result<()> {
             bail!("`{tool}` is not installed: apt-get install {package}");
         }
     }
+    lldp::preflight()?;
     for b in ["agent", "ctl", "analyze"] {
         if !bin.join(b).is_file() {
             bail!(
@@ -237,6 +239,45 @@ fn preflight(bin: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The inventory as the operator's flow makes it: `ctl inventory import`'s (no ports, no switch
+/// addresses), then `ctl inventory lldp` over the fabric's real LLDP tables. The check: every
+/// link and RNIC port learned, and every address the switches answer traces from. Returns it
+/// and whether the inventory names switches by address.
+fn lldp_inventory(opts: &ClosOptions, plan: &Plan, inventory: &Path, dir: &Path) -> anyhow::Result<(Check, bool)> {
+    std::fs::write(inventory, plan.inventory_toml(false))
+        .with_context(|| format!("writing {}", inventory.display()))?;
+    let nodes = lldp::nodes(plan);
+    let daemons = lldp::start(plan, &nodes, dir)?;
+    daemons.collect(&nodes, dir)?;
+    drop(daemons);
+    let (code, said) = lldp::learn(&opts.bin.join("ctl"), inventory, dir)?;
+    let learned = rocemesh_formats::inventory::Inventory::load(inventory)?;
+    let has = |name: &str| -> Vec<std::net::IpAddr> {
+        let tor = learned.tors.iter().find(|t| t.name == name).map(|t| &t.addrs);
+        tor.or(learned.spines.iter().find(|s| s.name == name).map(|s| &s.addrs)).cloned().unwrap_or_default()
+    };
+    let planned = (0..plan.tors)
+        .map(|t| (Plan::tor(t), plan.tor_addrs(t)))
+        .chain((0..plan.spines).map(|s| (Plan::spine(s), plan.spine_addrs(s))));
+    let mut missing = Vec::new();
+    for (name, addrs) in planned {
+        let learned = has(&name);
+        missing.extend(addrs.into_iter().filter(|a| !learned.contains(&(*a).into())).map(|a| format!("{name} {a}")));
+    }
+    let complete = said.contains("still without ports: 0 links, 0 RNICs");
+    let check = Check {
+        name: "LLDP: every port and switch address learned".into(),
+        ok: code == Some(0) && complete && missing.is_empty(),
+        detail: format!(
+            "{}; exit {code:?}; trace addresses not learned: {}",
+            said.trim(),
+            if missing.is_empty() { "none".into() } else { missing.join(", ") }
+        ),
+    };
+    let named = learned.tors.iter().any(|t| !t.addrs.is_empty()) || learned.spines.iter().any(|s| !s.addrs.is_empty());
+    Ok((check, named))
 }
 
 fn fresh_dir(p: &Path) -> anyhow::Result<()> {
@@ -483,7 +524,7 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     let out = &opts.out;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let out = &out.canonicalize()?;
-    for sub in ["agents", "segments", "pinglists", "faults"] {
+    for sub in ["agents", "segments", "pinglists", "faults", "lldp"] {
         fresh_dir(&out.join(sub))?;
     }
     let plan = Plan::for_this_process(SPINES, TORS, HOSTS_PER_TOR)?;
@@ -491,7 +532,13 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     eprintln!("testbeds clos: fabric {} up ({:.1} s)", plan.prefix, started.elapsed().as_secs_f64());
     let mut checks = fabric_checks(&fabric)?;
     let inventory = out.join("inventory.toml");
-    let inventory_addrs = net::write_inventory(&plan, &inventory)?;
+    let (lldp_check, inventory_addrs) = lldp_inventory(opts, &plan, &inventory, &out.join("lldp"))?;
+    eprintln!(
+        "testbeds clos: {} ({:.1} s)",
+        lldp_check.detail.lines().next().unwrap_or(""),
+        started.elapsed().as_secs_f64()
+    );
+    checks.push(lldp_check);
     // Every RNIC probes one RNIC under each other ToR.
     let (mesh, inter) = (opts.tor_mesh_pps, opts.inter_tor_pps);
     crate::harness::gen_pinglists(

@@ -79,7 +79,7 @@ impl Layout {
     /// The inventory of this layout, every RNIC with `gid_index`.
     pub fn inventory(&self, gid_index: u16) -> Inventory {
         let tors = (0..self.tors).map(|t| Tor { name: Self::tor_name(t), rail: None, addrs: Vec::new() }).collect();
-        let links = (0..self.tors).map(|t| Link { a: Self::tor_name(t), b: SPINE.to_string() }).collect();
+        let links = (0..self.tors).map(|t| Link::new(Self::tor_name(t), SPINE)).collect();
         let hosts = (0..self.tors)
             .flat_map(|t| (0..self.hosts_per_tor).map(move |h| (t, h)))
             .map(|(t, h)| {
@@ -92,6 +92,7 @@ impl Layout {
                         gid: None,
                         port: 1,
                         gid_index: Some(gid_index),
+                        tor_port: None,
                     }],
                     name,
                 }

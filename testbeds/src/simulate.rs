@@ -198,7 +198,7 @@ fn inventory_of(f: &Fabric) -> Inventory {
         .collect();
     let spines = (0..t.spines).map(|j| inventory::Spine { name: format!("spine{j}"), addrs: Vec::new() }).collect();
     let links = (0..t.tors)
-        .flat_map(|i| (0..t.spines).map(move |j| inventory::Link { a: format!("tor{i}"), b: format!("spine{j}") }))
+        .flat_map(|i| (0..t.spines).map(move |j| inventory::Link::new(format!("tor{i}"), format!("spine{j}"))))
         .collect();
     let k = t.rnics_per_host;
     let hosts = f
@@ -217,6 +217,7 @@ fn inventory_of(f: &Fabric) -> Inventory {
                         gid: None,
                         port: 1,
                         gid_index: None,
+                        tor_port: None,
                     }
                 })
                 .collect(),

@@ -6,9 +6,16 @@
 //! The agent, ctl and analyze binaries are built here into the target directory `testbeds` is
 //! in (a no-op when `cargo test --workspace` has just built them). Results stay in
 //! `$CARGO_TARGET_TMPDIR/clos` (result.json, localize.json, agents/*.log, segments/).
+//!
+//! Also here: `ctl inventory lldp` on the real LLDP tables of a small Clos fabric wired wrong
+//! on purpose (swapped uplinks, a host on another ToR), against its cabling plan.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use rocemesh_formats::inventory::Inventory;
+use rocemesh_testbeds::clos::lldp;
+use rocemesh_testbeds::clos::net::{Fabric, Plan};
 
 fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_testbeds")).parent().expect("testbeds is in a directory").to_path_buf()
@@ -107,4 +114,46 @@ fn run_fabric(out: &Path) -> String {
         Some(f) if f.starts_with("rmc") && f.len() > 3 => f.to_owned(),
         _ => panic!("{}: no `fabric` name (rmc<pid>) in it", path.display()),
     }
+}
+
+#[test]
+#[ignore = "needs root (network namespaces, lldpd): cargo test -p rocemesh-testbeds --test clos -- --ignored, as root"]
+fn lldp_names_each_cable_of_a_miswired_fabric() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(root, "this test builds network namespaces and needs root; it cannot pass as an ordinary user");
+    let bin = bin_dir();
+    build_binaries(&bin);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lldp-miswired");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    // This process's fabric (rmc<pid of this test>): `testbeds clos` above runs as its own process.
+    let plan = Plan::for_this_process(2, 2, 2).unwrap();
+    let inventory = out.join("inventory.toml");
+    let planned = lldp::planned_cabling(&plan).unwrap();
+    std::fs::write(&inventory, planned.to_toml_string().unwrap()).unwrap();
+    let fabric = Fabric::up(plan.clone()).unwrap();
+    let mut nodes = lldp::nodes(&plan);
+    lldp::miswire(&fabric, &mut nodes).unwrap();
+    let daemons = lldp::start(&plan, &nodes, &out.join("lldp")).unwrap();
+    daemons.collect(&nodes, &out.join("lldp")).unwrap();
+    drop(daemons);
+    drop(fabric);
+    let (code, said) = lldp::learn(&bin.join("ctl"), &inventory, &out.join("lldp")).unwrap();
+    println!("{said}");
+    assert_eq!(code, Some(1), "{said}");
+    for expect in [
+        "tor0.json:",
+        "link tor0|spine1 is on tor0 port s0, but",
+        "link tor0|spine0 is on tor0 port s1, but",
+        "RNIC tor1-h0/rnic0 is cabled to tor0 port h9, but",
+    ] {
+        assert!(said.contains(expect), "{expect:?} not said:\n{said}");
+    }
+    let problems: Vec<&str> = said.lines().filter(|l| l.contains(" (fix: ")).collect();
+    assert!(problems.iter().all(|l| l.contains(".json:")), "{problems:#?}");
+    // What disagrees is left as planned.
+    let after = Inventory::load(&inventory).unwrap();
+    assert_eq!(after.links, planned.links);
+    assert_eq!(after.hosts, planned.hosts);
 }

@@ -107,6 +107,7 @@ fn fabric(tors: &[Option<u16>], hosts: &[Vec<usize>], spines: usize) -> Inventor
                             gid: None,
                             port: 1,
                             gid_index: Some(3),
+                            tor_port: None,
                         }
                     })
                     .collect(),

@@ -312,21 +312,6 @@ const ROUTER_SYSCTLS: [&str; 8] = [
     "net.ipv4.conf.lo.rp_filter=0",
 ];
 
-/// Writes the inventory to `path` and checks it loads; with `addrs` unless the inventory reader
-/// of this build refuses them (then without). Returns whether `addrs` went in.
-pub fn write_inventory(plan: &Plan, path: &Path) -> anyhow::Result<bool> {
-    use rocemesh_formats::inventory::Inventory;
-    let with = plan.inventory_toml(true);
-    let (text, addrs) = match Inventory::parse(&with, path) {
-        Ok(_) => (with, true),
-        Err(e) if e.to_string().contains("addrs") => (plan.inventory_toml(false), false),
-        Err(e) => bail!("the fabric's inventory is invalid: {e}"),
-    };
-    Inventory::parse(&text, path).map_err(|e| anyhow::anyhow!("the fabric's inventory is invalid: {e}"))?;
-    std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
-    Ok(addrs)
-}
-
 /// The fabric that is up; dropping it deletes its namespaces (and so every interface in them).
 /// Processes still inside (agents) must be ended first.
 #[derive(Debug)]
