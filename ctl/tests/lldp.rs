@@ -175,6 +175,9 @@ fn tables_are_read_in_both_of_lldpcli_json_shapes_and_bad_ones_are_refused_by_fi
     std::fs::write(&bad, "{\"lldp\": {\"interface\": 7}}").unwrap();
     let e = Table::load(&bad).unwrap_err().to_string();
     assert!(e.contains("tor9.json") && e.contains("lldpcli -f json show neighbors"), "{e}");
+    std::fs::write(&bad, r#"{"lldp": [{"interface": [{"name": "eth0"}]}]}"#).unwrap();
+    let e = Table::load(&bad).unwrap_err().to_string();
+    assert!(e.contains("`json0`"), "lldpcli -f json0 is refused, not read as empty: {e}");
     std::fs::write(&bad, "{\"lldp\": \n[").unwrap();
     let e = Table::load(&bad).unwrap_err().to_string();
     assert!(e.contains("tor9.json") && e.contains("line 2"), "{e}");

@@ -53,7 +53,10 @@ impl Table {
         let bad = |field: &str, problem: String| FileError::new(path, None, field, problem, FIX);
         let root: Value = serde_json::from_str(text)
             .map_err(|e| FileError::new(path, Some(e.line()), "", format!("not JSON: {e}"), FIX))?;
-        let lldp = root.get("lldp").ok_or_else(|| bad("lldp", "no `lldp` object at the top".into()))?;
+        // `json0` (lldpcli's other JSON) puts an array here: refused rather than read as empty.
+        let lldp = root.get("lldp").filter(|v| v.is_object()).ok_or_else(|| {
+            bad("lldp", "no `lldp` object at the top (lldpcli's `json0` and `xml` formats are not read)".into())
+        })?;
         let entries: Vec<(&String, &Value)> = match lldp.get("interface") {
             None => Vec::new(),
             Some(Value::Object(m)) => m.iter().collect(),
