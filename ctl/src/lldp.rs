@@ -175,10 +175,11 @@ fn kinds(inv: &Inventory) -> HashMap<&str, Kind> {
     kinds
 }
 
-/// The inventory name of a neighbour's system name: itself, or its first label.
+/// The inventory name of a neighbour's system name: itself, or the longest part of it before a
+/// dot that is one (`leaf1.pod1.example.com` finds `leaf1.pod1` or `leaf1`).
 fn resolve<'k>(kinds: &HashMap<&'k str, Kind>, name: &str) -> Option<(&'k str, Kind)> {
-    let short = name.split('.').next().unwrap_or(name);
-    [name, short].into_iter().find_map(|n| kinds.get_key_value(n).map(|(k, v)| (*k, *v)))
+    let cuts = name.char_indices().filter(|(_, c)| *c == '.').map(|(i, _)| i).rev();
+    std::iter::once(name.len()).chain(cuts).find_map(|end| kinds.get_key_value(&name[..end]).map(|(k, v)| (*k, *v)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -215,6 +216,9 @@ fn classify(
             hosts.push(HostSeen { host: me, tor: peer.into(), tor_port: peer_port, addrs: Vec::new(), from })
         }
         (Kind::Host, Kind::Host) => {}
+        (Kind::Tor, Kind::Tor) | (Kind::Spine, Kind::Spine) => {
+            out.ignored.push(format!("{me} port {}: a peer link to {peer} (not in the inventory's model)", s.port))
+        }
         (a, b) => out.problems.push(Problem {
             file: from.file,
             line: Some(from.line),
@@ -239,7 +243,18 @@ fn links(out: &mut Learned, cables: &[CableSeen], tables: &[Table], inv_path: &P
     // disagrees is a problem (a stale table, or a cable moved between the two readings).
     let mut by_port: HashMap<(String, String), &CableSeen> = HashMap::new();
     let mut shown: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut owners = Owners::of(&out.inventory);
+    // Every (tor, spine, end, port) some table saw: a link's inventory port seen on a cable
+    // between the same two switches makes another port pair a parallel cable, not a swap.
+    let seen_ends: BTreeSet<(&str, &str, &str, &str)> = cables
+        .iter()
+        .flat_map(|c| {
+            let ends = [(c.tor.as_str(), c.tor_port.as_deref()), (c.spine.as_str(), c.spine_port.as_deref())];
+            ends.into_iter().filter_map(move |(n, p)| Some((c.tor.as_str(), c.spine.as_str(), n, p?)))
+        })
+        .collect();
     for c in cables {
+        shown.insert((c.tor.clone(), c.spine.clone()));
         let ends = [(&c.tor, &c.tor_port), (&c.spine, &c.spine_port)];
         let mut consistent = true;
         for (node, port) in ends {
@@ -272,8 +287,7 @@ fn links(out: &mut Learned, cables: &[CableSeen], tables: &[Table], inv_path: &P
                 by_port.entry((node.clone(), port.clone())).or_insert(c);
             }
         }
-        shown.insert((c.tor.clone(), c.spine.clone()));
-        set_link_ports(out, c, inv_path);
+        set_link_ports(out, &mut owners, &seen_ends, c, inv_path);
     }
     let read: BTreeSet<&str> = tables.iter().map(|t| t.node.as_str()).collect();
     for (i, l) in out.inventory.links.iter().enumerate() {
@@ -307,7 +321,13 @@ fn show(node: &str, port: &Option<String>) -> String {
 }
 
 /// Ports of the inventory's link for cable `c`: filled where missing, a problem where different.
-fn set_link_ports(out: &mut Learned, c: &CableSeen, inv_path: &Path) {
+fn set_link_ports(
+    out: &mut Learned,
+    owners: &mut Owners,
+    seen_ends: &BTreeSet<(&str, &str, &str, &str)>,
+    c: &CableSeen,
+    inv_path: &Path,
+) {
     let Some(link) =
         out.inventory.links.iter_mut().find(|l| (l.a == c.tor && l.b == c.spine) || (l.a == c.spine && l.b == c.tor))
     else {
@@ -341,14 +361,25 @@ fn set_link_ports(out: &mut Learned, c: &CableSeen, inv_path: &Path) {
         });
         return;
     };
+    let owner = format!("link {}|{}", link.a, link.b);
     let a_is_tor = link.a == c.tor;
     let (tor_slot, spine_slot) =
         if a_is_tor { (&mut link.a_port, &mut link.b_port) } else { (&mut link.b_port, &mut link.a_port) };
     for (node, slot, seen) in [(&c.tor, tor_slot, &c.tor_port), (&c.spine, spine_slot, &c.spine_port)] {
         let Some(seen) = seen else { continue };
-        match fill(slot, seen) {
-            Ok(filled) => out.link_ports += usize::from(filled),
-            Err(have) => out.problems.push(Problem {
+        match owners.fill(node, &owner, slot, seen) {
+            Fill::Set => out.link_ports += 1,
+            Fill::Same => {}
+            Fill::Differs(have)
+                if seen_ends.contains(&(c.tor.as_str(), c.spine.as_str(), node.as_str(), have.as_str())) =>
+            {
+                out.ignored.push(format!(
+                    "{node} port {seen}: a second cable of {}|{} (the inventory keeps one link per pair, on {node} port {have})",
+                    c.tor, c.spine
+                ));
+            }
+            Fill::Refused(why) => out.problems.push(refused(&c.from, why)),
+            Fill::Differs(have) => out.problems.push(Problem {
                 file: c.from.file.clone(),
                 line: Some(c.from.line),
                 what: format!(
@@ -363,64 +394,85 @@ fn set_link_ports(out: &mut Learned, c: &CableSeen, inv_path: &Path) {
     }
 }
 
-/// Sets an empty port `slot` to `seen`: `Ok(true)` when it was empty, `Ok(false)` when it
-/// already said `seen`, `Err(what it says)` otherwise (left as it is).
-fn fill(slot: &mut Option<String>, seen: &str) -> Result<bool, String> {
-    match slot {
-        None => {
-            *slot = Some(seen.to_string());
-            Ok(true)
+/// Who holds each switch port, (switch, port) → the link or RNIC: seeded from the inventory,
+/// then from every port filled, so that no fill gives a port two cables.
+struct Owners(HashMap<(String, String), String>);
+
+/// What filling a port did.
+enum Fill {
+    Set,
+    Same,
+    /// The inventory says another port (left as it is).
+    Differs(String),
+    /// The port is another link's or RNIC's already, or is no usable name: the problem.
+    Refused(String),
+}
+
+impl Owners {
+    fn of(inv: &Inventory) -> Owners {
+        let mut m = HashMap::new();
+        for l in &inv.links {
+            for (node, port) in [(&l.a, &l.a_port), (&l.b, &l.b_port)] {
+                if let Some(p) = port {
+                    m.insert((node.clone(), p.clone()), format!("link {}|{}", l.a, l.b));
+                }
+            }
         }
-        Some(have) if have == seen => Ok(false),
-        Some(have) => Err(have.clone()),
+        for h in &inv.hosts {
+            for r in &h.rnics {
+                if let Some(p) = &r.tor_port {
+                    m.insert((r.tor.clone(), p.clone()), format!("RNIC {}", Inventory::rnic_name(&h.name, &r.device)));
+                }
+            }
+        }
+        Owners(m)
+    }
+
+    /// Sets `owner`'s empty port `slot` on `switch` to `seen`.
+    fn fill(&mut self, switch: &str, owner: &str, slot: &mut Option<String>, seen: &str) -> Fill {
+        match slot {
+            Some(have) if have == seen => return Fill::Same,
+            Some(have) => return Fill::Differs(have.clone()),
+            None => {}
+        }
+        if let Some(problem) = rocemesh_formats::inventory::port_problem(seen) {
+            return Fill::Refused(format!("{switch}: {problem}"));
+        }
+        let key = (switch.to_string(), seen.to_string());
+        match self.0.get(&key) {
+            Some(other) if other != owner => Fill::Refused(format!(
+                "{switch} port {seen} is {other}'s in the inventory, and LLDP sees {owner} on it"
+            )),
+            _ => {
+                self.0.insert(key, owner.to_string());
+                *slot = Some(seen.to_string());
+                Fill::Set
+            }
+        }
     }
 }
 
 /// RNIC ports from the host cables seen.
 fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
     let mut taken: HashMap<String, &HostSeen> = HashMap::new();
+    let mut owners = Owners::of(&out.inventory);
     for s in seen {
         let Some(h) = out.inventory.hosts.iter_mut().find(|h| h.name == s.host) else { continue };
-        let by_addr = h.rnics.iter().position(|r| s.addrs.contains(&r.ip));
-        let under_tor: Vec<usize> = (0..h.rnics.len()).filter(|&j| h.rnics[j].tor == s.tor).collect();
-        let j = match (by_addr, &under_tor[..], h.rnics.len()) {
-            (Some(j), _, _) => j,
-            (None, [j], _) => *j,
-            (None, _, 1) => 0,
-            _ => {
-                out.problems.push(Problem {
-                    file: s.from.file.clone(),
-                    line: Some(s.from.line),
-                    what: format!(
-                        "{} reaches host {}, and nothing here says which of its {} RNICs",
-                        show(&s.tor, &s.tor_port),
-                        s.host,
-                        h.rnics.len()
-                    ),
-                    fix: format!(
-                        "give {}'s table too, taken with lldpd advertising the RNICs' addresses (`configure system ip management pattern`)",
-                        s.tor
-                    ),
-                });
+        // A host advertises every address on every port, so the addresses pick among the RNICs
+        // the inventory puts under this ToR; one RNIC there is the one.
+        let under: Vec<usize> = (0..h.rnics.len()).filter(|&j| h.rnics[j].tor == s.tor).collect();
+        let by_addr: Vec<usize> = under.iter().copied().filter(|&j| s.addrs.contains(&h.rnics[j].ip)).collect();
+        let j = match (&by_addr[..], &under[..]) {
+            ([j], _) | (_, [j]) => *j,
+            // Several RNICs under this ToR and nothing to tell them apart: left without a port.
+            (_, [_, ..]) => continue,
+            (_, []) => {
+                out.problems.push(elsewhere(h, s, inv_path));
                 continue;
             }
         };
         let r = &mut h.rnics[j];
         let name = Inventory::rnic_name(&h.name, &r.device);
-        if r.tor != s.tor {
-            out.problems.push(Problem {
-                file: s.from.file.clone(),
-                line: Some(s.from.line),
-                what: format!(
-                    "RNIC {name} is cabled to {}, but {} puts it under {}",
-                    show(&s.tor, &s.tor_port),
-                    inv_path.display(),
-                    r.tor
-                ),
-                fix: format!("correct its `tor` to {:?} in the inventory, or re-cable it to {}", s.tor, r.tor),
-            });
-            continue;
-        }
         let Some(port) = &s.tor_port else { continue };
         if let Some(first) = taken.get(&name)
             && first.tor_port.as_ref() != Some(port)
@@ -440,9 +492,11 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
             continue;
         }
         taken.entry(name.clone()).or_insert(s);
-        match fill(&mut r.tor_port, port) {
-            Ok(filled) => out.rnic_ports += usize::from(filled),
-            Err(have) => out.problems.push(Problem {
+        match owners.fill(&s.tor, &format!("RNIC {name}"), &mut r.tor_port, port) {
+            Fill::Set => out.rnic_ports += 1,
+            Fill::Same => {}
+            Fill::Refused(why) => out.problems.push(refused(&s.from, why)),
+            Fill::Differs(have) => out.problems.push(Problem {
                 file: s.from.file.clone(),
                 line: Some(s.from.line),
                 what: format!(
@@ -456,6 +510,50 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
                 ),
             }),
         }
+    }
+}
+
+/// A host seen on a ToR the inventory puts none of its RNICs under: the RNIC named when the
+/// host has one, or its addresses pick one.
+fn elsewhere(h: &rocemesh_formats::inventory::Host, s: &HostSeen, inv_path: &Path) -> Problem {
+    let by_addr: Vec<&rocemesh_formats::inventory::Rnic> = h.rnics.iter().filter(|r| s.addrs.contains(&r.ip)).collect();
+    let which = match (&by_addr[..], &h.rnics[..]) {
+        ([r], _) => Some(*r),
+        (_, [r]) => Some(r),
+        _ => None,
+    };
+    let (what, fix) = match which {
+        Some(r) => (
+            format!(
+                "RNIC {} is cabled to {}, but {} puts it under {}",
+                Inventory::rnic_name(&h.name, &r.device),
+                show(&s.tor, &s.tor_port),
+                inv_path.display(),
+                r.tor
+            ),
+            format!("correct its `tor` to {:?} in the inventory, or re-cable it to {}", s.tor, r.tor),
+        ),
+        None => (
+            format!(
+                "host {} is cabled to {}, but {} puts none of its RNICs under {}",
+                h.name,
+                show(&s.tor, &s.tor_port),
+                inv_path.display(),
+                s.tor
+            ),
+            format!("correct the `tor` of the RNIC on this cable to {:?}, or re-cable it", s.tor),
+        ),
+    };
+    Problem { file: s.from.file.clone(), line: Some(s.from.line), what, fix }
+}
+
+/// A port that could not be filled: taken by another cable, or no usable name.
+fn refused(from: &From, why: String) -> Problem {
+    Problem {
+        file: from.file.clone(),
+        line: Some(from.line),
+        what: why,
+        fix: "trace the cable on that port; correct the inventory's port or re-cable, then run again".into(),
     }
 }
 
@@ -477,10 +575,10 @@ fn addresses(out: &mut Learned, heard: &BTreeMap<String, BTreeSet<IpAddr>>, inv_
         }
     }
     // An address heard from two switches is neither's.
-    let mut claimed: HashMap<[u8; 16], Vec<&str>> = HashMap::new();
+    let mut claimed: HashMap<[u8; 16], BTreeSet<&str>> = HashMap::new();
     for (switch, addrs) in heard {
         for a in addrs {
-            claimed.entry(gid_bytes(*a)).or_default().push(switch);
+            claimed.entry(gid_bytes(*a)).or_default().insert(switch);
         }
     }
     let mut add: Vec<(String, IpAddr)> = Vec::new();

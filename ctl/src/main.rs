@@ -206,12 +206,13 @@ fn scrape_cmd(args: ScrapeArgs) -> Result<i32> {
     }
     eprintln!(
         "scrape: {} targets, {:.1} snapshots/s over {:.1} s, collector CPU {:.2} s ({:.0} snapshots per CPU second), \
-         {} ticks missed while the collector's loop was late",
+         {} ticks made, {} missed while the collector's loop was late",
         summary.targets.len(),
         summary.snapshots_per_s(),
         summary.seconds,
         summary.cpu_s,
         summary.targets.iter().map(|t| t.snapshots).sum::<u64>() as f64 / summary.cpu_s.max(1e-6),
+        summary.ticks,
         summary.ticks_missed
     );
     Ok(if failed { PROBLEMS } else { OK })
@@ -310,6 +311,8 @@ fn inventory_lldp(args: LldpArgs) -> Result<i32> {
     let tables = lldp::load_tables(&args.tables)?;
     let learned = lldp::apply(&inventory, &args.inventory, &tables);
     let text = learned.inventory.to_toml_string().context("serialising the inventory")?;
+    // Never replace a loadable inventory with one that is not.
+    Inventory::parse(&text, &out).context("the inventory learned from LLDP does not load (nothing was written)")?;
     let header = format!(
         "# ports and switch addresses set by ctl inventory lldp from {} tables; check with `ctl inventory check`\n",
         tables.len()

@@ -81,9 +81,11 @@ pub struct Summary {
     pub seconds: f64,
     /// CPU time of this process (user + system), s.
     pub cpu_s: f64,
-    /// Ticks that passed while the loop was busy (writing, decoding), so that no read was
-    /// posted for them.
+    /// Ticks that passed while the loop was busy (writing, decoding) or descheduled, so that no
+    /// read was posted for them.
     pub ticks_missed: u64,
+    /// Ticks at which reads were posted.
+    pub ticks: u64,
 }
 
 impl Summary {
@@ -126,6 +128,10 @@ struct Device {
     channel: *mut ffi::ibv_comp_channel,
     /// The channel's descriptor, for poll(2).
     fd: libc::c_int,
+    /// The channel failed (its device went): no longer waited on, so that a descriptor that
+    /// polls as an error for good cannot make the loop spin. Its CQ is still polled every loop
+    /// and ticks and read timeouts still bound the wait.
+    dead: bool,
     cq: *mut ffi::ibv_cq,
 }
 
@@ -181,7 +187,7 @@ impl Collector {
                 ffi::ibv_dealloc_pd(pd);
                 return Err(format!("ibv_create_cq: {e}"));
             }
-            let d = Device { ctx, pd, channel, fd: (*channel).fd, cq };
+            let d = Device { ctx, pd, channel, fd: (*channel).fd, cq, dead: false };
             // A blocking channel would stall the loop in ibv_get_cq_event; an unarmed CQ would
             // never wake it.
             let flags = libc::fcntl(d.fd, libc::F_GETFL);
@@ -405,7 +411,7 @@ impl Collector {
     /// Takes the completion channels' events and arms their CQs again. Called before the CQs
     /// are polled, so that a completion that lands between the two wakes the next poll(2).
     fn rearm(&mut self) {
-        for d in &self.devices {
+        for d in self.devices.iter_mut().filter(|d| !d.dead) {
             let mut n = 0u32;
             loop {
                 let (mut cq, mut ctx): (*mut ffi::ibv_cq, *mut libc::c_void) = (null_mut(), null_mut());
@@ -421,8 +427,7 @@ impl Collector {
                     ffi::ibv_ack_cq_events(d.cq, n);
                 }
                 if ffi::ibv_req_notify_cq(d.cq, 0) != 0 {
-                    // Not armed: the read timeout and the next tick still bound the wait.
-                    eprintln!("ctl scrape: ibv_req_notify_cq: {}", io::Error::last_os_error());
+                    d.fail(&format!("ibv_req_notify_cq: {}", io::Error::last_os_error()));
                 }
             }
         }
@@ -569,6 +574,16 @@ impl Drop for Collector {
 }
 
 impl Device {
+    /// Stops waiting on this device's channel, saying why once.
+    fn fail(&mut self, why: &str) {
+        if !self.dead {
+            eprintln!(
+                "ctl scrape: a device's completion channel failed ({why}; was it removed?): its reads are polled at ticks only"
+            );
+            self.dead = true;
+        }
+    }
+
     /// Destroys the CQ, its channel and the PD (every event taken was acked in `rearm`).
     fn destroy(&self) {
         // SAFETY: no QP uses them any more; the CQ goes before its channel.
@@ -787,6 +802,8 @@ pub fn run(
     let mut next_tick = Instant::now();
     let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(1 + c.targets.len());
     let mut ticks_missed = 0;
+    let mut ticks = 0;
+    let mut waited: Vec<usize> = Vec::new();
     loop {
         if stop.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
@@ -798,6 +815,7 @@ pub fn run(
             }
         }
         if now >= next_tick {
+            ticks += 1;
             next_tick += tick;
             if next_tick < now {
                 ticks_missed += ((now - next_tick).as_nanos() / tick.as_nanos().max(1)) as u64 + 1;
@@ -824,16 +842,24 @@ pub fn run(
         let wait = c.sleep_for(next_tick, opts.read_timeout);
         pfds.clear();
         pfds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        pfds.extend(c.devices.iter().map(|d| libc::pollfd { fd: d.fd, events: libc::POLLIN, revents: 0 }));
+        waited.clear();
+        waited.extend((0..c.devices.len()).filter(|&i| !c.devices[i].dead));
+        pfds.extend(waited.iter().map(|&i| libc::pollfd { fd: c.devices[i].fd, events: libc::POLLIN, revents: 0 }));
         let ms = wait.as_micros().div_ceil(1_000).min(1_000) as i32;
         // SAFETY: `pfds` holds pfds.len() valid pollfds.
         unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        for (p, &i) in pfds[1..].iter().zip(&waited) {
+            if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                c.devices[i].fail(&format!("poll revents {:#x}", p.revents));
+            }
+        }
     }
     let summary = Summary {
         targets: c.targets.iter().map(|t| t.summary.clone()).collect(),
         seconds: started.elapsed().as_secs_f64(),
         cpu_s: cpu_seconds() - cpu0,
         ticks_missed,
+        ticks,
     };
     Ok(summary)
 }

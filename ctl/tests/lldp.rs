@@ -209,3 +209,99 @@ fn the_command_writes_what_agrees_and_exits_1_on_cabling_that_does_not() {
     assert!(said.contains("(cables swapped?)"), "{said}");
     assert_eq!(Inventory::load(&inv).unwrap(), ported);
 }
+
+fn seen(line: usize, port: &str, peer: &str, peer_port: &str, mgmt: &[&str]) -> lldp::Seen {
+    lldp::Seen {
+        line,
+        port: port.into(),
+        peer: Some(peer.into()),
+        peer_port: Some(peer_port.into()),
+        mgmt: mgmt.iter().map(|a| a.parse().unwrap()).collect(),
+    }
+}
+
+fn table(node: &str, seen: Vec<lldp::Seen>) -> Table {
+    Table { file: PathBuf::from(format!("{node}.json")), node: node.into(), seen }
+}
+
+#[test]
+fn hosts_with_several_rnics_advertising_every_address_get_each_rnic_its_own_port() {
+    // A two-rail host (one RNIC under each ToR) and a host with two RNICs under one ToR, each
+    // advertising all its addresses on every port, as lldpd's pattern '*' does.
+    let inv = Inventory::parse(
+        r#"
+version = 1
+[[tor]]
+name = "tor0"
+[[tor]]
+name = "tor1"
+[[host]]
+name = "a"
+[[host.rnic]]
+device = "r0"
+tor = "tor0"
+ip = "10.0.0.1"
+[[host.rnic]]
+device = "r1"
+tor = "tor1"
+ip = "10.0.1.1"
+[[host]]
+name = "b"
+[[host.rnic]]
+device = "r0"
+tor = "tor0"
+ip = "10.0.0.3"
+[[host.rnic]]
+device = "r1"
+tor = "tor0"
+ip = "10.0.0.5"
+"#,
+        Path::new("i.toml"),
+    )
+    .unwrap();
+    let a = ["10.0.0.1", "10.0.1.1"];
+    let b = ["10.0.0.3", "10.0.0.5"];
+    let tables = [
+        table(
+            "tor0",
+            vec![seen(3, "p1", "a", "eth0", &a), seen(9, "p2", "b", "eth0", &b), seen(15, "p3", "b", "eth1", &b)],
+        ),
+        table("tor1", vec![seen(3, "p1", "a", "eth1", &a)]),
+        table("b", vec![seen(3, "eth0", "tor0", "p2", &[]), seen(9, "eth1", "tor0", "p3", &[])]),
+    ];
+    let l = lldp::apply(&inv, Path::new("i.toml"), &tables);
+    assert!(l.problems.is_empty(), "{:#?}", l.problems);
+    let ports: Vec<Option<&str>> =
+        l.inventory.hosts.iter().flat_map(|h| &h.rnics).map(|r| r.tor_port.as_deref()).collect();
+    // Host b's two RNICs under tor0 cannot be told apart by what LLDP says: left without ports.
+    assert_eq!(ports, [Some("p1"), Some("p1"), None, None]);
+    assert_eq!(l.rnics_unported, 2);
+}
+
+#[test]
+fn a_port_already_given_is_never_given_twice_and_a_parallel_cable_is_a_note() {
+    // tor0-h0 is on h0 in the inventory; the tables see tor0-h1 on h0 (the two hosts' cables
+    // swapped), and tor0|spine0 with a second cable (s4/t4) beside the inventory's s0/t0.
+    let ported = learn(INVENTORY, "ok").inventory.to_toml_string().unwrap();
+    let inv = Inventory::parse(&ported, Path::new("i.toml")).unwrap();
+    let tables = [table(
+        "tor0",
+        vec![
+            seen(3, "h0", "tor0-h1", "eth0", &["10.0.0.3"]),
+            seen(9, "s0", "spine0", "t0", &[]),
+            seen(15, "s4", "spine0", "t4", &[]),
+        ],
+    )];
+    let l = lldp::apply(&inv, Path::new("i.toml"), &tables);
+    let said: Vec<String> = l.problems.iter().map(ToString::to_string).collect();
+    assert!(
+        said.iter().any(|s| s
+            .contains("tor0 port h0 is RNIC tor0-h0/rxe0's in the inventory, and LLDP sees RNIC tor0-h1/rxe0 on it")),
+        "{said:#?}"
+    );
+    assert!(!said.iter().any(|s| s.contains("swapped")), "a parallel cable is not a swap: {said:#?}");
+    assert!(l.ignored.iter().any(|s| s.contains("a second cable of tor0|spine0")), "{:?}", l.ignored);
+    assert_eq!(l.inventory.hosts[2].rnics[0].tor_port, None);
+    // Whatever was learned loads.
+    Inventory::parse(&l.inventory.to_toml_string().unwrap(), Path::new("i.toml")).unwrap();
+}

@@ -223,9 +223,13 @@ fn baseline_and_scrape(ctl: &Path, dir: &Path, targets: &[String], agents: &Agen
         &["--rate-hz", &RATE_HZ.to_string(), "--duration-s", &SCRAPE_S.to_string(), "--prom", PROM],
         &scraped,
     )?;
-    std::fs::copy(PROM, dir.join("view.prom")).with_context(|| format!("copying {PROM} into the lab"))?;
     let after = agents.cpu_ticks()?;
     std::fs::write(dir.join("scrape.stderr"), &summary)?;
+    // Missing when the collector died before its first tick: its stderr (above) says why, and
+    // the Prometheus check fails on the file's absence.
+    if let Err(e) = std::fs::copy(PROM, dir.join("view.prom")) {
+        eprintln!("rxeview: copying {PROM} into the lab: {e}");
+    }
     Ok(Scraped { before, mid, after, ok, summary, path: scraped })
 }
 
@@ -275,24 +279,25 @@ fn rate_check(targets: &[String], per_target: &PerTarget, lines: &[serde_json::V
     // busy (the guest's two emulated CPUs also run five agents and rxe, and rxe's work for a
     // read runs in the kernel beside it) is counted as missed in its summary and cannot be
     // read. What the collector answers for is the ticks it made: every agent must be read at
-    // 90% of them (a read still in flight at a tick is read again when it completes). If half
-    // the ticks were missed the run cannot tell a slow collector from a slow guest: it fails.
+    // 90% of them (a read still in flight at a tick is read again when it completes), over at
+    // least 100 ticks, so that the 10% allowed is at least 10 reads and not a rounding. How
+    // slow the guest was shows in the detail (reads' times, ticks missed).
     let nominal = (RATE_HZ * SCRAPE_S as f64) as usize;
-    let missed: usize = scraped
-        .summary
-        .lines()
-        .find_map(|l| l.split(" ticks missed").next()?.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(nominal);
-    let made = nominal.saturating_sub(missed);
+    let count = |what: &str| -> Option<usize> {
+        scraped.summary.lines().find_map(|l| l.split_once(what).and_then(|(h, _)| h.rsplit(' ').next()?.parse().ok()))
+    };
+    // Not said: nothing was made.
+    let made = count(" ticks made").unwrap_or(0);
+    let missed = count(" missed while the collector").unwrap_or(nominal);
     let counts: Vec<String> =
         targets.iter().map(|t| format!("{t} {}", per_target.get(t).map_or(0, Vec::len))).collect();
     Check {
         name: "view: every agent read at each 10 Hz tick".into(),
         ok: scraped.ok
-            && made * 2 >= nominal
+            && made >= 100
             && targets.iter().all(|t| per_target.get(t).is_some_and(|v| v.len() * 10 >= made * 9)),
         detail: format!(
-            "{} snapshots; {made} ticks made of {nominal} ({missed} missed while the collector's loop was late), \
+            "{} snapshots; {made} ticks made of {nominal} nominal ({missed} missed while the collector's loop was late), \
              per agent: {}; {}",
             lines.len(),
             counts.join(", "),
