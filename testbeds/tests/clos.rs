@@ -17,6 +17,14 @@ use rocemesh_formats::inventory::Inventory;
 use rocemesh_testbeds::clos::lldp;
 use rocemesh_testbeds::clos::net::{Fabric, Plan};
 
+/// Held by each test for its whole run: `testbeds clos` removes at start every `rmc<pid>`
+/// fabric whose maker is not a running `testbeds`, which a fabric this test process made is.
+static ONE_FABRIC: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_fabric() -> std::sync::MutexGuard<'static, ()> {
+    ONE_FABRIC.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_testbeds")).parent().expect("testbeds is in a directory").to_path_buf()
 }
@@ -62,6 +70,7 @@ fn clos_fabric_localises_every_fault_and_blames_nothing_else() {
         "testbeds clos builds network namespaces and nftables rules and needs root: run this test as root \
          (scripts/test does when it is root); it cannot pass, or be skipped silently, as an ordinary user"
     );
+    let _one = one_fabric();
     let bin = bin_dir();
     build_binaries(&bin);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("clos");
@@ -122,6 +131,7 @@ fn lldp_names_each_cable_of_a_miswired_fabric() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     assert!(root, "this test builds network namespaces and needs root; it cannot pass as an ordinary user");
+    let _one = one_fabric();
     let bin = bin_dir();
     build_binaries(&bin);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("lldp-miswired");

@@ -140,6 +140,11 @@ impl Daemons {
             if started.elapsed() > FILL_TIMEOUT {
                 bail!("LLDP tables still incomplete after {FILL_TIMEOUT:?}: {}", short.join(", "));
             }
+            // A daemon that has not sent since its configuration (seen on a freshly wired
+            // fabric) is told to send now rather than waited for.
+            for (_, ns, sock, _) in &self.nodes {
+                let _ = run("ip", &["netns", "exec", ns, "lldpcli", "-u", &sock.to_string_lossy(), "update"]);
+            }
             std::thread::sleep(Duration::from_millis(500));
         }
     }
