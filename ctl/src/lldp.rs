@@ -83,6 +83,13 @@ struct From {
     line: usize,
 }
 
+impl From {
+    /// A problem found at this place of a table.
+    fn problem(&self, what: impl Into<String>, fix: impl Into<String>) -> Problem {
+        Problem { file: self.file.clone(), line: Some(self.line), what: what.into(), fix: fix.into() }
+    }
+}
+
 /// A ToR-spine cable as one table saw it.
 #[derive(Debug, Clone)]
 struct CableSeen {
@@ -219,12 +226,10 @@ fn classify(
         (Kind::Tor, Kind::Tor) | (Kind::Spine, Kind::Spine) => {
             out.ignored.push(format!("{me} port {}: a peer link to {peer} (not in the inventory's model)", s.port))
         }
-        (a, b) => out.problems.push(Problem {
-            file: from.file,
-            line: Some(from.line),
-            what: format!("{me} port {} reaches {peer} ({b:?}), a {a:?} cabled to a {b:?}", s.port),
-            fix: "a ToR is cabled to spines and hosts, a spine to ToRs: check this cable".into(),
-        }),
+        (a, b) => out.problems.push(from.problem(
+            format!("{me} port {} reaches {peer} ({b:?}), a {a:?} cabled to a {b:?}", s.port),
+            "a ToR is cabled to spines and hosts, a spine to ToRs: check this cable",
+        )),
     }
 }
 
@@ -262,10 +267,8 @@ fn links(out: &mut Learned, cables: &[CableSeen], tables: &[Table], inv_path: &P
             if let Some(first) = by_port.get(&(node.clone(), port.clone()))
                 && !same_cable(first, c)
             {
-                out.problems.push(Problem {
-                    file: c.from.file.clone(),
-                    line: Some(c.from.line),
-                    what: format!(
+                out.problems.push(c.from.problem(
+                    format!(
                         "{node} port {port} is seen here as {} to {}, but {}:{} sees {} to {}",
                         show(&c.tor, &c.tor_port),
                         show(&c.spine, &c.spine_port),
@@ -274,8 +277,8 @@ fn links(out: &mut Learned, cables: &[CableSeen], tables: &[Table], inv_path: &P
                         show(&first.tor, &first.tor_port),
                         show(&first.spine, &first.spine_port)
                     ),
-                    fix: "take both tables again at the same time; if they still disagree, trace the cable".into(),
-                });
+                    "take both tables again at the same time; if they still disagree, trace the cable",
+                ));
                 consistent = false;
             }
         }
@@ -341,24 +344,21 @@ fn set_link_ports(
                 () => None,
             })
             .collect();
-        out.problems.push(Problem {
-            file: c.from.file.clone(),
-            line: Some(c.from.line),
-            what: format!(
-                "{} reaches {}, but {} has no link {}|{} ({} is linked to {})",
-                show(&c.tor, &c.tor_port),
-                show(&c.spine, &c.spine_port),
-                inv_path.display(),
-                c.tor,
-                c.spine,
-                c.tor,
-                if declared.is_empty() { "no spine".to_string() } else { declared.join(", ") }
-            ),
-            fix: format!(
-                "if {} belongs on another spine, move this cable; if the cabling is right, add [[link]] a = {:?} b = {:?}",
-                c.tor, c.tor, c.spine
-            ),
-        });
+        let what = format!(
+            "{} reaches {}, but {} has no link {}|{} ({} is linked to {})",
+            show(&c.tor, &c.tor_port),
+            show(&c.spine, &c.spine_port),
+            inv_path.display(),
+            c.tor,
+            c.spine,
+            c.tor,
+            if declared.is_empty() { "no spine".to_string() } else { declared.join(", ") }
+        );
+        let fix = format!(
+            "if {} belongs on another spine, move this cable; if the cabling is right, add [[link]] a = {:?} b = {:?}",
+            c.tor, c.tor, c.spine
+        );
+        out.problems.push(c.from.problem(what, fix));
         return;
     };
     let owner = format!("link {}|{}", link.a, link.b);
@@ -379,17 +379,15 @@ fn set_link_ports(
                 ));
             }
             Fill::Refused(why) => out.problems.push(refused(&c.from, why)),
-            Fill::Differs(have) => out.problems.push(Problem {
-                file: c.from.file.clone(),
-                line: Some(c.from.line),
-                what: format!(
+            Fill::Differs(have) => out.problems.push(c.from.problem(
+                format!(
                     "link {}|{} is on {node} port {seen}, but {} puts it on {node} port {have} (cables swapped?)",
                     c.tor,
                     c.spine,
                     inv_path.display()
                 ),
-                fix: format!("move the cable back to {node} port {have}, or correct the link's port in the inventory"),
-            }),
+                format!("move the cable back to {node} port {have}, or correct the link's port in the inventory"),
+            )),
         }
     }
 }
@@ -477,18 +475,16 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
         if let Some(first) = taken.get(&name)
             && first.tor_port.as_ref() != Some(port)
         {
-            out.problems.push(Problem {
-                file: s.from.file.clone(),
-                line: Some(s.from.line),
-                what: format!(
+            out.problems.push(s.from.problem(
+                format!(
                     "RNIC {name} is seen here on {}, but {}:{} sees it on {}",
                     show(&s.tor, &s.tor_port),
                     first.from.file.display(),
                     first.from.line,
                     show(&first.tor, &first.tor_port)
                 ),
-                fix: "take both tables again at the same time; if they still disagree, trace the cable".into(),
-            });
+                "take both tables again at the same time; if they still disagree, trace the cable",
+            ));
             continue;
         }
         taken.entry(name.clone()).or_insert(s);
@@ -496,19 +492,14 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
             Fill::Set => out.rnic_ports += 1,
             Fill::Same => {}
             Fill::Refused(why) => out.problems.push(refused(&s.from, why)),
-            Fill::Differs(have) => out.problems.push(Problem {
-                file: s.from.file.clone(),
-                line: Some(s.from.line),
-                what: format!(
+            Fill::Differs(have) => out.problems.push(s.from.problem(
+                format!(
                     "RNIC {name} is on {} port {port}, but {} puts it on port {have} (cables swapped?)",
                     s.tor,
                     inv_path.display()
                 ),
-                fix: format!(
-                    "move the cable back to {} port {have}, or correct its `tor_port` in the inventory",
-                    s.tor
-                ),
-            }),
+                format!("move the cable back to {} port {have}, or correct its `tor_port` in the inventory", s.tor),
+            )),
         }
     }
 }
@@ -544,17 +535,12 @@ fn elsewhere(h: &rocemesh_formats::inventory::Host, s: &HostSeen, inv_path: &Pat
             format!("correct the `tor` of the RNIC on this cable to {:?}, or re-cable it", s.tor),
         ),
     };
-    Problem { file: s.from.file.clone(), line: Some(s.from.line), what, fix }
+    s.from.problem(what, fix)
 }
 
 /// A port that could not be filled: taken by another cable, or no usable name.
 fn refused(from: &From, why: String) -> Problem {
-    Problem {
-        file: from.file.clone(),
-        line: Some(from.line),
-        what: why,
-        fix: "trace the cable on that port; correct the inventory's port or re-cable, then run again".into(),
-    }
+    from.problem(why, "trace the cable on that port; correct the inventory's port or re-cable, then run again")
 }
 
 /// Switch addresses heard, added where no one else claims them.
