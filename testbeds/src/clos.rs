@@ -249,7 +249,7 @@ fn lldp_inventory(opts: &ClosOptions, plan: &Plan, inventory: &Path, dir: &Path)
     std::fs::write(inventory, plan.inventory_toml(false))
         .with_context(|| format!("writing {}", inventory.display()))?;
     let nodes = lldp::nodes(plan);
-    let daemons = lldp::start(plan, &nodes, dir)?;
+    let mut daemons = lldp::start(plan, &nodes, dir)?;
     daemons.collect(&nodes, dir)?;
     drop(daemons);
     let (code, said) = lldp::learn(&opts.bin.join("ctl"), inventory, dir)?;

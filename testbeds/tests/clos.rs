@@ -145,7 +145,7 @@ fn lldp_names_each_cable_of_a_miswired_fabric() {
     let fabric = Fabric::up(plan.clone()).unwrap();
     let mut nodes = lldp::nodes(&plan);
     lldp::miswire(&fabric, &mut nodes).unwrap();
-    let daemons = lldp::start(&plan, &nodes, &out.join("lldp")).unwrap();
+    let mut daemons = lldp::start(&plan, &nodes, &out.join("lldp")).unwrap();
     daemons.collect(&nodes, &out.join("lldp")).unwrap();
     drop(daemons);
     drop(fabric);

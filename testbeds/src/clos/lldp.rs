@@ -8,6 +8,12 @@
 //! address as a management address (`configure system ip management pattern '*'`: switches
 //! answer path traces from their interface addresses), and sends every second so that the
 //! tables fill in seconds. The daemons are stopped once the tables are taken.
+//!
+//! The configuration is a file each daemon's own lldpcli reads at start (`lldpd -O`), before
+//! it resumes and sends anything, as a packaged lldpd reads /etc/lldpd.d. Configuring a running
+//! daemon over its socket raced its start: about one run in five, a daemon's first frames went
+//! out under the machine's hostname and it then stopped sending on some or all ports for good
+//! (`lldpcli update` did not wake it), so its neighbours never learned its name.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,8 +27,8 @@ use rocemesh_formats::inventory::Inventory;
 use super::net::{Fabric, Plan};
 use crate::rxefabric::proc::run;
 
-/// How long the tables may take to fill: a daemon sends at start and every second after its
-/// configuration, so a complete fabric is seen within a few seconds.
+/// How long the tables may take to fill: a daemon sends at start and every second after, so a
+/// complete fabric is seen within a few seconds.
 const FILL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Running lldpd daemons, one per node; dropping them stops them.
@@ -30,6 +36,8 @@ const FILL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Daemons {
     /// (node, namespace, control socket, daemon).
     nodes: Vec<(String, String, PathBuf, Child)>,
+    /// Each daemon's PID and configuration files, removed with it.
+    files: Vec<PathBuf>,
 }
 
 impl Drop for Daemons {
@@ -38,6 +46,9 @@ impl Drop for Daemons {
             let _ = child.kill();
             let _ = child.wait();
             let _ = std::fs::remove_file(sock);
+        }
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
         }
     }
 }
@@ -60,74 +71,78 @@ pub fn nodes(plan: &Plan) -> Vec<(String, usize)> {
     spines.chain(tors).chain(hosts).collect()
 }
 
-/// Starts lldpd in every namespace of `nodes`; logs go to `dir`.
+/// Starts lldpd, configured, in every namespace of `nodes`; their logs go to `dir`.
 pub fn start(plan: &Plan, nodes: &[(String, usize)], dir: &Path) -> anyhow::Result<Daemons> {
     // lldpd's privilege-separated half chroots there; a host without the package's tmpfiles
     // (a container) lacks it.
     std::fs::create_dir_all("/run/lldpd").context("creating /run/lldpd (lldpd's chroot)")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut daemons = Daemons { nodes: Vec::new() };
+    let mut daemons = Daemons { nodes: Vec::new(), files: Vec::new() };
     for (node, _) in nodes {
         let ns = plan.ns(node);
         let sock = PathBuf::from(format!("/run/rocemesh-lldpd-{ns}.sock"));
+        // Its own, not /run/lldpd.pid, which a packaged daemon of the host may hold.
+        let pid_file = PathBuf::from(format!("/run/rocemesh-lldpd-{ns}.pid"));
+        // lldpd runs lldpcli as its unprivileged user (_lldpd), which must be able to read it:
+        // not under root's home, where the test's directories are.
+        let conf = PathBuf::from(format!("/run/rocemesh-lldpd-{ns}.conf"));
+        std::fs::write(&conf, configuration(node)).with_context(|| format!("writing {}", conf.display()))?;
         let log = std::fs::File::create(dir.join(format!("{node}.log")))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &ns, "lldpd", "-d", "-u"])
             .arg(&sock)
+            .arg("-p")
+            .arg(&pid_file)
+            .arg("-O")
+            .arg(&conf)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .context("starting lldpd")?;
         daemons.nodes.push((node.clone(), ns, sock, child));
-    }
-    for (node, ns, sock, _) in &daemons.nodes {
-        configure(node, ns, sock)?;
+        daemons.files.extend([pid_file, conf]);
     }
     Ok(daemons)
 }
 
-/// Names the node, and has it send interface names, every address, every second.
-fn configure(node: &str, ns: &str, sock: &Path) -> anyhow::Result<()> {
-    let sock = sock.to_string_lossy();
-    let commands: [&[&str]; 4] = [
-        &["configure", "system", "hostname", node],
-        &["configure", "lldp", "portidsubtype", "ifname"],
-        &["configure", "system", "ip", "management", "pattern", "*"],
-        &["configure", "lldp", "tx-interval", "1"],
-    ];
-    for c in commands {
-        // The control socket appears once the daemon is up: retry for a moment.
-        let started = Instant::now();
-        loop {
-            let mut args = vec!["netns", "exec", ns, "lldpcli", "-u", &sock];
-            args.extend_from_slice(c);
-            match run("ip", &args) {
-                Ok(_) => break,
-                Err(e) if started.elapsed() > Duration::from_secs(10) => {
-                    return Err(e.context(format!("configuring lldpd on {node}")));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        }
-    }
-    Ok(())
+/// The daemon's configuration: the node's name, interface names as port IDs, every address as
+/// a management address, a frame every second.
+fn configuration(node: &str) -> String {
+    format!(
+        "configure system hostname {node}\n\
+         configure lldp portidsubtype ifname\n\
+         configure system ip management pattern *\n\
+         configure lldp tx-interval 1\n"
+    )
 }
 
 impl Daemons {
     /// Waits until every node's table shows its neighbours by their names, then writes each as
-    /// `<dir>/<node>.json`. A table still short after [`FILL_TIMEOUT`] is an error naming it.
-    pub fn collect(&self, nodes: &[(String, usize)], dir: &Path) -> anyhow::Result<()> {
+    /// `<dir>/<node>.json`. A table still short after [`FILL_TIMEOUT`], or a daemon that exited,
+    /// is an error naming it.
+    pub fn collect(&mut self, nodes: &[(String, usize)], dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let want: BTreeMap<&str, usize> = nodes.iter().map(|(n, k)| (n.as_str(), *k)).collect();
         let started = Instant::now();
         let mut short: Vec<String>;
         loop {
             short = Vec::new();
-            for (node, ns, sock, _) in &self.nodes {
+            for (node, ns, sock, child) in &mut self.nodes {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "lldpd on {node} exited ({status}): {} has its log",
+                        dir.join(format!("{node}.log")).display()
+                    );
+                }
                 let sock = sock.to_string_lossy();
-                let json =
-                    run("ip", &["netns", "exec", ns, "lldpcli", "-u", &sock, "-f", "json", "show", "neighbors"])?;
+                // The control socket appears a moment after the daemon starts.
+                let Ok(json) =
+                    run("ip", &["netns", "exec", ns, "lldpcli", "-u", &sock, "-f", "json", "show", "neighbors"])
+                else {
+                    short.push(format!("{node} not answering on {sock}"));
+                    continue;
+                };
                 let named = named_neighbours(&json, &want);
                 if named < want[node.as_str()] {
                     short.push(format!("{node} {named}/{}", want[node.as_str()]));
@@ -138,15 +153,33 @@ impl Daemons {
                 return Ok(());
             }
             if started.elapsed() > FILL_TIMEOUT {
-                bail!("LLDP tables still incomplete after {FILL_TIMEOUT:?}: {}", short.join(", "));
-            }
-            // A daemon that has not sent since its configuration (seen on a freshly wired
-            // fabric) is told to send now rather than waited for.
-            for (_, ns, sock, _) in &self.nodes {
-                let _ = run("ip", &["netns", "exec", ns, "lldpcli", "-u", &sock.to_string_lossy(), "update"]);
+                bail!(
+                    "LLDP tables still incomplete after {FILL_TIMEOUT:?}: {}{}",
+                    short.join(", "),
+                    unconfigured(&self.nodes, dir)
+                );
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+}
+
+/// The daemons whose log does not show their configuration applied (a neighbour then hears the
+/// machine's hostname, not the node's name), as a sentence to add to an error.
+fn unconfigured(nodes: &[(String, String, PathBuf, Child)], dir: &Path) -> String {
+    let applied = |node: &str| {
+        let log = std::fs::read_to_string(dir.join(format!("{node}.log"))).unwrap_or_default();
+        log.contains(&format!("system name set to new value {node}"))
+    };
+    let not: Vec<&str> = nodes.iter().map(|(n, ..)| n.as_str()).filter(|n| !applied(n)).collect();
+    match not.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; the configuration of {} was not applied (their logs in {} say why; lldpd's own lldpcli, run \
+             as _lldpd, reads it)",
+            not.join(", "),
+            dir.display()
+        ),
     }
 }
 
