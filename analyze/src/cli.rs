@@ -212,6 +212,9 @@ pub struct HtmlArgs {
     /// `html::HtmlReport::build_ranges` and `localize::localize_ranges`).
     #[command(flatten)]
     pub ranges: RangeArgs,
+    /// The switches' counters beside the findings, as `localize` shows them.
+    #[command(flatten)]
+    pub switches: SwitchArgs,
     /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
@@ -378,6 +381,58 @@ pub struct LocalizeArgs {
     /// Localisation from records reads these ranges four times (see `localize::localize_ranges`).
     #[command(flatten)]
     pub ranges: RangeArgs,
+    /// The switches' counters beside the findings.
+    #[command(flatten)]
+    pub switches: SwitchArgs,
+}
+
+/// Switch counters from Prometheus beside the findings (`analyze::switches`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SwitchArgs {
+    /// The Prometheus that scrapes the switches (http://host:port[/prefix]): each rnic, link,
+    /// ToR and spine finding then says whether the error, discard, pause and ECN counters of
+    /// its ports moved with it (corroborated), stayed flat (silent: loss only probing sees), or
+    /// have no series. The ports are the inventory's (`ctl inventory lldp` learns them), so it
+    /// needs --inventory. Unreachable or refusing: said once, and the findings stand.
+    #[arg(long, requires = "inventory")]
+    pub prometheus: Option<String>,
+    /// Which series hold a port's counters: a preset (if_mib: snmp_exporter's; gnmic: gnmic's
+    /// OpenConfig interface counters; sonic: sonic-exporter's) or a TOML file naming the switch
+    /// label, the port label and a selector per counter (docs/GUIDE.md shows one).
+    #[arg(long, default_value = "if_mib")]
+    pub counter_map: String,
+    /// Seconds before a finding whose counters give their usual rate.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400 * 30))]
+    pub counters_before_s: u64,
+    /// Seconds past each end of a span a sample bounding it is looked for: at least the
+    /// switches' scrape interval.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub counters_lookback_s: u64,
+    /// The false-positive rate a finding's counters are held to together (a counter moved when
+    /// its increase is this improbable at its earlier rate, Bonferroni over the finding's).
+    #[arg(long, default_value_t = 0.001, value_parser = parse_fdr)]
+    pub counters_alpha: f64,
+}
+
+impl SwitchArgs {
+    /// The options, when --prometheus is given; `Err(code)` when they cannot be used (said).
+    fn options(&self, command: &str, window_s: u64) -> Result<Option<crate::switches::Options>, i32> {
+        let Some(url) = &self.prometheus else { return Ok(None) };
+        let said = |e: &dyn std::fmt::Display| {
+            eprintln!("analyze {command}: {e}");
+            exit::USAGE
+        };
+        let prometheus = crate::switches::prom::Prometheus::new(url).map_err(|e| said(&e))?;
+        let map = crate::switches::map::CounterMap::resolve(&self.counter_map).map_err(|e| said(&e))?;
+        Ok(Some(crate::switches::Options {
+            prometheus,
+            map,
+            before_s: self.counters_before_s,
+            lookback_s: self.counters_lookback_s,
+            alpha: self.counters_alpha,
+            window_ns: window_s.max(1) * 1_000_000_000,
+        }))
+    }
 }
 
 /// `--fdr`: a rate strictly between 0 and 1.
@@ -723,6 +778,10 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(f) => f,
         Err(code) => return code,
     };
+    let switch_opts = match args.switches.options("html", args.window_s) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
     let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
         plan.ds.add_single_paths(inv);
@@ -730,6 +789,12 @@ pub fn html(args: &HtmlArgs) -> i32 {
     let ranges = plan.ranges(args.ranges.range_records as usize);
     let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
     let localization = crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts);
+    let switches =
+        switch_opts.as_ref().zip(inv.as_ref()).map(|(o, inv)| crate::switches::enrich(&localization, inv, o));
+    if let Some(e) = switches.as_ref().and_then(|s| s.error.as_ref()) {
+        eprintln!("analyze html: switch counters: {e}; the findings stand without them");
+    }
+    let mut notes = switches.map(|s| s.per_finding).unwrap_or_default().into_iter();
     let services = localization.services;
     let findings: Vec<html::FindingRow> = localization
         .findings
@@ -740,6 +805,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
             start_ns: f.start_ns,
             end_ns: f.end_ns,
             evidence: f.evidence,
+            switches: notes.next().flatten().map(|n| n.line()),
         })
         .collect();
     let meta = Meta {
@@ -781,6 +847,23 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), report::ReportError> {
     })
 }
 
+/// The findings document, with each finding's switch counters under `switch` and the run's
+/// under `switch_counters` when Prometheus was asked.
+fn findings_json(
+    l: &crate::localize::Localization,
+    switches: Option<&crate::switches::SwitchCounters>,
+) -> serde_json::Result<String> {
+    let Some(sc) = switches else { return serde_json::to_string_pretty(l) };
+    let mut v = serde_json::to_value(l)?;
+    for (i, fc) in sc.per_finding.iter().enumerate() {
+        if let (Some(fc), Some(f)) = (fc, v.pointer_mut(&format!("/findings/{i}"))) {
+            f["switch"] = serde_json::to_value(fc)?;
+        }
+    }
+    v["switch_counters"] = serde_json::to_value(sc)?;
+    serde_json::to_string_pretty(&v)
+}
+
 /// Runs `analyze localize`; returns the exit code.
 pub fn localize(args: &LocalizeArgs) -> i32 {
     let sla = match args.sla.resolve_for("localize") {
@@ -793,6 +876,10 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
     };
     let files = match find("localize", &args.inputs) {
         Ok(f) => f,
+        Err(code) => return code,
+    };
+    let switch_opts = match args.switches.options("localize", args.window_s) {
+        Ok(o) => o,
         Err(code) => return code,
     };
     let opts = crate::localize::Options {
@@ -811,9 +898,13 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         (0, u64::MAX),
     );
     say_problems("localize", &ds, inv.as_ref());
+    let switches = switch_opts.as_ref().zip(inv.as_ref()).map(|(o, inv)| crate::switches::enrich(&result, inv, o));
+    if let Some(e) = switches.as_ref().and_then(|s| s.error.as_ref()) {
+        eprintln!("analyze localize: switch counters: {e}; the findings stand without them");
+    }
     // Encoded only when something takes it: a wide fleet's findings and services are large.
     let json = match (args.format == FindingsFormat::Json || args.json.is_some())
-        .then(|| serde_json::to_string_pretty(&result))
+        .then(|| findings_json(&result, switches.as_ref()))
         .transpose()
     {
         Ok(json) => json.map(|s| format!("{s}\n")),
@@ -830,7 +921,13 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
     }
     let text = match json {
         Some(json) if args.format == FindingsFormat::Json => json,
-        _ => crate::localize::render_table(&result),
+        _ => {
+            let notes: Vec<Option<String>> = switches
+                .as_ref()
+                .map(|s| s.per_finding.iter().map(|f| f.as_ref().map(|f| f.line())).collect())
+                .unwrap_or_default();
+            crate::localize::render_table_with(&result, &notes)
+        }
     };
     match &args.output {
         Some(path) => {

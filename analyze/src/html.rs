@@ -44,6 +44,8 @@ pub struct FindingRow {
     pub end_ns: Option<u64>,
     /// Why, in one line.
     pub evidence: String,
+    /// What the switches' counters of its ports did (`crate::switches`), when asked.
+    pub switches: Option<String>,
 }
 
 /// What the page shows of a pair over the whole range: one heatmap cell.
@@ -544,19 +546,27 @@ fn render_findings(h: &mut String, findings: Option<&[FindingRow]>) {
         None => h.push_str("<p>findings: run <code>analyze localize</code></p>"),
         Some([]) => h.push_str("<p>No findings: localisation blamed nothing.</p>"),
         Some(f) => {
-            h.push_str(
-                "<table><tr><th>kind</th><th>entity</th><th>from (UTC)</th><th>to (UTC)</th><th>evidence</th></tr>",
+            // The switches' column only when Prometheus was asked about some finding.
+            let switches = f.iter().any(|f| f.switches.is_some());
+            let _ = write!(
+                h,
+                "<table><tr><th>kind</th><th>entity</th><th>from (UTC)</th><th>to (UTC)</th><th>evidence</th>{}</tr>",
+                if switches { "<th>switch ports and counters</th>" } else { "" }
             );
             for f in f {
                 let _ = write!(
                     h,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
                     escape(&f.kind),
                     escape(&f.entity),
                     utc(f.start_ns),
                     f.end_ns.map_or_else(|| "ongoing".into(), utc),
                     escape(&f.evidence)
                 );
+                if switches {
+                    let _ = write!(h, "<td>{}</td>", escape(f.switches.as_deref().unwrap_or("-")));
+                }
+                h.push_str("</tr>");
             }
             h.push_str("</table>");
         }

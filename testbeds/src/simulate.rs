@@ -186,7 +186,9 @@ pub fn simulate_summarised(
     Ok(summary)
 }
 
-/// The inventory of the simulated fabric, as ctl would read it.
+/// The inventory of the simulated fabric, as ctl would read it, with its cabling as
+/// `ctl inventory lldp` would learn it: ToR i's port to spine j is `s{j}`, the spine's is
+/// `t{i}`, and the n-th RNIC under a ToR is on its port `h{n}` (the Clos testbed's names).
 fn inventory_of(f: &Fabric) -> Inventory {
     let t = &f.scenario.topology;
     let tors = (0..t.tors)
@@ -198,9 +200,16 @@ fn inventory_of(f: &Fabric) -> Inventory {
         .collect();
     let spines = (0..t.spines).map(|j| inventory::Spine { name: format!("spine{j}"), addrs: Vec::new() }).collect();
     let links = (0..t.tors)
-        .flat_map(|i| (0..t.spines).map(move |j| inventory::Link::new(format!("tor{i}"), format!("spine{j}"))))
+        .flat_map(|i| {
+            (0..t.spines).map(move |j| inventory::Link {
+                a_port: Some(format!("s{j}")),
+                b_port: Some(format!("t{i}")),
+                ..inventory::Link::new(format!("tor{i}"), format!("spine{j}"))
+            })
+        })
         .collect();
     let k = t.rnics_per_host;
+    let mut under_tor = vec![0u32; t.tors as usize];
     let hosts = f
         .host_names
         .iter()
@@ -210,14 +219,17 @@ fn inventory_of(f: &Fabric) -> Inventory {
             rnics: (0..k)
                 .map(|r| {
                     let id = h as u32 * k + r;
+                    let tor = f.rnic_tor[id as usize];
+                    let n = under_tor[tor as usize];
+                    under_tor[tor as usize] += 1;
                     inventory::Rnic {
                         device: format!("rnic{r}"),
-                        tor: format!("tor{}", f.rnic_tor[id as usize]),
+                        tor: format!("tor{tor}"),
                         ip: ip_of(id).into(),
                         gid: None,
                         port: 1,
                         gid_index: None,
-                        tor_port: None,
+                        tor_port: Some(format!("h{n}")),
                     }
                 })
                 .collect(),

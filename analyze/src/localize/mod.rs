@@ -106,7 +106,7 @@ use blame::{BlameStream, Blamer, Held, Llrs, absorb_edges, hysteresis};
 use evidence::{Elements, Evidence, evidence};
 use noise::{Agents, Hosts, Noise, NoiseScan};
 pub use noise::{busy_host, slowed_beyond_busy, stall};
-pub use render::render_table;
+pub use render::{render_table, render_table_with};
 use serde::Serialize;
 use services::service_impacts;
 use statistics::Z99;

@@ -46,6 +46,12 @@ pub(super) fn slow_sources(ts: TsSources, base: &Baselines, w: u32) -> String {
 
 /// A readable table of findings with their evidence.
 pub fn render_table(l: &Localization) -> String {
+    render_table_with(l, &[])
+}
+
+/// [`render_table`] with a line of `notes` under each finding that has one (`notes[i]` for
+/// `l.findings[i]`; what the switches saw, `crate::switches`).
+pub fn render_table_with(l: &Localization, notes: &[Option<String>]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{} findings over {} windows, {} records", l.findings.len(), l.windows, l.records);
     if l.evidence.from == "window_summaries" {
@@ -114,7 +120,7 @@ pub fn render_table(l: &Localization) -> String {
         "{:<9} {:<24} {:<20} {:<20} {:>4} {:>5} evidence",
         "kind", "entity", "from (UTC)", "to (UTC)", "win", "flaps"
     );
-    for f in &l.findings {
+    for (i, f) in l.findings.iter().enumerate() {
         let to = f.end_ns.map_or_else(|| "still holding".to_owned(), crate::inspect::utc);
         let _ = writeln!(
             s,
@@ -127,6 +133,9 @@ pub fn render_table(l: &Localization) -> String {
             f.flaps,
             f.evidence
         );
+        if let Some(Some(note)) = notes.get(i) {
+            let _ = writeln!(s, "{:<9} {note}", "");
+        }
     }
     render_services(&mut s, l);
     s
