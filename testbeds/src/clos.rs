@@ -18,12 +18,15 @@
 //! Everything lands under `--out`: inventory.toml, pinglists/, agents/ (configs and logs),
 //! segments/, faults/ (the nft rules), scenario.toml, localize.json (from the records),
 //! localize-summaries.json (from the window summaries), live.jsonl (what `analyze live` wrote,
-//! each line with its arrival time), result.json.
+//! each line with its arrival time), switch-counters.om (the switches' port counters, sampled
+//! each second: [`counters`]), localize-switches.json (localised with those counters served by
+//! a real Prometheus, under prometheus/), result.json.
 //!
 //! The agents also push their window summaries and path traces to `analyze live` on the
 //! management network ([`live`]): its findings are scored by the same checks, and each fault it
 //! must find is timed from injection to its `open` line.
 
+pub mod counters;
 pub mod live;
 pub mod lldp;
 pub mod net;
@@ -223,7 +226,13 @@ fn preflight(bin: &Path) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("testbeds clos builds network namespaces and nftables rules: run it as root");
     }
-    for (tool, package) in [("ip", "iproute2"), ("nft", "nftables"), ("ping", "iputils-ping")] {
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("nft", "nftables"),
+        ("ping", "iputils-ping"),
+        ("promtool", "prometheus"),
+        ("prometheus", "prometheus"),
+    ] {
         if Command::new(tool).arg("-V").output().is_err() {
             bail!("`{tool}` is not installed: apt-get install {package}");
         }
@@ -480,18 +489,18 @@ impl Timeline {
     }
 }
 
-/// Loss on `nodes` ((node, egress interface or every one)) for `len_ns`; returns (from, to).
+/// Loss on `nodes` ((node, its egress interfaces)) for `len_ns`; returns (from, to).
 fn loss_phase(
     fabric: &Fabric,
     tl: &mut Timeline,
     faults_dir: &Path,
-    nodes: &[(String, Option<String>)],
+    nodes: &[(String, Vec<String>)],
     percent: u32,
     len_ns: u64,
 ) -> anyhow::Result<(u64, u64)> {
     let from = now_ns();
-    for (node, oif) in nodes {
-        fabric.nft_load(node, &net::loss_rules(percent, oif.as_deref()), faults_dir)?;
+    for (node, oifs) in nodes {
+        fabric.nft_load(node, &net::loss_rules(percent, oifs), faults_dir)?;
     }
     let slept = sleep_until(from + len_ns);
     for (node, _) in nodes {
@@ -584,7 +593,11 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     let mut tl = Timeline { phases: Vec::new(), faults: Vec::new(), drops: BTreeMap::new(), start_ns: t0 };
     let faults_dir = out.join("faults");
     if timeline {
-        run_timeline(opts, &fabric, &mut agents, &mut tl, &faults_dir, &mut since)?;
+        let sampler = counters::Sampler::start(&plan);
+        let ran = run_timeline(opts, &fabric, &mut agents, &mut tl, &faults_dir, &mut since);
+        let samples = sampler.stop();
+        ran?;
+        std::fs::write(out.join("switch-counters.om"), counters::openmetrics(&samples?))?;
     } else {
         sleep_until(t0 + 6 * w)?;
         tl.phase("traced", "", "", t0, now_ns());
@@ -679,6 +692,9 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
             }
             result.checks.extend(checks);
         }
+        if tracing {
+            result.checks.push(switch_counters_check(opts, out, &inventory)?);
+        }
         let named = tracing && result.inventory_addrs;
         let (checks, live) = live_verdicts(&tl, &records, &scenario, &live_lines, w, named);
         result.checks.extend(checks);
@@ -726,7 +742,7 @@ fn run_timeline(
     // A lossy ToR-spine link, both directions.
     let (t, s) = LOSSY_LINK;
     let link = format!("{}|{}", Plan::tor(t), Plan::spine(s));
-    let ends = [(Plan::tor(t), Some(Plan::uplink(s))), (Plan::spine(s), Some(Plan::downlink(t)))];
+    let ends = [(Plan::tor(t), vec![Plan::uplink(s)]), (Plan::spine(s), vec![Plan::downlink(t)])];
     let (from, to) = loss_phase(fabric, tl, faults_dir, &ends, opts.link_loss_percent, fw)?;
     tl.phase("link_loss", &link, "link", from, to);
     let loss = f64::from(opts.link_loss_percent) / 100.0;
@@ -737,7 +753,8 @@ fn run_timeline(
 
     // A lossy spine: every packet it sends out, whichever link.
     let spine = Plan::spine(LOSSY_SPINE);
-    let (from, to) = loss_phase(fabric, tl, faults_dir, &[(spine.clone(), None)], opts.spine_loss_percent, fw)?;
+    let every_port = (0..plan.tors).map(Plan::downlink).collect();
+    let (from, to) = loss_phase(fabric, tl, faults_dir, &[(spine.clone(), every_port)], opts.spine_loss_percent, fw)?;
     tl.phase("spine_loss", &spine, "spine", from, to);
     let loss = f64::from(opts.spine_loss_percent) / 100.0;
     tl.fault(FaultKind::SpineLoss, &spine, from, to, |f| f.loss = Some(loss));
@@ -805,6 +822,76 @@ fn localize(opts: &ClosOptions, out: &Path, inventory: &Path, evidence: &str) ->
         bail!("analyze localize failed ({}): {}", r.status, String::from_utf8_lossy(&r.stderr));
     }
     Ok(score::parse_findings(&String::from_utf8_lossy(&r.stdout))?)
+}
+
+/// The switches' counters beside the findings: the run's own port counters
+/// (`switch-counters.om`) served by a real Prometheus to `analyze localize --prometheus`. The
+/// lossy link is corroborated on both its ports, the lossy spine on its ports, and the port
+/// set down (its route gone, nothing counted) is silent. Kept as localize-switches.json.
+fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> anyhow::Result<Check> {
+    let om = std::fs::read_to_string(out.join("switch-counters.om"))?;
+    let prom = counters::Prometheus::serve(&om, &out.join("prometheus"))?;
+    let before_s = (opts.fault_windows * opts.window_s * 2).to_string();
+    let r = Command::new(opts.bin.join("analyze"))
+        .args(["localize", "--format", "json", "--window-s", &opts.window_s.to_string(), "--evidence", "records"])
+        .arg("--inventory")
+        .arg(inventory)
+        .args(["--prometheus", &prom.url, "--counter-map", "if_mib", "--counters-lookback-s", "3"])
+        .args(["--counters-before-s", &before_s])
+        .arg(out.join("segments"))
+        .output()
+        .context("running analyze localize --prometheus")?;
+    drop(prom);
+    std::fs::write(out.join("localize-switches.json"), &r.stdout)?;
+    let doc: serde_json::Value = serde_json::from_slice(&r.stdout)
+        .with_context(|| format!("analyze localize --prometheus: {}", String::from_utf8_lossy(&r.stderr)))?;
+    let (t, s) = LOSSY_LINK;
+    let (rt, rh) = RNIC_DOWN;
+    let want = [
+        ("link", format!("{}|{}", Plan::tor(t), Plan::spine(s)), "corroborated"),
+        ("spine", Plan::spine(LOSSY_SPINE), "corroborated"),
+        ("rnic", format!("{}/{DEVICE}", Plan::host(rt, rh)), "silent"),
+    ];
+    let findings = doc["findings"].as_array().cloned().unwrap_or_default();
+    let mut said = Vec::new();
+    let mut ok = doc["switch_counters"]["error"].is_null();
+    for (kind, entity, verdict) in want {
+        let got = findings.iter().find(|f| f["kind"] == kind && f["entity"] == entity.as_str());
+        let v = got.and_then(|f| f["switch"]["verdict"].as_str()).unwrap_or("no finding");
+        ok &= v == verdict;
+        said.push(format!("{kind} {entity}: {v} (want {verdict})"));
+    }
+    // Both ends of the lossy link named, each with its discards.
+    let link = findings.iter().find(|f| f["kind"] == "link");
+    let ports: Vec<String> = link
+        .and_then(|f| f["switch"]["ports"].as_array())
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    let discards = p["counters"]
+                        .as_array()
+                        .and_then(|cs| cs.iter().find(|c| c["counter"] == "out_discards"))
+                        .map_or(-1.0, |c| c["during"].as_f64().unwrap_or(-1.0));
+                    format!(
+                        "{} {} out_discards +{discards}",
+                        p["switch"].as_str().unwrap_or("?"),
+                        p["port"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ok &= ports.len() == 2;
+    Ok(Check {
+        name: "switch counters from Prometheus beside the findings".into(),
+        ok,
+        detail: format!(
+            "{}; link ports: {}; error: {}",
+            said.join(", "),
+            ports.join(", "),
+            doc["switch_counters"]["error"]
+        ),
+    })
 }
 
 /// The run as a scenario: this fabric, how ctl's pinglists probe it, the faults at their times.

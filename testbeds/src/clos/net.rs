@@ -408,14 +408,30 @@ pub fn parse_route_get(out: &str) -> Option<Route> {
     Some(Route { via, dev })
 }
 
-/// nftables rules dropping `percent` % of the packets leaving by `oifname` (every interface if
-/// `None`), router-generated ones included (postrouting).
-pub fn loss_rules(percent: u32, oifname: Option<&str>) -> String {
-    let iface = oifname.map(|i| format!("oifname \"{i}\" ")).unwrap_or_default();
+/// nftables rules dropping `percent` % of the packets leaving by each of `oifnames`,
+/// router-generated ones included (postrouting): one rule, with its own counter, per port, so
+/// that what each port dropped is known ([`port_drops`]), as a switch counts its discards.
+pub fn loss_rules(percent: u32, oifnames: &[String]) -> String {
+    let rules: String = oifnames
+        .iter()
+        .map(|i| format!("\t\toifname \"{i}\" numgen random mod 100 < {percent} counter drop\n"))
+        .collect();
     format!(
         "table inet {NFT_TABLE} {{\n\tchain egress {{\n\t\ttype filter hook postrouting priority 0; policy accept;\n\
-         \t\t{iface}numgen random mod 100 < {percent} counter drop\n\t}}\n}}\n"
+         {rules}\t}}\n}}\n"
     )
+}
+
+/// The packets each port's rule dropped, from an `nft list` output of [`loss_rules`].
+pub fn port_drops(listing: &str) -> Vec<(String, u64)> {
+    listing
+        .lines()
+        .filter_map(|l| {
+            let port = l.split("oifname \"").nth(1)?.split('"').next()?;
+            let n = l.split("counter packets ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+            Some((port.to_string(), n))
+        })
+        .collect()
 }
 
 /// The packets dropped, summed over the `counter packets N` of an `nft list` output.
@@ -544,13 +560,17 @@ mod tests {
     #[test]
     fn loss_rules_are_nft_text() {
         assert_eq!(
-            loss_rules(25, Some("s0")),
+            loss_rules(25, &["s0".into()]),
             "table inet rocemesh_fault {\n\tchain egress {\n\t\ttype filter hook postrouting priority 0; policy accept;\n\
              \t\toifname \"s0\" numgen random mod 100 < 25 counter drop\n\t}\n}\n"
         );
-        assert!(loss_rules(3, None).contains("\t\tnumgen random mod 100 < 3 counter drop\n"));
+        assert_eq!(
+            loss_rules(3, &["t0".into(), "t1".into()]).matches("numgen random mod 100 < 3 counter drop\n").count(),
+            2
+        );
         let listing = "table inet rocemesh_fault {\n\tchain egress {\n\t\ttype filter hook postrouting priority filter; policy accept;\n\t\toifname \"s0\" numgen random mod 100 < 25 counter packets 55 bytes 4620 drop\n\t}\n}\n";
         assert_eq!(dropped_packets(listing), 55);
+        assert_eq!(port_drops(listing), vec![("s0".to_string(), 55)]);
     }
 
     #[test]
