@@ -325,6 +325,11 @@ pub struct LiveArgs {
     /// so that a restart neither opens a finding twice nor forgets one to close.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// The switches' counters beside each finding: asked --counters-lookback-s after its first
+    /// window (the `open` line does not wait for them) and again after it closes, each answer a
+    /// `switches` line.
+    #[command(flatten)]
+    pub switches: SwitchArgs,
 }
 
 /// How `analyze localize` prints its findings.
@@ -690,6 +695,10 @@ pub fn live(args: &LiveArgs) -> i32 {
             ..crate::localize::Options::default()
         },
     };
+    let switches = match args.switches.options("live", args.window_s) {
+        Ok(opts) => opts.zip(inv.clone()).map(|(opts, inv)| crate::switches::Judge::new(inv, opts)),
+        Err(code) => return code,
+    };
     let listen = crate::live::Listen {
         addr: args.listen,
         keys,
@@ -697,6 +706,7 @@ pub fn live(args: &LiveArgs) -> i32 {
         output: args.output.clone(),
         http: args.http,
         state: args.state.clone(),
+        switches,
     };
     match crate::live::run(cfg, inv.as_ref(), &listen) {
         Ok(c) => {

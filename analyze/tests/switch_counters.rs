@@ -13,15 +13,21 @@
 //!
 //! The same localisation with an unreachable Prometheus, and without one, gives the same
 //! findings and exit code; the unreachable one is said once.
+//!
+//! `analyze live`'s asking, against the same Prometheus: the same verdicts at a finding's open
+//! (its first window) and close (all of it).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use rocemesh_analyze::live::Event;
+use rocemesh_analyze::live::ask::Asker;
+use rocemesh_analyze::switches::map::CounterMap;
+use rocemesh_analyze::switches::prom::Prometheus as Prom;
+use rocemesh_analyze::switches::{Judge, Options};
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::scenario::Scenario;
 
@@ -75,15 +81,6 @@ end_s = 480
 const SILENT: &str = "tor2-h1/rnic0";
 const BARE: &str = "tor3-h2/rnic0";
 const STEP_S: u64 = 15;
-
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
@@ -153,57 +150,6 @@ fn openmetrics(inv: &Inventory, bare: &(String, String), from_s: u64, to_s: u64,
     text
 }
 
-/// Makes the TSDB blocks and starts Prometheus on them; waits until it answers.
-fn prometheus(dir: &Path, openmetrics: &str) -> (Prometheus, String) {
-    let om = dir.join("switches.om");
-    std::fs::write(&om, openmetrics).unwrap();
-    let tsdb = dir.join("tsdb");
-    let out = Command::new("promtool")
-        .args(["tsdb", "create-blocks-from", "openmetrics"])
-        .arg(&om)
-        .arg(&tsdb)
-        .output()
-        .unwrap_or_else(|e| panic!("promtool: {e}; install Debian's prometheus package (scripts/setup does)"));
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\nscrape_configs: []\n").unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-        .arg("--storage.tsdb.retention.time=100y")
-        .arg(format!("--web.listen-address={addr}"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("starting prometheus: {e}; install Debian's prometheus package (scripts/setup does)")
-        });
-    let prom = Prometheus(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(&addr) {
-            let _ = s.write_all(b"GET /-/ready HTTP/1.0\r\n\r\n");
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
-            if answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200") {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "prometheus never became ready; {} has its log",
-            dir.join("prometheus.log").display()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    (prom, format!("http://{addr}"))
-}
-
 fn localize(seg: &Path, inv: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_analyze"))
         .arg("localize")
@@ -258,7 +204,9 @@ fn findings_say_what_the_switch_counters_did() {
     let start = s.start_unix_s;
     let bare = rnic_port(&inv, BARE);
     let text = openmetrics(&inv, &bare, start, start + s.duration_s + 60, (start + 300, start + 480));
-    let (_prom, url) = prometheus(dir.path(), &text);
+    // The Clos testbed's: promtool's blocks, a real Prometheus on them, ready.
+    let prom = rocemesh_testbeds::clos::counters::Prometheus::serve(&text, &dir.path().join("prometheus")).unwrap();
+    let url = prom.url.clone();
 
     let plain = localize(&seg, &inv_path, &[]);
     let plain_json = json(&plain);
@@ -355,4 +303,93 @@ fn findings_say_what_the_switch_counters_did() {
     assert_eq!(v["findings"], plain_json["findings"], "no finding gains a switch field");
     assert_eq!(stderr.matches("switch counters:").count(), 1, "{stderr}");
     assert!(stderr.contains(&nowhere) && stderr.contains("the findings stand without them"), "{stderr}");
+
+    live_asks(&inv, &url, &nowhere, start);
+}
+
+/// `analyze live --prometheus`'s asking ([`Asker`]) against the same Prometheus: each finding's
+/// first window once it opens, its whole span once it closes; a host finding is not asked; an
+/// unreachable Prometheus is said once and counted.
+fn live_asks(inv: &Inventory, url: &str, nowhere: &str, start: u64) {
+    let s_ns = |s: u64| s * 1_000_000_000;
+    let window_ns = s_ns(30);
+    let judge = |url: &str| {
+        let opts = Options {
+            prometheus: Prom::new(url).unwrap(),
+            map: CounterMap::resolve("if_mib").unwrap(),
+            before_s: 240,
+            lookback_s: 30,
+            alpha: 0.001,
+            window_ns,
+        };
+        Judge::new(inv.clone(), opts)
+    };
+    let open = |kind: &str, entity: &str| Event::Open {
+        kind: kind.into(),
+        entity: entity.into(),
+        window_start_ns: s_ns(start + 300),
+        score: 0.3,
+        evidence: String::new(),
+    };
+    let link_close = Event::Close {
+        kind: "link".into(),
+        entity: "tor1|spine0".into(),
+        start_ns: s_ns(start + 300),
+        end_ns: s_ns(start + 480),
+        windows: 6,
+    };
+    let opened = [open("link", "tor1|spine0"), open("rnic", SILENT), open("rnic", BARE), open("host", "tor4-h0")];
+    // Until all `n` answers are in (the asking thread takes a query each), or `wait_s` passed.
+    let answers = |asker: &mut Asker, now_ns: u64, n: usize, wait_s: u64| {
+        let mut lines = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        while lines.len() < n && Instant::now() < deadline {
+            asker.poll(now_ns, &mut lines);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        lines
+    };
+    let mut asker = Asker::start(judge(url), window_ns).unwrap();
+    asker.note(&opened);
+    // Not yet due (the first window's end plus the lookback): nothing is asked in 2 s, though
+    // an answer takes a few ms.
+    assert!(answers(&mut asker, s_ns(start + 330 + 29), 1, 2).is_empty(), "asked before a sample past the span");
+    let lines = answers(&mut asker, s_ns(start + 330 + 30), 3, 60);
+    let verdict = |lines: &[Event], entity: &str, at: &str| {
+        lines
+            .iter()
+            .find_map(|e| match e {
+                Event::Switches { entity: e, at: a, counters, summary, .. } if e == entity && *a == at => {
+                    Some((counters.verdict.name(), summary.clone()))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no {at} answer for {entity} in {lines:#?}"))
+    };
+    assert_eq!(lines.len(), 3, "the host finding involves no switch port: {lines:#?}");
+    let (link_v, link_line) = verdict(&lines, "tor1|spine0", "open");
+    assert_eq!(link_v, "corroborated", "{link_line}");
+    assert_eq!(verdict(&lines, SILENT, "open").0, "silent");
+    assert_eq!(verdict(&lines, BARE, "open").0, "no_series");
+    assert_eq!(asker.line_of("link", "tor1|spine0"), Some(&link_line), "the page shows the open finding's");
+    asker.note(&[link_close]);
+    assert_eq!(asker.line_of("link", "tor1|spine0"), None, "closed: no longer shown");
+    let closed = answers(&mut asker, s_ns(start + 480 + 30), 1, 60);
+    assert_eq!(verdict(&closed, "tor1|spine0", "close").0, "corroborated");
+    assert_eq!(asker.counts.get("corroborated"), Some(&2), "{:?}", asker.counts);
+
+    // Unreachable: one problem line, every question counted as failed.
+    let mut down = Asker::start(judge(nowhere), window_ns).unwrap();
+    down.note(&opened);
+    let mut said = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while down.counts.get("failed") != Some(&3) && Instant::now() < deadline {
+        down.poll(s_ns(start + 400), &mut said);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(down.counts.get("failed"), Some(&3), "{:?}", down.counts);
+    assert!(
+        matches!(&said[..], [Event::Problem { reason, from, .. }] if reason == "prometheus" && from == nowhere),
+        "{said:#?}"
+    );
 }

@@ -1,6 +1,9 @@
 //! `testbeds clos`: a two-tier Clos fabric of network namespaces on the host kernel
 //! ([`net`]: 2 spines, 4 ToRs, 3 hosts per ToR, routed with ECMP over the spines), one real
-//! `agent` per host on the UDP transport, pinglists from `ctl`, faults injected on a timeline
+//! `agent` per host on the UDP transport, set up by the operator's flow ([`ops`]: `agent
+//! describe` on each host, `ctl inventory import`, `ctl inventory lldp` over the fabric's real
+//! LLDP tables, `ctl gen-pinglists`, `ctl push-pinglist` over ssh from the management network),
+//! faults injected on a timeline
 //! with nftables and signals, and the verdict of `analyze localize`, scored as the simulator's
 //! accuracy suite scores it ([`crate::score`]) against a [`Scenario`] carrying the real times.
 //! Runs as root; needs `ip`, `nft` and `ping`, no RDMA and no netem.
@@ -15,7 +18,9 @@
 //! also checks the traces against the kernel ([`traces`]): the spine a trace found for a flow
 //! label is the next hop `ip route get` gives for that label's UDP 5-tuple.
 //!
-//! Everything lands under `--out`: inventory.toml, pinglists/, agents/ (configs and logs),
+//! Everything lands under `--out`: descriptions/ (what `agent describe` said), inventory.toml,
+//! lldp/ (the tables), generated/ (the bastion's pinglists), ssh/ (keys, configs, sshd logs,
+//! push results), pinglists/ (what the push installed on each host), agents/ (configs and logs),
 //! segments/, faults/ (the nft rules), scenario.toml, localize.json (from the records),
 //! localize-summaries.json (from the window summaries), live.jsonl (what `analyze live` wrote,
 //! each line with its arrival time), switch-counters.om (the switches' port counters, sampled
@@ -30,6 +35,7 @@ pub mod counters;
 pub mod live;
 pub mod lldp;
 pub mod net;
+pub mod ops;
 pub mod traces;
 
 use std::collections::BTreeMap;
@@ -232,6 +238,9 @@ fn preflight(bin: &Path) -> anyhow::Result<()> {
         ("ping", "iputils-ping"),
         ("promtool", "prometheus"),
         ("prometheus", "prometheus"),
+        ("ssh", "openssh-client"),
+        ("ssh-keygen", "openssh-client"),
+        ("/usr/sbin/sshd", "openssh-server"),
     ] {
         if Command::new(tool).arg("-V").output().is_err() {
             bail!("`{tool}` is not installed: apt-get install {package}");
@@ -250,13 +259,11 @@ fn preflight(bin: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The inventory as the operator's flow makes it: `ctl inventory import`'s (no ports, no switch
-/// addresses), then `ctl inventory lldp` over the fabric's real LLDP tables. The check: every
-/// link and RNIC port learned, and every address the switches answer traces from. Returns it
-/// and whether the inventory names switches by address.
+/// `ctl inventory lldp` over the fabric's real LLDP tables, on `inventory` as `ctl inventory
+/// import` made it (no ports, no switch addresses). The check: every link and RNIC port
+/// learned, and every address the switches answer traces from. Returns it and whether the
+/// inventory names switches by address.
 fn lldp_inventory(opts: &ClosOptions, plan: &Plan, inventory: &Path, dir: &Path) -> anyhow::Result<(Check, bool)> {
-    std::fs::write(inventory, plan.inventory_toml(false))
-        .with_context(|| format!("writing {}", inventory.display()))?;
     let nodes = lldp::nodes(plan);
     let mut daemons = lldp::start(plan, &nodes, dir)?;
     daemons.collect(&nodes, dir)?;
@@ -533,14 +540,28 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     let out = &opts.out;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let out = &out.canonicalize()?;
-    for sub in ["agents", "segments", "pinglists", "faults", "lldp"] {
+    for sub in ["agents", "segments", "pinglists", "faults", "lldp", "descriptions", "generated", "ssh"] {
         fresh_dir(&out.join(sub))?;
     }
     let plan = Plan::for_this_process(SPINES, TORS, HOSTS_PER_TOR)?;
     let fabric = Fabric::up(plan.clone())?;
     eprintln!("testbeds clos: fabric {} up ({:.1} s)", plan.prefix, started.elapsed().as_secs_f64());
     let mut checks = fabric_checks(&fabric)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let write_configs = |tracing: Option<bool>| -> anyhow::Result<()> {
+        for (i, (t, h)) in plan.hosts().enumerate() {
+            std::fs::write(config_path(out, &Plan::host(t, h)), agent_config(opts, out, t, h, i % cores, tracing))?;
+        }
+        Ok(())
+    };
+    // The operator's flow (ops): describe on every host, import, LLDP, generate, push over ssh.
+    // The hosts describe themselves from their configs without [path_tracing]: whether this
+    // agent takes the section is asked with `agent check-config`, which needs the pinglist
+    // the push installs.
+    write_configs(None)?;
     let inventory = out.join("inventory.toml");
+    ops::describe(&opts.bin.join("agent"), &plan, |host| config_path(out, host), &out.join("descriptions"))?;
+    checks.push(ops::import(&opts.bin.join("ctl"), &plan, &out.join("descriptions"), &inventory)?);
     let (lldp_check, inventory_addrs) = lldp_inventory(opts, &plan, &inventory, &out.join("lldp"))?;
     eprintln!(
         "testbeds clos: {} ({:.1} s)",
@@ -550,16 +571,19 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     checks.push(lldp_check);
     // Every RNIC probes one RNIC under each other ToR.
     let (mesh, inter) = (opts.tor_mesh_pps, opts.inter_tor_pps);
-    crate::harness::gen_pinglists(
-        &opts.bin.join("ctl"),
-        &inventory,
-        &out.join("pinglists"),
-        plan.tors - 1,
-        mesh,
-        inter,
-        &[],
-    )?;
+    let generated = out.join("generated");
+    crate::harness::gen_pinglists(&opts.bin.join("ctl"), &inventory, &generated, plan.tors - 1, mesh, inter, &[])?;
+    let remote_path = out.join("pinglists").join("{host}.toml");
+    let sshds = ops::Sshds::start(&plan, &out.join("ssh"))?;
+    let push_check = sshds.push(&opts.bin.join("ctl"), &plan, &generated, &remote_path.to_string_lossy())?;
+    drop(sshds);
+    eprintln!("testbeds clos: {} ({:.1} s)", push_check.detail, started.elapsed().as_secs_f64());
+    if !push_check.ok {
+        bail!("the pinglists did not reach the hosts: {}", push_check.detail);
+    }
+    checks.push(push_check);
     let tracing_config = path_tracing_config(opts, out)?;
+    write_configs(tracing_config)?;
     let tracing = tracing_config == Some(true);
     if tracing_config.is_none() {
         eprintln!(
@@ -576,12 +600,10 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         }
         false => None,
     };
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut agents = Agents { children: Vec::new() };
     let mut since: BTreeMap<String, u64> = BTreeMap::new();
-    for (i, (t, h)) in plan.hosts().enumerate() {
+    for (t, h) in plan.hosts() {
         let host = Plan::host(t, h);
-        std::fs::write(config_path(out, &host), agent_config(opts, out, t, h, i % cores, tracing_config))?;
         start_agent(opts, &plan, &mut agents, t, h, &format!("{host}.log"))?;
         since.insert(host, now_ns());
     }

@@ -51,6 +51,15 @@ fn pushes(m: &mut Prom, v: &View) {
     for (reason, n) in &v.refused {
         m.sample(name, &[("reason", reason)], *n as f64);
     }
+    if let Some(checks) = &v.switch_checks {
+        let name = "rocemesh_live_switch_checks_total";
+        let help = "Findings' switch counters asked of Prometheus (--prometheus), by result: a verdict \
+                    (corroborated, silent, no_series, no_ports), failed, or dropped (too many waiting).";
+        m.family(name, "counter", help);
+        for (result, n) in checks {
+            m.sample(name, &[("result", result)], *n as f64);
+        }
+    }
 }
 
 /// The newest window localised; nothing before the first (no made-up times).
@@ -167,6 +176,7 @@ pub(super) mod tests {
             windows: 2,
             score,
             evidence: format!("{entity}: 40 of 1000 probes <lost> & \"late\""),
+            switches: (kind == "rnic").then(|| "switches corroborated: tor1 h3: out_discards +7 <in> 5 s".into()),
         };
         let window = |start_ns: u64, complete: bool| WindowView {
             start_ns,
@@ -199,6 +209,7 @@ pub(super) mod tests {
             lines_lost: 0,
             queued: 1,
             queue_capacity: 32_768,
+            switch_checks: Some([("corroborated".to_owned(), 1), ("failed".to_owned(), 2)].into_iter().collect()),
         }
     }
 
@@ -224,6 +235,10 @@ pub(super) mod tests {
                 && t.contains("rocemesh_live_pushes_taken_total 7\n")
         );
         assert!(t.contains("rocemesh_live_pushes_refused_total{reason=\"clock_skew\"} 2\n"), "{t}");
+        assert!(t.contains("rocemesh_live_switch_checks_total{result=\"corroborated\"} 1\n"), "{t}");
+        assert!(t.contains("rocemesh_live_switch_checks_total{result=\"failed\"} 2\n"), "{t}");
+        let without = render_metrics(&View { switch_checks: None, ..sample_view() });
+        assert!(!without.contains("rocemesh_live_switch_checks_total"), "not asked, not rendered");
         assert!(t.contains("rocemesh_live_pushes_refused_total{reason=\"replayed\"} 1\n"), "{t}");
         assert!(t.contains("# TYPE rocemesh_live_pushes_refused_total counter\n"));
         // The newest window (the second): ends at 1_700_000_015 s, incomplete.

@@ -62,6 +62,7 @@ use crate::ingest::{AgentFile, Dataset, NO_SERVICE, Rnic, WindowKey, Windows};
 use crate::localize::{self, BaselineCounts, Options, Tests};
 use rocemesh_formats::record::Class;
 
+pub mod ask;
 pub mod metrics;
 pub mod page;
 mod run;
@@ -117,8 +118,20 @@ pub enum Event {
     Open { kind: String, entity: String, window_start_ns: u64, score: f64, evidence: String },
     /// A finding's entity was not blamed for `close_after_quiet_windows` windows.
     Close { kind: String, entity: String, start_ns: u64, end_ns: u64, windows: u64 },
-    /// The first push refused for a reason (later ones are counted).
+    /// The first push refused for a reason (later ones are counted); also the first failure to
+    /// ask Prometheus (`reason: prometheus`).
     Problem { reason: String, from: String, detail: String },
+    /// What the switches' counters did over a finding's span (`--prometheus`, [`ask`]): its first
+    /// window (`at: open`) or all of it (`at: close`), asked a lookback after the span's end.
+    Switches {
+        kind: String,
+        entity: String,
+        at: &'static str,
+        from_ns: u64,
+        to_ns: u64,
+        summary: String,
+        counters: crate::switches::FindingCounters,
+    },
 }
 
 /// RNICs a `window` line names at most.
@@ -721,6 +734,7 @@ impl Live {
                 windows: f.windows,
                 score: f.score,
                 evidence: f.evidence.clone(),
+                switches: None,
             })
             .collect();
         open.sort_by_key(|f| f.since_ns);

@@ -87,15 +87,17 @@ fn findings(h: &mut String, v: &View) {
         h.push_str("<p>No findings open.</p></section>\n");
         return;
     }
+    let asked = v.switch_checks.is_some();
     h.push_str(
         "<table><tr><th>kind</th><th>entity</th><th>since (UTC)</th><th>windows</th><th>score</th>\
-         <th>evidence</th></tr>",
+         <th>evidence</th>",
     );
+    h.push_str(if asked { "<th>switch ports and counters</th></tr>" } else { "</tr>" });
     for f in &v.open {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"ev\">{}</td></tr>",
+             <td class=\"ev\">{}</td>",
             escape(&f.kind),
             escape(&f.entity),
             utc(f.since_ns),
@@ -103,6 +105,11 @@ fn findings(h: &mut String, v: &View) {
             percent(f.score, 1),
             escape(&f.evidence)
         );
+        if asked {
+            let said = f.switches.as_deref().unwrap_or("not asked yet (a lookback after its first window)");
+            let _ = write!(h, "<td class=\"ev\">{}</td>", escape(said));
+        }
+        h.push_str("</tr>");
     }
     h.push_str("</table></section>\n");
 }
@@ -298,6 +305,11 @@ mod tests {
         assert!(p.contains("title=\"tor2 22:13:30: no probes\""), "{p}");
         assert!(p.contains("1: h9/mlx5_0") && p.contains("<td>clock_skew</td>"), "{p}");
         assert!(!p.contains("<lost>"), "{p}");
+        assert!(p.contains("<th>switch ports and counters</th>"), "{p}");
+        assert!(p.contains("switches corroborated: tor1 h3: out_discards +7 &lt;in&gt; 5 s"), "{p}");
+        assert!(p.contains("not asked yet (a lookback after its first window)"), "{p}");
+        let without = render_page(&View { switch_checks: None, ..sample_view() });
+        assert!(!without.contains("switch ports and counters"), "not asked, no column");
     }
 
     #[test]
@@ -307,6 +319,7 @@ mod tests {
         v.open[0].entity = evil.into();
         v.open[0].evidence = evil.into();
         v.open[0].kind = evil.into();
+        v.open[0].switches = Some(evil.into());
         v.tors[0] = evil.into();
         v.windows[1].missing = vec![evil.into()];
         v.refused.insert(evil.into(), 1);

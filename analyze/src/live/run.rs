@@ -32,6 +32,8 @@ pub struct Listen {
     pub http: Option<SocketAddr>,
     /// Keep the findings open here, rewritten as they change, taken back at start.
     pub state: Option<PathBuf>,
+    /// Ask the switches' counters about each finding as it opens and closes ([`super::ask`]).
+    pub switches: Option<crate::switches::Judge>,
 }
 
 /// Why [`run`] could not start.
@@ -47,6 +49,8 @@ pub enum LiveError {
     State { path: String, why: String },
     #[error("the receiving thread stopped: {0}")]
     Receiver(String),
+    #[error("cannot start the thread that asks Prometheus: {0}")]
+    Asker(std::io::Error),
 }
 
 /// How often ready windows are looked for.
@@ -104,7 +108,14 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
             .spawn(move || receive_loop(&socket, &tx, &inbox))
             .map_err(|e| LiveError::Receiver(e.to_string()))?
     };
-    let result = take_loop(&mut live, &rx, &inbox, listen, &mut out, &shared);
+    let window_ns = live.cfg.window_ns;
+    let mut asker = listen
+        .switches
+        .clone()
+        .map(|j| super::ask::Asker::start(j, window_ns))
+        .transpose()
+        .map_err(LiveError::Asker)?;
+    let result = take_loop(&mut live, &rx, &inbox, listen, &mut out, &shared, asker.as_mut());
     inbox.stop.store(true, Ordering::Relaxed);
     drop(rx);
     if receiver.join().is_err() {
@@ -156,6 +167,7 @@ fn take_loop(
     listen: &Listen,
     out: &mut Output,
     shared: &Shared,
+    mut asker: Option<&mut super::ask::Asker>,
 ) -> Result<(), LiveError> {
     let started = crate::watch::wall_now_ns();
     let mut next_tick = started;
@@ -217,9 +229,19 @@ fn take_loop(
             errors_seen = errors;
         }
         live.tick(now, &mut events);
+        if let Some(a) = asker.as_deref_mut() {
+            a.note(&events);
+            a.poll(now, &mut events);
+        }
         out.write(&events);
         events.clear();
         let mut view = live.view(now);
+        if let Some(a) = asker.as_deref() {
+            view.switch_checks = Some(a.counts.iter().map(|(&k, &n)| (k.to_owned(), n)).collect());
+            for f in &mut view.open {
+                f.switches = a.line_of(&f.kind, &f.entity).cloned();
+            }
+        }
         (view.started_unix_ns, view.lines_lost) = (started, out.lost);
         (view.queued, view.queue_capacity) = (inbox.queued.load(Ordering::Relaxed), QUEUE_PUSHES);
         shared.set(view);

@@ -43,6 +43,8 @@ pub struct View {
     /// holds them, then the kernel drops them).
     pub queued: usize,
     pub queue_capacity: usize,
+    /// With `--prometheus`: the switch-counter answers by verdict, and `failed`, `dropped`.
+    pub switch_checks: Option<BTreeMap<String, u64>>,
 }
 
 /// One open finding.
@@ -59,6 +61,8 @@ pub struct OpenView {
     /// The last blaming window's score (the bad share of the probes crossing it) and evidence.
     pub score: f64,
     pub evidence: String,
+    /// With `--prometheus`: what the switches' counters did over its first window.
+    pub switches: Option<String>,
 }
 
 /// One localised window.

@@ -23,7 +23,7 @@
 pub mod map;
 pub mod prom;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use rocemesh_formats::inventory::Inventory;
@@ -174,9 +174,15 @@ pub fn enrich(l: &Localization, inv: &Inventory, opts: &Options) -> SwitchCounte
         per_finding: vec![None; l.findings.len()],
     };
     let switches = Switches::of(inv);
+    // The end of the last window each entity was blamed in, in one pass over the blamed.
+    let mut last_blamed: HashMap<(&str, &str), u64> = HashMap::new();
+    for b in &l.blamed {
+        let end = last_blamed.entry((b.kind.as_str(), b.entity.as_str())).or_default();
+        *end = (*end).max(b.window_start_ns + opts.window_ns);
+    }
     for (i, f) in l.findings.iter().enumerate() {
-        let Some(inv_of) = involved(f, inv) else { continue };
-        let span = span_of(f, l, opts.window_ns);
+        let Some(inv_of) = involved(&f.kind, &f.entity, inv) else { continue };
+        let span = span_of(f, last_blamed.get(&(f.kind.as_str(), f.entity.as_str())).copied(), opts.window_ns);
         match finding_counters(inv_of, span, &switches, opts) {
             Ok(fc) => {
                 *out.verdicts.entry(fc.verdict.name()).or_default() += 1;
@@ -201,36 +207,36 @@ struct Involved {
     without_port: Vec<String>,
 }
 
-/// What a finding involves; `None` when its kind involves no switch port.
-fn involved(f: &Finding, inv: &Inventory) -> Option<Involved> {
+/// What a finding of `kind` on `entity` involves; `None` when its kind involves no switch port.
+fn involved(kind: &str, entity: &str, inv: &Inventory) -> Option<Involved> {
     let (mut ports, mut without) = (Vec::new(), Vec::new());
     let mut end = |switch: &str, port: Option<&str>, what: String| match port {
         Some(p) => ports.push((switch.to_string(), p.to_string())),
         None => without.push(what),
     };
-    match f.kind.as_str() {
+    match kind {
         "link" => {
-            let (tor, spine) = f.entity.split_once('|')?;
+            let (tor, spine) = entity.split_once('|')?;
             let link = inv.links.iter().find(|l| (l.a == tor && l.b == spine) || (l.a == spine && l.b == tor));
             for node in [tor, spine] {
                 end(node, link.and_then(|l| l.port_at(node)), format!("{node}'s end"));
             }
         }
         "rnic" => {
-            let (host, device) = f.entity.split_once('/')?;
+            let (host, device) = entity.split_once('/')?;
             let rnic = inv.hosts.iter().filter(|h| h.name == host).flat_map(|h| &h.rnics).find(|r| r.device == device);
             match rnic {
-                Some(r) => end(&r.tor, r.tor_port.as_deref(), format!("{}'s port for {}", r.tor, f.entity)),
-                None => end("", None, format!("the ToR port of {} (not in the inventory)", f.entity)),
+                Some(r) => end(&r.tor, r.tor_port.as_deref(), format!("{}'s port for {entity}", r.tor)),
+                None => end("", None, format!("the ToR port of {entity} (not in the inventory)")),
             }
         }
         "tor" | "spine" => {
-            let node = f.entity.as_str();
+            let node = entity;
             for l in inv.links.iter().filter(|l| l.a == node || l.b == node) {
                 let other = if l.a == node { &l.b } else { &l.a };
                 end(node, l.port_at(node), format!("{node}'s port to {other}"));
             }
-            if f.kind == "tor" {
+            if kind == "tor" {
                 for (h, r) in
                     inv.hosts.iter().flat_map(|h| h.rnics.iter().map(move |r| (h, r))).filter(|(_, r)| r.tor == node)
                 {
@@ -243,20 +249,46 @@ fn involved(f: &Finding, inv: &Inventory) -> Option<Involved> {
     Some(Involved { ports, without_port: without })
 }
 
-/// The finding's span, Unix seconds: from its first window to its end, or to the end of the
-/// last window it was blamed in when it still holds.
-fn span_of(f: &Finding, l: &Localization, window_ns: u64) -> (u64, u64) {
-    let last = l
-        .blamed
-        .iter()
-        .filter(|b| b.kind == f.kind && b.entity == f.entity)
-        .map(|b| b.window_start_ns + window_ns)
-        .max();
+/// Asks about one finding at a time, for callers that hold findings of their own (`analyze
+/// live`, which asks as its findings open and close).
+#[derive(Debug, Clone)]
+pub struct Judge {
+    inv: Inventory,
+    switches: Switches,
+    opts: Options,
+}
+
+impl Judge {
+    pub fn new(inv: Inventory, opts: Options) -> Judge {
+        Judge { switches: Switches::of(&inv), inv, opts }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// What the counters of the ports a finding of `kind` on `entity` involves did over
+    /// `span_s` (Unix seconds) and before it; `None` when its kind involves no switch port.
+    pub fn finding(
+        &self,
+        kind: &str,
+        entity: &str,
+        span_s: (u64, u64),
+    ) -> Option<Result<FindingCounters, prom::PromError>> {
+        let inv_of = involved(kind, entity, &self.inv)?;
+        Some(finding_counters(inv_of, span_s, &self.switches, &self.opts))
+    }
+}
+
+/// The finding's span, Unix seconds: from its first window to its end, or to `last` (the end
+/// of the last window it was blamed in) when it still holds.
+fn span_of(f: &Finding, last: Option<u64>, window_ns: u64) -> (u64, u64) {
     let end = f.end_ns.or(last).unwrap_or(f.start_ns + f.windows.max(1) * window_ns);
     (f.start_ns / 1_000_000_000, end.div_ceil(1_000_000_000))
 }
 
 /// Every switch's name and addresses, to tell which switch a series' label names.
+#[derive(Debug, Clone)]
 struct Switches {
     addrs: Vec<(String, Vec<IpAddr>)>,
 }

@@ -88,9 +88,7 @@ impl State {
             for (port, counts) in link_counts(&json).with_context(|| format!("ip -s -j link in {ns}"))? {
                 out.insert((switch.clone(), port), counts);
             }
-            // No table: no fault on this switch now.
-            let listing =
-                run("ip", &["netns", "exec", ns, "nft", "list", "table", "inet", NFT_TABLE]).unwrap_or_default();
+            let listing = fault_rules(ns)?;
             let live: BTreeMap<String, u64> = port_drops(&listing).into_iter().collect();
             for ((_, port), (gone, now)) in self.nft.iter_mut().filter(|((s, _), _)| s == switch) {
                 if !live.contains_key(port) {
@@ -108,6 +106,23 @@ impl State {
             }
         }
         Ok((at, out))
+    }
+}
+
+/// `nft list table` of the fault table in `ns`; empty when there is none (no fault on this
+/// switch now). Any other failure is an error: read as "no table", it would drop the port's
+/// discards from the series.
+fn fault_rules(ns: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "list", "table", "inet", NFT_TABLE])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running nft")?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false if err.contains("No such file or directory") => Ok(String::new()),
+        false => anyhow::bail!("nft list table inet {NFT_TABLE} in {ns} failed ({}): {}", out.status, err.trim()),
     }
 }
 
