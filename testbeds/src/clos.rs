@@ -25,7 +25,8 @@
 //! localize-summaries.json (from the window summaries), live.jsonl (what `analyze live` wrote,
 //! each line with its arrival time), switch-counters.om (the switches' port counters, sampled
 //! each second: [`counters`]), localize-switches.json (localised with those counters served by
-//! a real Prometheus, under prometheus/), result.json.
+//! a real Prometheus, under prometheus/), prometheus-live/ (the Prometheus that scraped them
+//! through the run for `analyze live --prometheus`), result.json.
 //!
 //! The agents also push their window summaries and path traces to `analyze live` on the
 //! management network ([`live`]): its findings are scored by the same checks, and each fault it
@@ -594,11 +595,19 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     if !timeline && !tracing {
         bail!("--check-traces needs agents that trace paths, and this agent refuses [path_tracing]");
     }
-    let analyzer = match timeline {
-        true => {
-            Some(live::start(&opts.bin, &plan, &inventory, SUMMARY_WINDOW_S, &out.join("agents").join("live.log"))?)
-        }
+    // The switches' counters, sampled through the timeline, are also scraped as it runs by a
+    // Prometheus on the management network, which the live analyzer asks.
+    let mut scraped = match timeline {
+        true => Some(counters::Scraped::start(&plan, &out.join("prometheus-live"))?),
         false => None,
+    };
+    let analyzer = match &scraped {
+        Some(s) => {
+            let before_s = opts.fault_windows * opts.window_s * 2;
+            let log = out.join("agents").join("live.log");
+            Some(live::start(&opts.bin, &plan, &inventory, SUMMARY_WINDOW_S, &log, Some((s.url(), before_s)))?)
+        }
+        None => None,
     };
     let mut agents = Agents { children: Vec::new() };
     let mut since: BTreeMap<String, u64> = BTreeMap::new();
@@ -614,10 +623,9 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     sleep_until(t0)?;
     let mut tl = Timeline { phases: Vec::new(), faults: Vec::new(), drops: BTreeMap::new(), start_ns: t0 };
     let faults_dir = out.join("faults");
-    if timeline {
-        let sampler = counters::Sampler::start(&plan);
+    if let Some(s) = &mut scraped {
         let ran = run_timeline(opts, &fabric, &mut agents, &mut tl, &faults_dir, &mut since);
-        let samples = sampler.stop();
+        let samples = s.stop_sampling();
         ran?;
         std::fs::write(out.join("switch-counters.om"), counters::openmetrics(&samples?))?;
     } else {
@@ -654,6 +662,7 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     // The agents push the windows they close as they stop.
     std::thread::sleep(Duration::from_millis(500));
     let live_lines = analyzer.map(live::Analyzer::stop).unwrap_or_default();
+    drop(scraped);
     let text: String = live_lines.iter().map(|(at, l)| format!("{at} {l}\n")).collect();
     std::fs::write(out.join("live.jsonl"), text)?;
     let trace_check = if tracing {
@@ -721,6 +730,9 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         let (checks, live) = live_verdicts(&tl, &records, &scenario, &live_lines, w, named);
         result.checks.extend(checks);
         result.live = Some(live);
+        if named {
+            result.checks.push(live_switches_check(&live_lines));
+        }
     }
     result.seconds = started.elapsed().as_secs_f64();
     std::fs::write(out.join("result.json"), serde_json::to_vec_pretty(&result)?)?;
@@ -846,6 +858,43 @@ fn localize(opts: &ClosOptions, out: &Path, inventory: &Path, evidence: &str) ->
     Ok(score::parse_findings(&String::from_utf8_lossy(&r.stdout))?)
 }
 
+/// What the switches' counters must say of each fault's finding: (kind, entity, verdict). The
+/// lossy link and spine corroborated; the port set down silent (its connected route goes with
+/// it, so nothing is counted).
+fn switch_verdicts_wanted() -> [(&'static str, String, &'static str); 3] {
+    let (t, s) = LOSSY_LINK;
+    let (rt, rh) = RNIC_DOWN;
+    [
+        ("link", format!("{}|{}", Plan::tor(t), Plan::spine(s)), "corroborated"),
+        ("spine", Plan::spine(LOSSY_SPINE), "corroborated"),
+        ("rnic", format!("{}/{DEVICE}", Plan::host(rt, rh)), "silent"),
+    ]
+}
+
+/// The live analyzer's `switches` lines at each fault's open, from the Prometheus that scraped
+/// the switches through the run: the lossy link and spine corroborated, the port set down
+/// silent, and no failure to ask.
+fn live_switches_check(lines: &[(u64, String)]) -> Check {
+    let parsed: Vec<serde_json::Value> = lines.iter().filter_map(|(_, l)| serde_json::from_str(l).ok()).collect();
+    let want = switch_verdicts_wanted();
+    let failed = parsed.iter().find(|v| v["event"] == "problem" && v["reason"] == "prometheus");
+    let mut ok = failed.is_none();
+    let mut said = Vec::new();
+    for (kind, entity, verdict) in want {
+        let got = parsed.iter().find(|v| {
+            v["event"] == "switches" && v["at"] == "open" && v["kind"] == kind && v["entity"] == entity.as_str()
+        });
+        let v = got.and_then(|v| v["counters"]["verdict"].as_str()).unwrap_or("no switches line");
+        ok &= v == verdict;
+        let summary = got.and_then(|v| v["summary"].as_str()).unwrap_or("");
+        said.push(format!("{kind} {entity}: {v} (want {verdict}) {summary}"));
+    }
+    if let Some(f) = failed {
+        said.push(format!("failed: {}", f["detail"]));
+    }
+    Check { name: "live: switch counters beside the findings as they open".into(), ok, detail: said.join("; ") }
+}
+
 /// The switches' counters beside the findings: the run's own port counters
 /// (`switch-counters.om`) served by a real Prometheus to `analyze localize --prometheus`. The
 /// lossy link is corroborated on both its ports, the lossy spine on its ports, and the port
@@ -867,13 +916,7 @@ fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> an
     std::fs::write(out.join("localize-switches.json"), &r.stdout)?;
     let doc: serde_json::Value = serde_json::from_slice(&r.stdout)
         .with_context(|| format!("analyze localize --prometheus: {}", String::from_utf8_lossy(&r.stderr)))?;
-    let (t, s) = LOSSY_LINK;
-    let (rt, rh) = RNIC_DOWN;
-    let want = [
-        ("link", format!("{}|{}", Plan::tor(t), Plan::spine(s)), "corroborated"),
-        ("spine", Plan::spine(LOSSY_SPINE), "corroborated"),
-        ("rnic", format!("{}/{DEVICE}", Plan::host(rt, rh)), "silent"),
-    ];
+    let want = switch_verdicts_wanted();
     let findings = doc["findings"].as_array().cloned().unwrap_or_default();
     let mut said = Vec::new();
     let mut ok = doc["switch_counters"]["error"].is_null();

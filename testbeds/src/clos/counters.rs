@@ -6,21 +6,27 @@
 //! After the run they become TSDB blocks (`promtool tsdb create-blocks-from openmetrics`) that a
 //! real Prometheus serves to `analyze localize --prometheus`.
 //!
+//! During the run the latest reading is also served as snmp_exporter would serve it
+//! ([`Exporter`], on the management network at snmp_exporter's port), and a real Prometheus
+//! there scrapes it every second ([`Prometheus::scrape`]) for `analyze live --prometheus`.
+//!
 //! A port set down (the run's rnic_down) loses its connected route: the ToR refuses what it
 //! would send there at routing, and no port counter moves. That is the silent fault.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::net::{NFT_TABLE, Plan, port_drops};
+use super::net::{MGMT, NFT_TABLE, Plan, port_drops};
 use crate::rxefabric::proc::run;
 
 /// How often the counters are read: well under the run's 5 s windows.
@@ -40,6 +46,8 @@ pub type Samples = Vec<Sample>;
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<anyhow::Result<Samples>>,
+    /// The latest reading as a scrape's answer ([`exposition`]).
+    pub latest: Arc<Mutex<String>>,
 }
 
 impl Sampler {
@@ -49,19 +57,25 @@ impl Sampler {
             (0..plan.tors).map(Plan::tor).chain((0..plan.spines).map(Plan::spine)).map(|n| (plan.ns(&n), n)).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let latest = Arc::new(Mutex::new(String::new()));
+        let serving = latest.clone();
         let thread = std::thread::spawn(move || {
             let mut state = State::default();
             let mut samples = Samples::new();
             let mut next = Instant::now();
             while !stopping.load(Ordering::Relaxed) {
-                samples.push(state.sample(&switches)?);
+                let sample = state.sample(&switches)?;
+                if let Ok(mut l) = serving.lock() {
+                    *l = exposition(&sample);
+                }
+                samples.push(sample);
                 next += STEP;
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
             samples.push(state.sample(&switches)?);
             Ok(samples)
         });
-        Sampler { stop, thread }
+        Sampler { stop, thread, latest }
     }
 
     /// Stops it and returns what it read.
@@ -170,6 +184,151 @@ pub fn openmetrics(samples: &Samples) -> String {
     text
 }
 
+/// One reading in the Prometheus text format, as snmp_exporter answers a scrape (no
+/// timestamps: the scrape's time is the sample's).
+pub fn exposition((_, m): &Sample) -> String {
+    const NAMES: [&str; 4] = ["ifInErrors", "ifInDiscards", "ifOutErrors", "ifOutDiscards"];
+    let mut text = String::new();
+    for (i, name) in NAMES.iter().enumerate() {
+        let _ = writeln!(text, "# TYPE {name} counter");
+        for ((switch, port), c) in m {
+            let _ = writeln!(text, "{name}{{instance=\"{switch}\",ifName=\"{port}\"}} {}", c[i]);
+        }
+    }
+    text
+}
+
+/// The run's switch counters as an operator's Prometheus holds them while it runs: sampled
+/// ([`Sampler`]), answered as an exporter on the management network ([`Exporter`]) and scraped
+/// every second by a Prometheus there ([`Prometheus::scrape`]), at [`Scraped::url`].
+#[derive(Debug)]
+pub struct Scraped {
+    sampler: Option<Sampler>,
+    _exporter: Exporter,
+    prometheus: Prometheus,
+}
+
+impl Scraped {
+    /// Starts sampling, serving and scraping; the Prometheus keeps its data under `dir`.
+    pub fn start(plan: &Plan, dir: &Path) -> anyhow::Result<Scraped> {
+        let sampler = Sampler::start(plan);
+        let (ns, ip) = (plan.ns(MGMT), Plan::collector_ip());
+        let exporter = Exporter::serve(&ns, (ip, EXPORTER_PORT).into(), sampler.latest.clone())?;
+        let prometheus = Prometheus::scrape(&ns, (ip, PROMETHEUS_PORT).into(), (ip, EXPORTER_PORT).into(), dir)?;
+        Ok(Scraped { sampler: Some(sampler), _exporter: exporter, prometheus })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.prometheus.url
+    }
+
+    /// Stops the sampling (the Prometheus goes on serving what it scraped) and returns every
+    /// reading.
+    pub fn stop_sampling(&mut self) -> anyhow::Result<Samples> {
+        self.sampler.take().context("sampling already stopped")?.stop()
+    }
+}
+
+/// snmp_exporter's port, where [`Exporter`] answers scrapes.
+pub const EXPORTER_PORT: u16 = 9116;
+/// Where the run's live Prometheus listens (on the management network).
+pub const PROMETHEUS_PORT: u16 = 9090;
+
+/// Runs `f` on a thread of its own inside network namespace `ns` (a thread's network namespace
+/// is its own: `setns` moves only the caller), and returns what it returned.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> anyhow::Result<T> + Send + 'static) -> anyhow::Result<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        enter_netns(&path)?;
+        f()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("a thread in {ns} panicked"))?
+}
+
+fn enter_netns(path: &str) -> anyhow::Result<()> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;
+    // SAFETY: setns on a namespace file we hold open; it moves only this thread.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns {path}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Answers every HTTP request with the latest reading, as a switch exporter does; stops when
+/// dropped.
+#[derive(Debug)]
+pub struct Exporter {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Exporter {
+    /// Listens on `addr` inside namespace `ns`, answering with what `latest` holds.
+    pub fn serve(ns: &str, addr: SocketAddr, latest: Arc<Mutex<String>>) -> anyhow::Result<Exporter> {
+        let path = format!("/run/netns/{ns}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let bound = enter_netns(&path).and_then(|()| {
+                let l = TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            });
+            let listener = match bound {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            while !stopping.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => answer(s, &latest),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        rx.recv().context("the exporter thread ended")??;
+        Ok(Exporter { stop, thread: Some(thread) })
+    }
+}
+
+fn answer(mut s: std::net::TcpStream, latest: &Mutex<String>) {
+    use std::io::{Read, Write};
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    // The request head; what it asks for does not matter.
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = latest.lock().map(|l| l.clone()).unwrap_or_default();
+    let _ = write!(
+        s,
+        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+}
+
 /// A Prometheus serving the blocks made from `openmetrics` in `dir`; stopped when dropped.
 #[derive(Debug)]
 pub struct Prometheus {
@@ -207,8 +366,37 @@ impl Prometheus {
         }
         std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\nscrape_configs: []\n")?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let addr = format!("127.0.0.1:{port}");
-        let child = Command::new("prometheus")
+        Prometheus::start(dir, &tsdb, &format!("127.0.0.1:{port}"), None)
+    }
+
+    /// A Prometheus in namespace `ns` at `listen`, scraping `target` every second as the job
+    /// `snmp`, keeping the series' own `instance` (the switch; `honor_labels`, as an
+    /// snmp_exporter job's relabelling does); its data under `dir`.
+    pub fn scrape(ns: &str, listen: SocketAddr, target: SocketAddr, dir: &Path) -> anyhow::Result<Prometheus> {
+        let tsdb = dir.join("tsdb");
+        let _ = std::fs::remove_dir_all(&tsdb);
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            dir.join("prometheus.yml"),
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: snmp\n    \
+                 honor_labels: true\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )?;
+        Prometheus::start(dir, &tsdb, &listen.to_string(), Some(ns))
+    }
+
+    /// Starts it (in `ns` when given) and waits until it says it is ready.
+    fn start(dir: &Path, tsdb: &Path, addr: &str, ns: Option<&str>) -> anyhow::Result<Prometheus> {
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "prometheus"]);
+                c
+            }
+            None => Command::new("prometheus"),
+        };
+        let child = cmd
             .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
             .arg(format!("--storage.tsdb.path={}", tsdb.display()))
             .arg(format!("--web.listen-address={addr}"))
@@ -218,13 +406,20 @@ impl Prometheus {
             .context("starting prometheus (apt-get install prometheus; scripts/setup installs it)")?;
         let p = Prometheus { child, url: format!("http://{addr}") };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !ready(&addr) {
+        loop {
+            let at = addr.to_string();
+            let up = match ns {
+                Some(ns) => in_netns(ns, move || Ok(ready(&at)))?,
+                None => ready(&at),
+            };
+            if up {
+                return Ok(p);
+            }
             if Instant::now() > deadline {
                 bail!("prometheus on {addr} not ready in 60 s; {} has its log", dir.join("prometheus.log").display());
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        Ok(p)
     }
 }
 

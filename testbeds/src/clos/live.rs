@@ -25,19 +25,29 @@ pub struct Analyzer {
     reader: Option<JoinHandle<Vec<(u64, String)>>>,
 }
 
-/// `analyze live` in the management namespace, reading pushes of `window_s` summaries.
-pub fn start(bin: &Path, plan: &Plan, inventory: &Path, window_s: u64, log: &Path) -> anyhow::Result<Analyzer> {
+/// `analyze live` in the management namespace, reading pushes of `window_s` summaries; with
+/// `switches` (the Prometheus that scrapes the switches, and the seconds before a finding its
+/// counters' usual rate is taken from) it asks about each finding's switch ports.
+pub fn start(
+    bin: &Path,
+    plan: &Plan,
+    inventory: &Path,
+    window_s: u64,
+    log: &Path,
+    switches: Option<(&str, u64)>,
+) -> anyhow::Result<Analyzer> {
     let log = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let listen = format!("{}:{PORT}", Plan::collector_ip());
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &plan.ns(MGMT)])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &plan.ns(MGMT)])
         .arg(bin.join("analyze"))
         .args(["live", "--listen", &listen, "--window-s", &window_s.to_string(), "--inventory"])
-        .arg(inventory)
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .context("starting analyze live")?;
+        .arg(inventory);
+    if let Some((url, before_s)) = switches {
+        // The switches are scraped every second: a sample past a span's end exists 3 s after it.
+        cmd.args(["--prometheus", url, "--counters-lookback-s", "3", "--counters-before-s", &before_s.to_string()]);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(log).spawn().context("starting analyze live")?;
     let stdout = child.stdout.take().context("analyze live's stdout")?;
     let reader = std::thread::spawn(move || {
         BufReader::new(stdout).lines().map_while(Result::ok).map(|l| (now_ns(), l)).collect()
