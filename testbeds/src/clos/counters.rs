@@ -160,9 +160,11 @@ fn link_counts(json: &str) -> anyhow::Result<Vec<(String, Counts)>> {
     Ok(out)
 }
 
+/// snmp_exporter's if_mib names of [`Counts`], in its order.
+const NAMES: [&str; 4] = ["ifInErrors", "ifInDiscards", "ifOutErrors", "ifOutDiscards"];
+
 /// The samples as OpenMetrics text in snmp_exporter's if_mib naming.
 pub fn openmetrics(samples: &Samples) -> String {
-    const NAMES: [&str; 4] = ["ifInErrors", "ifInDiscards", "ifOutErrors", "ifOutDiscards"];
     let mut text = String::new();
     // Series by series, each in time order, as promtool wants them.
     let ports: Vec<&(String, String)> =
@@ -187,7 +189,6 @@ pub fn openmetrics(samples: &Samples) -> String {
 /// One reading in the Prometheus text format, as snmp_exporter answers a scrape (no
 /// timestamps: the scrape's time is the sample's).
 pub fn exposition((_, m): &Sample) -> String {
-    const NAMES: [&str; 4] = ["ifInErrors", "ifInDiscards", "ifOutErrors", "ifOutDiscards"];
     let mut text = String::new();
     for (i, name) in NAMES.iter().enumerate() {
         let _ = writeln!(text, "# TYPE {name} counter");
