@@ -398,7 +398,9 @@ pub struct SwitchArgs {
     /// ToR and spine finding then says whether the error, discard, pause and ECN counters of
     /// its ports moved with it (corroborated), stayed flat (silent: loss only probing sees), or
     /// have no series. The ports are the inventory's (`ctl inventory lldp` learns them), so it
-    /// needs --inventory. Unreachable or refusing: said once, and the findings stand.
+    /// needs --inventory. The counter map's address series (if_mib: IP-MIB's ipAdEntIfIndex,
+    /// ipAddressIfIndex) add the switches' addresses to the inventory's first, naming the
+    /// path-trace hops LLDP did not. Unreachable or refusing: said once, and the findings stand.
     #[arg(long, requires = "inventory")]
     pub prometheus: Option<String>,
     /// Which series hold a port's counters: a preset (if_mib: snmp_exporter's; gnmic: gnmic's
@@ -437,6 +439,36 @@ impl SwitchArgs {
             alpha: self.counters_alpha,
             window_ns: window_s.max(1) * 1_000_000_000,
         }))
+    }
+}
+
+/// With `--prometheus`, the switches' addresses it holds (the counter map's address series)
+/// added to the inventory before any trace is read, and said.
+fn learn_switch_addrs(command: &str, inv: &mut Option<Inventory>, opts: Option<&crate::switches::Options>) {
+    let (Some(inv), Some(opts)) = (inv.as_mut(), opts) else { return };
+    if opts.map.addresses.is_empty() {
+        return;
+    }
+    match crate::switches::learn_addresses(inv, opts) {
+        Ok(l) => {
+            if l.added > 0 || !l.conflicting.is_empty() {
+                eprintln!(
+                    "analyze {command}: {} switch addresses from {} added to the inventory's{}",
+                    l.added,
+                    opts.prometheus.url(),
+                    match l.conflicting.len() {
+                        0 => String::new(),
+                        n => format!(
+                            "; {n} not taken, claimed by two switches or listed under another: {}",
+                            l.conflicting.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    }
+                );
+            }
+        }
+        // The counters' questions meet the same Prometheus and say it once.
+        Err(crate::switches::prom::PromError::Connect { .. }) => {}
+        Err(e) => eprintln!("analyze {command}: switch addresses: {e}; hops are named from the inventory alone"),
     }
 }
 
@@ -669,7 +701,7 @@ pub fn watch(args: &WatchArgs) -> i32 {
 
 /// `analyze live`: runs until stopped (or --for-s); prints what it counted when it stops.
 pub fn live(args: &LiveArgs) -> i32 {
-    let inv = match load_inventory("live", args.inventory.as_deref()) {
+    let mut inv = match load_inventory("live", args.inventory.as_deref()) {
         Ok(inv) => inv,
         Err(code) => return code,
     };
@@ -696,7 +728,10 @@ pub fn live(args: &LiveArgs) -> i32 {
         },
     };
     let switches = match args.switches.options("live", args.window_s) {
-        Ok(opts) => opts.zip(inv.clone()).map(|(opts, inv)| crate::switches::Judge::new(inv, opts)),
+        Ok(opts) => {
+            learn_switch_addrs("live", &mut inv, opts.as_ref());
+            opts.zip(inv.clone()).map(|(opts, inv)| crate::switches::Judge::new(inv, opts))
+        }
         Err(code) => return code,
     };
     let listen = crate::live::Listen {
@@ -780,7 +815,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let inv = match load_inventory("html", args.inventory.as_deref()) {
+    let mut inv = match load_inventory("html", args.inventory.as_deref()) {
         Ok(inv) => inv,
         Err(code) => return code,
     };
@@ -792,6 +827,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
+    learn_switch_addrs("html", &mut inv, switch_opts.as_ref());
     let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
         plan.ds.add_single_paths(inv);
@@ -880,7 +916,7 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let inv = match load_inventory("localize", args.inventory.as_deref()) {
+    let mut inv = match load_inventory("localize", args.inventory.as_deref()) {
         Ok(inv) => inv,
         Err(code) => return code,
     };
@@ -892,6 +928,7 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
+    learn_switch_addrs("localize", &mut inv, switch_opts.as_ref());
     let opts = crate::localize::Options {
         window_s: args.window_s,
         close_after_quiet_windows: args.close_after_quiet_windows,

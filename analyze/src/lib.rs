@@ -9,6 +9,7 @@
 
 pub mod cli;
 pub mod export;
+pub mod hops;
 pub mod html;
 pub mod ingest;
 pub mod inspect;

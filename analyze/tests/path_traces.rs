@@ -3,7 +3,8 @@
 //! traces ending at a prober the responder knows only by address (a `Peer` entry). Ingest names
 //! the hops through the inventory's switch addresses, leaves out and reports traces through
 //! addresses it does not map, and resolves a peer to the RNIC that declares its address; the
-//! `localize` binary lists the unmapped addresses in its table and JSON.
+//! `localize` binary lists the unmapped addresses in its table and JSON. A trace's first and last
+//! hop, when no inventory switch lists them, are the endpoints' own ToRs.
 //!
 //! The fleet: tor0-h0/rxe0 (A, 10.0.0.1) under tor0, tor1-h0/rxe0 (B, 10.0.1.1) under tor1, and
 //! spine0 between them. tor0 answers from 172.16.0.1 and 172.16.0.2, tor1 from 172.16.1.1 and
@@ -194,14 +195,18 @@ fn address_named_hops_become_inventory_switches_and_a_peer_its_rnic() {
 }
 
 #[test]
-fn without_an_inventory_every_address_hop_is_unmapped() {
+fn without_an_inventory_only_the_ends_tors_are_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let seg = write_fleet(dir.path(), Style::Agent, false);
     let ds = load(&seg, None);
+    // Every trace crosses a middle hop nobody names: none is placed.
     assert!(ds.paths.is_empty() && ds.switches.is_empty(), "{:?} {:?}", ds.paths, ds.switches);
     let hops: Vec<(&str, u64)> = ds.unmapped_hops.iter().map(|h| (h.addr.as_str(), h.traces)).collect();
-    // Most traces first, then by address; each trace counts once per address.
-    assert_eq!(hops, [("172.16.1.1", 3), ("172.16.0.1", 2), ("172.16.255.1", 2), ("172.16.0.2", 1), (UNLISTED, 1)]);
+    // Most traces first, then by address; each trace counts once per address. A's traces teach
+    // their ends from the agents' own ToRs; B's trace toward the peer 10.0.0.1 teaches nothing,
+    // its target unknown, so tor0's 172.16.0.2 at its end stays unmapped.
+    assert_eq!(hops, [("172.16.255.1", 2), ("172.16.0.2", 1), (UNLISTED, 1)]);
+    assert_eq!(ds.hops_learned, 2, "tor0's 172.16.0.1 and tor1's 172.16.1.1");
     let names: Vec<&str> = ds.rnics.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, [A, B, C]);
     // Nothing declares the peer's address either (A's own entry has none): B's file says so.
@@ -270,9 +275,32 @@ fn localize_lists_unmapped_hops_in_its_table_and_json() {
     let out = analyze(&["localize", "--format", "json", seg]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let doc: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(doc["unmapped_hops"].as_array().map(Vec::len), Some(5), "{}", doc["unmapped_hops"]);
+    assert_eq!(doc["unmapped_hops"].as_array().map(Vec::len), Some(3), "{}", doc["unmapped_hops"]);
     assert_eq!(doc["inter_tor_without_path"], 20);
     assert!(String::from_utf8_lossy(&out.stderr).contains("and pass --inventory"));
+}
+
+/// Switches that advertise one management address (the spine's here) answer traces from
+/// interface addresses nobody listed: the ends of each trace are its endpoints' ToRs, so with
+/// the spine's address alone every path of label 7 is whole.
+#[test]
+fn a_traces_first_and_last_hop_are_its_endpoints_tors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seg = write_fleet(dir.path(), Style::Agent, false);
+    let spine_only =
+        INVENTORY.replace("addrs = [\"172.16.0.1\", \"172.16.0.2\"]\n", "").replace("addrs = [\"172.16.1.1\"]\n", "");
+    assert!(!spine_only.contains("172.16.0.1") && !spine_only.contains("172.16.1.1"));
+    let inv = Inventory::parse(&spine_only, Path::new("inventory.toml")).expect("inventory");
+    let ds = load(&seg, Some(&inv));
+    assert!(ds.problems.is_empty(), "{:?}", ds.problems);
+    assert_eq!(named(&ds, A, B, 7).expect("A -> B traced"), ["tor0", "spine0", "tor1"]);
+    assert_eq!(named(&ds, B, A, 7).expect("B -> A traced"), ["tor1", "spine0", "tor0"]);
+    assert_eq!(named(&ds, A, B, 8), None, "its middle hop is no one's end");
+    assert_eq!(ds.unmapped_hops, [UnmappedHop { addr: UNLISTED.into(), traces: 1 }]);
+    assert_eq!(ds.hops_learned, 3, "172.16.0.1, 172.16.0.2 and 172.16.1.1");
+    let mut switches = ds.switches.clone();
+    switches.sort();
+    assert_eq!(switches, ["spine0", "tor0", "tor1"]);
 }
 
 /// A switch entry with no address (the simulator's) keeps its name even with an inventory.

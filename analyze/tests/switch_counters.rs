@@ -27,7 +27,7 @@ use rocemesh_analyze::live::Event;
 use rocemesh_analyze::live::ask::Asker;
 use rocemesh_analyze::switches::map::CounterMap;
 use rocemesh_analyze::switches::prom::Prometheus as Prom;
-use rocemesh_analyze::switches::{Judge, Options};
+use rocemesh_analyze::switches::{Judge, Options, learn_addresses};
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::scenario::Scenario;
 
@@ -146,8 +146,69 @@ fn openmetrics(inv: &Inventory, bare: &(String, String), from_s: u64, to_s: u64,
             }
         }
     }
+    // The switches' addresses, as snmp_exporter's IP-MIB walks name them: two of tor1's, one
+    // of spine0's (ipAddressTable, IPv6), one both tor2 and tor3 claim, one of a switch the
+    // inventory does not have.
+    for (metric, instance, label, addr) in [
+        ("ipAdEntIfIndex", "tor1.pod1.example:9116", "ipAdEntAddr", "172.31.1.1"),
+        ("ipAdEntIfIndex", "tor1.pod1.example:9116", "ipAdEntAddr", "172.31.1.2"),
+        ("ipAddressIfIndex", "spine0", "ipAddressAddr", "fd00:31::1"),
+        ("ipAdEntIfIndex", "tor2.pod1.example:9116", "ipAdEntAddr", "172.31.9.9"),
+        ("ipAdEntIfIndex", "tor3.pod1.example:9116", "ipAdEntAddr", "172.31.9.9"),
+        ("ipAdEntIfIndex", "leaf9", "ipAdEntAddr", "172.31.8.8"),
+    ] {
+        let _ = writeln!(text, "{metric}{{instance=\"{instance}\",job=\"snmp\",{label}=\"{addr}\"}} 3 {from_s}");
+    }
     text.push_str("# EOF\n");
     text
+}
+
+/// The test's switch-counter options: the `if_mib` map, 240 s before, a 30 s lookback, 30 s
+/// windows.
+fn options(url: &str) -> Options {
+    Options {
+        prometheus: Prom::new(url).unwrap(),
+        map: CounterMap::resolve("if_mib").unwrap(),
+        before_s: 240,
+        lookback_s: 30,
+        alpha: 0.001,
+        window_ns: 30_000_000_000,
+    }
+}
+
+/// The switches' addresses from the same Prometheus (snmp_exporter's IP-MIB series) added to an
+/// inventory that lists none: each taken once, the one two switches claim and the unknown
+/// switch's not.
+fn learns_addresses(inv: &Inventory, url: &str) {
+    let mut bare = inv.clone();
+    for t in &mut bare.tors {
+        t.addrs.clear();
+    }
+    for s in &mut bare.spines {
+        s.addrs.clear();
+    }
+    let opts = options(url);
+    let learned = learn_addresses(&mut bare, &opts).unwrap();
+    assert_eq!(learned.added, 3, "{learned:?}");
+    assert_eq!(learned.conflicting, ["172.31.9.9 (tor2, tor3)"], "{learned:?}");
+    assert_eq!(learned.ignored, 1, "leaf9 is no inventory switch: {learned:?}");
+    let addrs = |name: &str| -> Vec<String> {
+        let t = bare.tors.iter().map(|t| (&t.name, &t.addrs)).chain(bare.spines.iter().map(|s| (&s.name, &s.addrs)));
+        t.filter(|(n, _)| *n == name).flat_map(|(_, a)| a.iter().map(ToString::to_string)).collect()
+    };
+    assert_eq!(addrs("tor1"), ["172.31.1.1", "172.31.1.2"]);
+    assert_eq!(addrs("spine0"), ["fd00:31::1"]);
+    assert!(addrs("tor2").is_empty() && addrs("tor3").is_empty());
+    // Asked again: everything is listed already.
+    let again = learn_addresses(&mut bare, &opts).unwrap();
+    assert_eq!((again.added, again.conflicting.len()), (0, 1), "{again:?}");
+    // An address the inventory lists under another switch is not moved.
+    let mut moved = bare.clone();
+    moved.tors.iter_mut().find(|t| t.name == "tor1").unwrap().addrs.clear();
+    moved.tors.iter_mut().find(|t| t.name == "tor4").unwrap().addrs.push("172.31.1.1".parse().unwrap());
+    let m = learn_addresses(&mut moved, &opts).unwrap();
+    assert_eq!(m.added, 1, "{m:?}");
+    assert!(m.conflicting.iter().any(|c| c.starts_with("172.31.1.1 ")), "{m:?}");
 }
 
 fn localize(seg: &Path, inv: &Path, extra: &[&str]) -> Output {
@@ -305,6 +366,7 @@ fn findings_say_what_the_switch_counters_did() {
     assert!(stderr.contains(&nowhere) && stderr.contains("the findings stand without them"), "{stderr}");
 
     live_asks(&inv, &url, &nowhere, start);
+    learns_addresses(&inv, &url);
 }
 
 /// `analyze live --prometheus`'s asking ([`Asker`]) against the same Prometheus: each finding's
@@ -313,31 +375,23 @@ fn findings_say_what_the_switch_counters_did() {
 fn live_asks(inv: &Inventory, url: &str, nowhere: &str, start: u64) {
     let s_ns = |s: u64| s * 1_000_000_000;
     let window_ns = s_ns(30);
-    let judge = |url: &str| {
-        let opts = Options {
-            prometheus: Prom::new(url).unwrap(),
-            map: CounterMap::resolve("if_mib").unwrap(),
-            before_s: 240,
-            lookback_s: 30,
-            alpha: 0.001,
-            window_ns,
-        };
-        Judge::new(inv.clone(), opts)
-    };
-    let open = |kind: &str, entity: &str| Event::Open {
+    let judge = |url: &str| Judge::new(inv.clone(), options(url));
+    let open_at = |kind: &str, entity: &str, at_s: u64| Event::Open {
         kind: kind.into(),
         entity: entity.into(),
-        window_start_ns: s_ns(start + 300),
+        window_start_ns: s_ns(start + at_s),
         score: 0.3,
         evidence: String::new(),
     };
-    let link_close = Event::Close {
+    let open = |kind: &str, entity: &str| open_at(kind, entity, 300);
+    let link_close_at = |end_s: u64| Event::Close {
         kind: "link".into(),
         entity: "tor1|spine0".into(),
         start_ns: s_ns(start + 300),
-        end_ns: s_ns(start + 480),
-        windows: 6,
+        end_ns: s_ns(start + end_s),
+        windows: (end_s - 300) / 30,
     };
+    let link_close = link_close_at(480);
     let opened = [open("link", "tor1|spine0"), open("rnic", SILENT), open("rnic", BARE), open("host", "tor4-h0")];
     // Until all `n` answers are in (the asking thread takes a query each), or `wait_s` passed.
     let answers = |asker: &mut Asker, now_ns: u64, n: usize, wait_s: u64| {
@@ -354,7 +408,21 @@ fn live_asks(inv: &Inventory, url: &str, nowhere: &str, start: u64) {
     // Not yet due (the first window's end plus the lookback): nothing is asked in 2 s, though
     // an answer takes a few ms.
     assert!(answers(&mut asker, s_ns(start + 330 + 29), 1, 2).is_empty(), "asked before a sample past the span");
-    let lines = answers(&mut asker, s_ns(start + 330 + 30), 3, 60);
+    assert_eq!(
+        asker.line_of("host", "tor4-h0").map(String::as_str),
+        Some("not asked: a host finding involves no switch port")
+    );
+    assert!(
+        asker.line_of("rnic", BARE).is_some_and(|l| l.starts_with("not answered yet")),
+        "{:?}",
+        asker.line_of("rnic", BARE)
+    );
+    let mut lines = answers(&mut asker, s_ns(start + 330 + 30), 2, 60);
+    // The port without series is not settled: asked once more a lookback later, and only
+    // that answer is written.
+    assert!(asker.line_of("rnic", BARE).is_some_and(|l| l.starts_with("not answered yet")), "{lines:#?}");
+    assert!(answers(&mut asker, s_ns(start + 330 + 59), 1, 2).is_empty(), "asked again before a lookback passed");
+    lines.extend(answers(&mut asker, s_ns(start + 330 + 60), 1, 60));
     let verdict = |lines: &[Event], entity: &str, at: &str| {
         lines
             .iter()
@@ -378,6 +446,15 @@ fn live_asks(inv: &Inventory, url: &str, nowhere: &str, start: u64) {
     assert_eq!(verdict(&closed, "tor1|spine0", "close").0, "corroborated");
     assert_eq!(asker.counts.get("corroborated"), Some(&2), "{:?}", asker.counts);
 
+    // Opened, closed and opened again before the first open's answer: that answer is not the
+    // second occurrence's.
+    let mut again = Asker::start(judge(url), window_ns).unwrap();
+    again.note(&[open("link", "tor1|spine0"), link_close_at(330), open_at("link", "tor1|spine0", 360)]);
+    let first = answers(&mut again, s_ns(start + 330 + 30), 2, 60);
+    assert_eq!(first.len(), 2, "the first occurrence's open and close: {first:#?}");
+    let shown = again.line_of("link", "tor1|spine0").cloned().unwrap_or_default();
+    assert!(shown.starts_with("not answered yet"), "the reopened finding shows {shown}");
+
     // Unreachable: one problem line, every question counted as failed.
     let mut down = Asker::start(judge(nowhere), window_ns).unwrap();
     down.note(&opened);
@@ -388,6 +465,8 @@ fn live_asks(inv: &Inventory, url: &str, nowhere: &str, start: u64) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(down.counts.get("failed"), Some(&3), "{:?}", down.counts);
+    let page = down.line_of("link", "tor1|spine0").cloned().unwrap_or_default();
+    assert!(page.starts_with("not answered: ") && page.contains(nowhere), "{page}");
     assert!(
         matches!(&said[..], [Event::Problem { reason, from, .. }] if reason == "prometheus" && from == nowhere),
         "{said:#?}"

@@ -25,8 +25,10 @@
 //! localize-summaries.json (from the window summaries), live.jsonl (what `analyze live` wrote,
 //! each line with its arrival time), switch-counters.om (the switches' port counters, sampled
 //! each second: [`counters`]), localize-switches.json (localised with those counters served by
-//! a real Prometheus, under prometheus/), prometheus-live/ (the Prometheus that scraped them
-//! through the run for `analyze live --prometheus`), result.json.
+//! a real Prometheus, under prometheus/), localize-tor-addrs-unlisted.json and
+//! localize-addrs-from-prometheus.json (localised without the ToRs' addresses, and without any
+//! switch address but those the switches' IP-MIB series give), prometheus-live/ (the Prometheus
+//! that scraped them through the run for `analyze live --prometheus`), result.json.
 //!
 //! The agents also push their window summaries and path traces to `analyze live` on the
 //! management network ([`live`]): its findings are scored by the same checks, and each fault it
@@ -39,7 +41,7 @@ pub mod net;
 pub mod ops;
 pub mod traces;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -627,7 +629,8 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
         let ran = run_timeline(opts, &fabric, &mut agents, &mut tl, &faults_dir, &mut since);
         let samples = s.stop_sampling();
         ran?;
-        std::fs::write(out.join("switch-counters.om"), counters::openmetrics(&samples?))?;
+        let addresses = counters::switch_addresses(&plan)?;
+        std::fs::write(out.join("switch-counters.om"), counters::openmetrics(&samples?, &addresses))?;
     } else {
         sleep_until(t0 + 6 * w)?;
         tl.phase("traced", "", "", t0, now_ns());
@@ -702,8 +705,12 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
     if timeline {
         let scenario = scenario(opts, out, &tl, end_ns, tracing)?;
         std::fs::write(out.join("scenario.toml"), scenario.to_toml_string()?)?;
+        let mut from_records = Vec::new();
         for evidence in ["records", "summaries"] {
             let findings = localize(opts, out, &inventory, evidence)?;
+            if evidence == "records" {
+                from_records = findings.clone();
+            }
             let (scored, early): (Vec<Finding>, Vec<Finding>) =
                 findings.into_iter().partition(|f| f.end_ns.is_none_or(|e| e > tl.start_ns));
             let sc = score::score(&scenario, &scored);
@@ -724,7 +731,8 @@ fn run_with(opts: &ClosOptions, timeline: bool) -> anyhow::Result<ClosResult> {
             result.checks.extend(checks);
         }
         if tracing {
-            result.checks.push(switch_counters_check(opts, out, &inventory)?);
+            result.checks.extend(switch_counters_check(opts, out, &inventory, &from_records)?);
+            result.checks.push(end_hops_check(opts, out, &inventory, &from_records)?);
         }
         let named = tracing && result.inventory_addrs;
         let (checks, live) = live_verdicts(&tl, &records, &scenario, &live_lines, w, named);
@@ -858,6 +866,91 @@ fn localize(opts: &ClosOptions, out: &Path, inventory: &Path, evidence: &str) ->
     Ok(score::parse_findings(&String::from_utf8_lossy(&r.stdout))?)
 }
 
+/// Switches that advertise one management address over LLDP answer traces from interface
+/// addresses the inventory does not list. The ToRs' addresses taken out of the inventory (the
+/// spines' kept), the traces' first and last hops are named as the endpoints' ToRs: the same
+/// findings as with every address listed, no hop left unnamed. Kept as
+/// localize-tor-addrs-unlisted.json.
+fn end_hops_check(opts: &ClosOptions, out: &Path, inventory: &Path, listed: &[Finding]) -> anyhow::Result<Check> {
+    let r = localize_unlisted(opts, out, inventory, "tor-addrs-unlisted", false, &[])?;
+    Ok(Check {
+        name: "path hops: ToR addresses unlisted, named as the traces' end ToRs".into(),
+        ok: r.same_as(listed) && r.learned > 0,
+        detail: format!("{}; {} hop addresses learned as end ToRs", r.said(listed), r.learned),
+    })
+}
+
+/// `analyze localize` (records) with the inventory's ToR addresses (and with `spines` the
+/// spines' too) taken out, `extra` arguments added; kept as localize-NAME.json beside its
+/// inventory-NAME.toml.
+fn localize_unlisted(
+    opts: &ClosOptions,
+    out: &Path,
+    inventory: &Path,
+    name: &str,
+    spines: bool,
+    extra: &[&str],
+) -> anyhow::Result<Unlisted> {
+    let mut inv = rocemesh_formats::inventory::Inventory::load(inventory)?;
+    let mut taken = inv.tors.iter_mut().map(|t| std::mem::take(&mut t.addrs).len()).sum::<usize>();
+    if spines {
+        taken += inv.spines.iter_mut().map(|s| std::mem::take(&mut s.addrs).len()).sum::<usize>();
+    }
+    let path = out.join(format!("inventory-{name}.toml"));
+    std::fs::write(&path, inv.to_toml_string()?)?;
+    let r = Command::new(opts.bin.join("analyze"))
+        .args(["localize", "--format", "json", "--window-s", &opts.window_s.to_string(), "--evidence", "records"])
+        .arg("--inventory")
+        .arg(&path)
+        .args(extra)
+        .arg(out.join("segments"))
+        .output()
+        .context("running analyze localize")?;
+    std::fs::write(out.join(format!("localize-{name}.json")), &r.stdout)?;
+    let stderr = String::from_utf8_lossy(&r.stderr).into_owned();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&r.stdout).with_context(|| format!("analyze localize: {stderr}"))?;
+    Ok(Unlisted {
+        taken,
+        found: score::parse_findings(&String::from_utf8_lossy(&r.stdout))?,
+        unmapped: doc["unmapped_hops"].as_array().map_or(0, Vec::len),
+        learned: doc["hops_learned"].as_u64().unwrap_or(0),
+        stderr,
+    })
+}
+
+/// What [`localize_unlisted`] found.
+struct Unlisted {
+    /// Switch addresses taken out of the inventory.
+    taken: usize,
+    found: Vec<Finding>,
+    unmapped: usize,
+    learned: u64,
+    stderr: String,
+}
+
+impl Unlisted {
+    fn names(fs: &[Finding]) -> BTreeSet<String> {
+        fs.iter().map(|f| format!("{} {}", f.kind, f.entity)).collect()
+    }
+
+    /// The same findings as with every address listed, none of which was empty, and no hop
+    /// left unnamed.
+    fn same_as(&self, listed: &[Finding]) -> bool {
+        !listed.is_empty() && Self::names(listed) == Self::names(&self.found) && self.unmapped == 0
+    }
+
+    fn said(&self, listed: &[Finding]) -> String {
+        format!(
+            "{} switch addresses taken out; {} hops unmapped; findings {:?} (with every address listed: {:?})",
+            self.taken,
+            self.unmapped,
+            Self::names(&self.found),
+            Self::names(listed)
+        )
+    }
+}
+
 /// What the switches' counters must say of each fault's finding: (kind, entity, verdict). The
 /// lossy link and spine corroborated; the port set down silent (its connected route goes with
 /// it, so nothing is counted).
@@ -898,8 +991,15 @@ fn live_switches_check(lines: &[(u64, String)]) -> Check {
 /// The switches' counters beside the findings: the run's own port counters
 /// (`switch-counters.om`) served by a real Prometheus to `analyze localize --prometheus`. The
 /// lossy link is corroborated on both its ports, the lossy spine on its ports, and the port
-/// set down (its route gone, nothing counted) is silent. Kept as localize-switches.json.
-fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> anyhow::Result<Check> {
+/// set down (its route gone, nothing counted) is silent. Kept as localize-switches.json. And the
+/// switches' IP-MIB addresses from the same Prometheus name every hop of an inventory that
+/// lists no switch address ([`addresses_from_prometheus_check`]).
+fn switch_counters_check(
+    opts: &ClosOptions,
+    out: &Path,
+    inventory: &Path,
+    listed: &[Finding],
+) -> anyhow::Result<Vec<Check>> {
     let om = std::fs::read_to_string(out.join("switch-counters.om"))?;
     let prom = counters::Prometheus::serve(&om, &out.join("prometheus"))?;
     let before_s = (opts.fault_windows * opts.window_s * 2).to_string();
@@ -912,6 +1012,7 @@ fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> an
         .arg(out.join("segments"))
         .output()
         .context("running analyze localize --prometheus")?;
+    let addresses = addresses_from_prometheus_check(opts, out, inventory, &prom.url, listed);
     drop(prom);
     std::fs::write(out.join("localize-switches.json"), &r.stdout)?;
     let doc: serde_json::Value = serde_json::from_slice(&r.stdout)
@@ -947,7 +1048,7 @@ fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> an
         })
         .unwrap_or_default();
     ok &= ports.len() == 2;
-    Ok(Check {
+    let counters = Check {
         name: "switch counters from Prometheus beside the findings".into(),
         ok,
         detail: format!(
@@ -956,6 +1057,27 @@ fn switch_counters_check(opts: &ClosOptions, out: &Path, inventory: &Path) -> an
             ports.join(", "),
             doc["switch_counters"]["error"]
         ),
+    };
+    Ok(vec![counters, addresses?])
+}
+
+/// The inventory's switch addresses all taken out, `localize --prometheus` names every hop from
+/// the switches' IP-MIB series: the same findings as with the addresses listed, no hop
+/// unmapped. Kept as localize-addrs-from-prometheus.json.
+fn addresses_from_prometheus_check(
+    opts: &ClosOptions,
+    out: &Path,
+    inventory: &Path,
+    url: &str,
+    listed: &[Finding],
+) -> anyhow::Result<Check> {
+    let extra = ["--prometheus", url, "--counters-lookback-s", "3"];
+    let r = localize_unlisted(opts, out, inventory, "addrs-from-prometheus", true, &extra)?;
+    let said = r.stderr.lines().find(|l| l.contains("switch addresses")).unwrap_or("no line on switch addresses");
+    Ok(Check {
+        name: "path hops: no switch address listed, named from Prometheus's IP-MIB series".into(),
+        ok: r.same_as(listed),
+        detail: format!("{}; {said}", r.said(listed)),
     })
 }
 

@@ -60,11 +60,8 @@ impl<'i> Merger<'i> {
                     m.addrs.insert(e.id, e.addr);
                     continue;
                 };
-                let next = self.switch_ids.len() as u32;
-                let id = *self.switch_ids.entry(name.to_owned()).or_insert_with(|| {
-                    ds.switches.push(name.to_owned());
-                    next
-                });
+                // Path placement may have named switches too (a trace's end ToRs).
+                let id = *self.switch_ids.entry(name.to_owned()).or_insert_with(|| ds.switch_id_of(name));
                 m.switch[e.id as usize] = id;
             } else if e.role == EndpointRole::Peer as u8 {
                 // Resolved below, once every dictionary's RNICs are known.

@@ -304,6 +304,9 @@ pub struct Dataset {
     /// Hop addresses no inventory switch lists, most traces first (then by address): their
     /// traces are not in `paths`. The fix is `ctl inventory switch-addrs`.
     pub unmapped_hops: Vec<UnmappedHop>,
+    /// Hop addresses no inventory switch lists that were named as their traces' end ToRs
+    /// ([`crate::hops::EndHops`]).
+    pub hops_learned: usize,
     /// Paths the inventory alone determines, for probes without a trace: (src ToR, dst ToR) ->
     /// switch ids, for ToR pairs that share exactly one spine (see [`Dataset::add_single_paths`]).
     pub tor_paths: HashMap<(String, String), Vec<u32>>,
@@ -316,6 +319,18 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// The id of switch `name`, a new one if the dataset has none yet (a scan: switches are
+    /// few, and each name is looked up once per file dictionary or placement).
+    pub(super) fn switch_id_of(&mut self, name: &str) -> u32 {
+        match self.switches.iter().position(|s| s == name) {
+            Some(i) => i as u32,
+            None => {
+                self.switches.push(name.to_string());
+                (self.switches.len() - 1) as u32
+            }
+        }
+    }
+
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)

@@ -1,8 +1,11 @@
-//! Path traces: the hops each trace names, mapped to inventory switches by address; traces with a
-//! hop nobody can name are left out and counted by address ([`crate::ingest::UnmappedHop`]).
+//! Path traces: the hops each trace names, mapped to inventory switches by address, else (for a
+//! trace's first and last hop) to the endpoints' own ToRs where every trace agrees
+//! ([`crate::hops::EndHops`]); traces with a hop nobody can name are left out and counted by
+//! address ([`crate::ingest::UnmappedHop`]).
 
 use super::dict::{Remap, UNMAPPED, UNRESOLVED_PEER};
 use super::model::{Dataset, FileProblem, PathKey, TimedPath, UnmappedHop};
+use crate::hops::EndHops;
 use rocemesh_formats::gid::ip_of;
 use rocemesh_formats::segment::SegmentReader;
 use std::collections::{BTreeSet, HashMap};
@@ -29,12 +32,15 @@ pub(super) struct PathTraces {
     /// Traces by unmapped hop address.
     pub(super) unmapped: HashMap<[u8; 16], u64>,
     pub(super) history: HashMap<PathKey, Vec<TimedPath>>,
+    /// Traces with a hop the inventory does not name, and each hop's address where it does not:
+    /// placed once every RNIC's ToR is known, through what their ends teach.
+    unnamed: Vec<Unnamed>,
 }
 
 impl PathTraces {
     /// One file's traces; what cannot be placed is said as the file's problem in `ds`.
     pub(super) fn add(&mut self, ds: &mut Dataset, path: &std::path::Path, reader: &SegmentReader, m: &Remap) {
-        let PathTraces { unmapped, history } = self;
+        let PathTraces { history, unnamed, .. } = self;
         let (mut undefined, mut to_unresolved) = (0u64, 0u64);
         let mut unresolved_addrs: BTreeSet<String> = BTreeSet::new();
         for p in reader.path_records() {
@@ -62,20 +68,16 @@ impl PathTraces {
                 }
                 placed = false;
             }
-            // Each unmapped address once per trace, however often the trace crosses it.
-            let mut seen: Vec<[u8; 16]> = Vec::new();
-            for (h, &id) in p.hops[..n].iter().zip(&hops) {
-                if id == UNMAPPED
-                    && let Some(&addr) = m.addrs.get(&h.to_native())
-                    && !seen.contains(&addr)
-                {
-                    seen.push(addr);
-                    *unmapped.entry(addr).or_default() += 1;
-                    placed = false;
-                }
-            }
-            if placed {
-                history.entry((src, dst, p.flow_label.to_native())).or_default().push((p.t_unix_ns.to_native(), hops));
+            let addrs: Vec<Option<[u8; 16]>> = p.hops[..n]
+                .iter()
+                .zip(&hops)
+                .map(|(h, &id)| if id == UNMAPPED { m.addrs.get(&h.to_native()).copied() } else { None })
+                .collect();
+            let key = (src, dst, p.flow_label.to_native());
+            if addrs.iter().any(Option::is_some) {
+                unnamed.push(Unnamed { key, t: p.t_unix_ns.to_native(), hops, addrs, placed });
+            } else if placed {
+                history.entry(key).or_default().push((p.t_unix_ns.to_native(), hops));
             }
         }
         if undefined > 0 {
@@ -100,7 +102,27 @@ impl PathTraces {
 
     /// Into `ds`: each key's path, its changes, and the unmapped hops.
     pub(super) fn place(self, ds: &mut Dataset) {
-        let PathTraces { unmapped, history } = self;
+        let PathTraces { mut unmapped, mut history, unnamed } = self;
+        let tor = |ds: &Dataset, r: u32| ds.rnics.get(r as usize).map_or(String::new(), |r| r.tor.clone());
+        let mut ends = EndHops::default();
+        // A trace that cannot be placed (its target unknown) teaches nothing about its ends.
+        for u in unnamed.iter().filter(|u| u.placed) {
+            ends.see(&u.addrs, &tor(ds, u.key.0), &tor(ds, u.key.1));
+        }
+        let mut tor_ids: HashMap<String, u32> = HashMap::new();
+        for Unnamed { key, t, mut hops, addrs, placed } in unnamed {
+            if !placed || addrs.iter().flatten().any(|a| ends.tor_of(a).is_none()) {
+                count_unmapped(&mut unmapped, addrs.iter().flatten().filter(|a| ends.tor_of(a).is_none()));
+                continue;
+            }
+            for (hop, addr) in hops.iter_mut().zip(&addrs) {
+                if let Some(name) = addr.as_ref().and_then(|a| ends.tor_of(a)) {
+                    *hop = *tor_ids.entry(name.to_string()).or_insert_with(|| ds.switch_id_of(name));
+                }
+            }
+            history.entry(key).or_default().push((t, hops));
+        }
+        ds.hops_learned = ends.learned();
         // The latest trace of each key is its path; a key whose path changed keeps its changes.
         // Ordered by hops too, so that two traces of one instant come out the same whatever order
         // the files were read in.
@@ -117,6 +139,29 @@ impl PathTraces {
             unmapped.into_iter().map(|(addr, traces)| UnmappedHop { addr: addr_text(&addr), traces }).collect();
         hops.sort_by(|a, b| b.traces.cmp(&a.traces).then_with(|| a.addr.cmp(&b.addr)));
         ds.unmapped_hops = hops;
+    }
+}
+
+/// A trace with a hop the inventory does not name ([`PathTraces::unnamed`]).
+#[derive(Debug)]
+struct Unnamed {
+    key: PathKey,
+    t: u64,
+    /// Switch ids, [`UNMAPPED`] where `addrs` holds the hop's address.
+    hops: Vec<u32>,
+    addrs: Vec<Option<[u8; 16]>>,
+    /// Both ends are known RNICs.
+    placed: bool,
+}
+
+/// Each address once per trace, however often the trace crosses it.
+fn count_unmapped<'a>(unmapped: &mut HashMap<[u8; 16], u64>, addrs: impl Iterator<Item = &'a [u8; 16]>) {
+    let mut seen: Vec<[u8; 16]> = Vec::new();
+    for addr in addrs {
+        if !seen.contains(addr) {
+            seen.push(*addr);
+            *unmapped.entry(*addr).or_default() += 1;
+        }
     }
 }
 

@@ -6,21 +6,27 @@
 //! `--counters-lookback-s` bounds the scrape interval: so a question waits that long after its
 //! span's end. At open the span is the finding's first window (the `switches` line comes a
 //! lookback after the `open` line, which never waits for it); at close it is the whole finding.
-//! The judgement is batch `localize --prometheus`'s ([`crate::switches::Judge`]).
+//! An answer whose counters have no sample at or after the span's end yet (the scrape past it
+//! was late, or not yet stored) is asked once more a lookback later, and only the last answer is
+//! written. The judgement is batch `localize --prometheus`'s ([`crate::switches::Judge`]).
 //!
-//! Bounded: at most [`MAX_PENDING`] questions wait; beyond it one is dropped and counted. The
-//! first failure (Prometheus unreachable, a query refused) is said in one `problem` line, later
-//! ones are counted, and the findings stand as they are.
+//! Bounded: at most [`MAX_PENDING`] questions wait to be due, [`MAX_PENDING`] more for the
+//! asking thread and as many answers; beyond that a question is dropped and counted. The first
+//! failure (Prometheus unreachable, a query refused, the asking thread gone) is said in one
+//! `problem` line, later ones are counted, and the findings stand as they are.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
 use crate::switches::{FindingCounters, Judge};
 
 use super::Event;
 
-/// Questions waiting (to be due, or for the asking thread), at most.
+/// Questions waiting to be due, at most (and as many for the asking thread).
 pub const MAX_PENDING: usize = 1024;
+
+/// An unsettled answer is asked again this many times at most, a lookback apart.
+const MAX_TRIES: u8 = 2;
 
 #[derive(Debug)]
 struct Question {
@@ -29,9 +35,11 @@ struct Question {
     at: &'static str,
     from_ns: u64,
     to_ns: u64,
+    tries: u8,
 }
 
 type Answer = (Question, Result<FindingCounters, String>);
+type Key = (String, String);
 
 /// Asks the switches about the findings the analyzer opens and closes.
 #[derive(Debug)]
@@ -44,9 +52,12 @@ pub struct Asker {
     window_ns: u64,
     url: String,
     failure_said: bool,
-    open: BTreeSet<(String, String)>,
-    /// The latest answer's line for each open finding.
-    lines: HashMap<(String, String), String>,
+    /// Each open finding and the start of the occurrence open now: an answer about an earlier
+    /// occurrence (closed and opened again before it came) is not shown as this one's.
+    open: HashMap<Key, u64>,
+    /// What the page says of each open finding's switches: the latest answer, or why there is
+    /// none.
+    lines: HashMap<Key, String>,
     /// Answers by verdict, and `failed`, `dropped`.
     pub counts: BTreeMap<&'static str, u64>,
 }
@@ -78,7 +89,7 @@ impl Asker {
             window_ns,
             url,
             failure_said: false,
-            open: BTreeSet::new(),
+            open: HashMap::new(),
             lines: HashMap::new(),
             counts: BTreeMap::new(),
         })
@@ -88,25 +99,61 @@ impl Asker {
     /// lookback after its span ends.
     pub fn note(&mut self, events: &[Event]) {
         for e in events {
-            let q = match e {
-                Event::Open { kind, entity, window_start_ns: from_ns, .. } => {
-                    self.open.insert((kind.clone(), entity.clone()));
-                    let to_ns = from_ns.saturating_add(self.window_ns);
-                    Question { kind: kind.clone(), entity: entity.clone(), at: "open", from_ns: *from_ns, to_ns }
-                }
+            match e {
+                Event::Open { kind, entity, window_start_ns, .. } => self.opened(kind, entity, *window_start_ns),
                 Event::Close { kind, entity, start_ns, end_ns, .. } => {
                     let key = (kind.clone(), entity.clone());
                     self.open.remove(&key);
                     self.lines.remove(&key);
-                    Question { kind: key.0, entity: key.1, at: "close", from_ns: *start_ns, to_ns: *end_ns }
+                    if crate::switches::involves_ports(kind) {
+                        self.ask(Question {
+                            kind: key.0,
+                            entity: key.1,
+                            at: "close",
+                            from_ns: *start_ns,
+                            to_ns: *end_ns,
+                            tries: 0,
+                        });
+                    }
                 }
-                _ => continue,
-            };
-            if self.due.len() >= MAX_PENDING {
-                *self.counts.entry("dropped").or_default() += 1;
-                continue;
+                _ => {}
             }
-            self.due.push((q.to_ns.saturating_add(self.lookback_ns), q));
+        }
+    }
+
+    /// A finding open since the window starting at `from_ns`: one just opened, or one taken
+    /// back from `--state` at start (its open line was written before the restart, its
+    /// question may not have been answered).
+    pub fn opened(&mut self, kind: &str, entity: &str, from_ns: u64) {
+        let key = (kind.to_string(), entity.to_string());
+        self.open.insert(key.clone(), from_ns);
+        if !crate::switches::involves_ports(kind) {
+            self.lines.insert(key, format!("not asked: a {kind} finding involves no switch port"));
+            return;
+        }
+        self.lines.insert(key.clone(), "not answered yet (asked a lookback after its first window)".into());
+        let to_ns = from_ns.saturating_add(self.window_ns);
+        self.ask(Question { kind: key.0, entity: key.1, at: "open", from_ns, to_ns, tries: 0 });
+    }
+
+    fn ask(&mut self, q: Question) {
+        if self.due.len() >= MAX_PENDING {
+            self.dropped(&q, "not asked: too many questions were waiting");
+            return;
+        }
+        self.due.push((q.to_ns.saturating_add(self.lookback_ns), q));
+    }
+
+    fn dropped(&mut self, q: &Question, why: &str) {
+        *self.counts.entry("dropped").or_default() += 1;
+        self.say_of_open(q, why.to_string());
+    }
+
+    /// What the page shows of `q`'s finding, if `q` asked about the occurrence open now.
+    fn say_of_open(&mut self, q: &Question, line: String) {
+        let key = (q.kind.clone(), q.entity.clone());
+        if q.at == "open" && self.open.get(&key) == Some(&q.from_ns) {
+            self.lines.insert(key, line);
         }
     }
 
@@ -127,20 +174,22 @@ impl Asker {
                     self.due.push((now_ns, q));
                     break;
                 }
-                Err(TrySendError::Disconnected(_)) => {
-                    *self.counts.entry("dropped").or_default() += 1;
+                Err(TrySendError::Disconnected(q)) => {
+                    self.dropped(&q, "not asked: the thread asking Prometheus ended");
+                    self.fail(&q, "the thread asking Prometheus ended", out);
                 }
             }
         }
-        while let Ok((q, result)) = self.rx.try_recv() {
+        while let Ok((mut q, result)) = self.rx.try_recv() {
             match result {
+                Ok(counters) if !counters.settled() && q.tries + 1 < MAX_TRIES => {
+                    q.tries += 1;
+                    self.due.push((now_ns.saturating_add(self.lookback_ns), q));
+                }
                 Ok(counters) => {
                     *self.counts.entry(counters.verdict.name()).or_default() += 1;
                     let line = counters.line();
-                    let key = (q.kind.clone(), q.entity.clone());
-                    if q.at == "open" && self.open.contains(&key) {
-                        self.lines.insert(key, line.clone());
-                    }
+                    self.say_of_open(&q, line.clone());
                     out.push(Event::Switches {
                         kind: q.kind,
                         entity: q.entity,
@@ -153,24 +202,31 @@ impl Asker {
                 }
                 Err(e) => {
                     *self.counts.entry("failed").or_default() += 1;
-                    if !self.failure_said {
-                        self.failure_said = true;
-                        out.push(Event::Problem {
-                            reason: "prometheus".into(),
-                            from: self.url.clone(),
-                            detail: format!(
-                                "switch counters of {} {}: {e}; the findings stand without them (later failures \
-                                 are counted: rocemesh_live_switch_checks_total{{result=\"failed\"}})",
-                                q.kind, q.entity
-                            ),
-                        });
-                    }
+                    self.say_of_open(&q, format!("not answered: {e}"));
+                    self.fail(&q, &e, out);
                 }
             }
         }
     }
 
-    /// The latest `switches` line of an open finding.
+    /// The first failure, as a `problem` line.
+    fn fail(&mut self, q: &Question, why: &str, out: &mut Vec<Event>) {
+        if self.failure_said {
+            return;
+        }
+        self.failure_said = true;
+        out.push(Event::Problem {
+            reason: "prometheus".into(),
+            from: self.url.clone(),
+            detail: format!(
+                "switch counters of {} {}: {why}; the findings stand without them (later failures are counted: \
+                 rocemesh_live_switch_checks_total{{result=\"failed\"}} or {{result=\"dropped\"}})",
+                q.kind, q.entity
+            ),
+        });
+    }
+
+    /// What the switches said of an open finding, or why they said nothing.
     pub fn line_of(&self, kind: &str, entity: &str) -> Option<&String> {
         self.lines.get(&(kind.to_string(), entity.to_string()))
     }

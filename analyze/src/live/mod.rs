@@ -42,8 +42,9 @@
 //!
 //! Paths: each push carries the path traces its shard took since its previous push; the latest
 //! trace of each (prober, target, label) is its path, its hops named by the inventory's switch
-//! addresses (a simulated trace names its switches itself). A hop no inventory switch lists is
-//! counted by address and said once (`unmapped_hop`); its trace is left out. Where no trace
+//! addresses (a simulated trace names its switches itself), else, for its first and last hop,
+//! by the endpoints' ToRs where every trace so far agrees ([`crate::hops::EndHops`]). A hop
+//! nobody can name is said once (`unmapped_hop`); its trace is left out. Where no trace
 //! came, the inventory gives the path of two ToRs that share one spine
 //! (`Dataset::add_single_paths`). An answer path's trace names its far end by the address that
 //! probed: the RNIC the inventory or a push gives that address. Traced services' probes are not
@@ -204,6 +205,8 @@ pub struct Live {
     by_name: HashMap<String, u32>,
     /// The inventory's switch addresses.
     switch_by_addr: HashMap<[u8; 16], String>,
+    /// Hop addresses the inventory does not list, learned from where they stand in traces.
+    ends: crate::hops::EndHops,
     /// RNICs by address (GID and IPv4-mapped), from the inventory and the pushes' own names:
     /// an answer path's trace names its far end by the address that probed.
     rnic_by_addr: HashMap<[u8; 16], u32>,
@@ -257,6 +260,7 @@ impl Live {
             base,
             by_name,
             switch_by_addr,
+            ends: crate::hops::EndHops::default(),
             rnic_by_addr,
             paths: HashMap::new(),
             windows: BTreeMap::new(),
@@ -366,33 +370,63 @@ impl Live {
     }
 
     /// The switch id of a traced hop: the inventory switch at its address, or its own name
-    /// where it has no address (the simulator names its switches); `None`, said once, for an
-    /// address no inventory switch lists.
-    fn hop_id(&mut self, n: &rocemesh_formats::live::Name, from: &str, out: &mut Vec<Event>) -> Option<u32> {
+    /// where it has no address (the simulator names its switches); else the address.
+    fn hop_id(&mut self, n: &rocemesh_formats::live::Name) -> Result<u32, [u8; 16]> {
         if n.addr == [0; 16] {
-            return Some(self.base.switch_id(&n.name));
+            return Ok(self.base.switch_id(&n.name));
         }
         match self.switch_by_addr.get(&n.addr).cloned() {
-            Some(name) => Some(self.base.switch_id(&name)),
-            None => {
-                let detail = format!(
-                    "a path trace crosses {}, which no inventory switch lists: its traces are left out \
-                     (fix: `ctl inventory switch-addrs`, then --inventory)",
-                    n.name
-                );
-                self.refuse("unmapped_hop", from, detail, out);
-                None
+            Some(name) => Ok(self.base.switch_id(&name)),
+            None => Err(n.addr),
+        }
+    }
+
+    /// A trace's hops as switch ids, its unlisted addresses named by the endpoints' ToRs where
+    /// the traces agree (told to [`crate::hops::EndHops`] first); `None`, said once, when one
+    /// stays unnamed.
+    fn trace_hops(
+        &mut self,
+        hops: &[Result<u32, [u8; 16]>],
+        ends: (u32, u32),
+        from: &str,
+        out: &mut Vec<Event>,
+    ) -> Option<Vec<u32>> {
+        if hops.iter().all(Result::is_ok) {
+            return Some(hops.iter().copied().flatten().collect());
+        }
+        let tor = |r: u32| self.base.rnics.get(r as usize).map_or(String::new(), |r| r.tor.clone());
+        let (src_tor, dst_tor) = (tor(ends.0), tor(ends.1));
+        let addrs: Vec<Option<[u8; 16]>> = hops.iter().map(|h| h.err()).collect();
+        self.ends.see(&addrs, &src_tor, &dst_tor);
+        let mut ids = Vec::with_capacity(hops.len());
+        for h in hops {
+            match h {
+                Ok(id) => ids.push(*id),
+                Err(addr) => match self.ends.tor_of(addr).map(str::to_owned) {
+                    Some(name) => ids.push(self.base.switch_id(&name)),
+                    None => {
+                        let detail = format!(
+                            "a path trace crosses {}, which no inventory switch lists and is not a trace's \
+                             end ToR: its traces are left out (fix: `ctl inventory lldp` with the switches' \
+                             interface addresses, or `ctl inventory switch-addrs`, then --inventory)",
+                            rocemesh_formats::gid::ip_of(addr)
+                        );
+                        self.refuse("unmapped_hop", from, detail, out);
+                        return None;
+                    }
+                },
             }
         }
+        Some(ids)
     }
 
     fn take(&mut self, r: Received, me: u32, seq: (u32, u32, u64), from: &str, out: &mut Vec<Event>) {
         let Received { header, push } = r;
         let mut ids: HashMap<u32, (u32, bool)> = HashMap::with_capacity(push.names.len());
-        let mut hops: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut hops: HashMap<u32, Result<u32, [u8; 16]>> = HashMap::new();
         for n in &push.names {
             if n.role == EndpointRole::Switch as u8 {
-                let id = self.hop_id(n, from, out);
+                let id = self.hop_id(n);
                 hops.insert(n.id, id);
                 continue;
             }
@@ -416,10 +450,18 @@ impl Live {
             self.counts.traces += 1;
             let end = |v: u32| ids.get(&v).map_or(u32::MAX, |e| e.0);
             let (src, dst) = (end(p.src), end(p.dst));
-            let path: Option<Vec<u32>> =
-                p.hops[..(p.hop_count as usize).min(MAX_HOPS)].iter().map(|h| hops.get(h).copied().flatten()).collect();
+            let named: Option<Vec<Result<u32, [u8; 16]>>> =
+                p.hops[..(p.hop_count as usize).min(MAX_HOPS)].iter().map(|h| hops.get(h).copied()).collect();
+            let path = match named {
+                _ if src == u32::MAX || dst == u32::MAX => {
+                    self.counts.traces_unplaced += 1;
+                    continue;
+                }
+                // `decode` refuses a push naming an id it does not define.
+                None => None,
+                Some(named) => self.trace_hops(&named, (src, dst), from, out),
+            };
             match path {
-                _ if src == u32::MAX || dst == u32::MAX => self.counts.traces_unplaced += 1,
                 None => self.counts.traces_unmapped += 1,
                 Some(path) => {
                     let slot = self.paths.entry((src, dst, p.flow_label)).or_insert((0, Vec::new()));
@@ -757,6 +799,11 @@ impl Live {
     pub fn open_state(&self) -> String {
         let open: Vec<(&(String, String), &OpenFinding)> = self.open.iter().collect();
         serde_json::to_string(&open).unwrap_or_default()
+    }
+
+    /// Each open finding: kind, entity and the start of its first window, Unix ns.
+    pub fn open_since(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.open.iter().map(|((kind, entity), f)| (kind.as_str(), entity.as_str(), f.start_ns))
     }
 
     /// Takes back the findings a previous run held open ([`Live::open_state`]): one still

@@ -106,7 +106,7 @@ fn findings(h: &mut String, v: &View) {
             escape(&f.evidence)
         );
         if asked {
-            let said = f.switches.as_deref().unwrap_or("not asked yet (a lookback after its first window)");
+            let said = f.switches.as_deref().unwrap_or("not answered yet (asked a lookback after its first window)");
             let _ = write!(h, "<td class=\"ev\">{}</td>", escape(said));
         }
         h.push_str("</tr>");
@@ -307,7 +307,7 @@ mod tests {
         assert!(!p.contains("<lost>"), "{p}");
         assert!(p.contains("<th>switch ports and counters</th>"), "{p}");
         assert!(p.contains("switches corroborated: tor1 h3: out_discards +7 &lt;in&gt; 5 s"), "{p}");
-        assert!(p.contains("not asked yet (a lookback after its first window)"), "{p}");
+        assert!(p.contains("not answered yet (asked a lookback after its first window)"), "{p}");
         let without = render_page(&View { switch_checks: None, ..sample_view() });
         assert!(!without.contains("switch ports and counters"), "not asked, no column");
     }

@@ -115,6 +115,13 @@ pub fn run(cfg: Config, inventory: Option<&Inventory>, listen: &Listen) -> Resul
         .map(|j| super::ask::Asker::start(j, window_ns))
         .transpose()
         .map_err(LiveError::Asker)?;
+    if let Some(a) = asker.as_mut() {
+        // Findings taken back from --state wrote their open line before the restart, and their
+        // question may not have been answered then.
+        for (kind, entity, since_ns) in live.open_since() {
+            a.opened(kind, entity, since_ns);
+        }
+    }
     let result = take_loop(&mut live, &rx, &inbox, listen, &mut out, &shared, asker.as_mut());
     inbox.stop.store(true, Ordering::Relaxed);
     drop(rx);

@@ -306,6 +306,9 @@ pub struct Localization {
     /// Path-trace hop addresses no inventory switch lists, most traces first: the traces through
     /// them were left out ([`Dataset::unmapped_hops`]).
     pub unmapped_hops: Vec<UnmappedHop>,
+    /// Hop addresses no inventory switch lists, named as their traces' end ToRs
+    /// ([`crate::hops::EndHops`]).
+    pub hops_learned: usize,
     /// Records that were no evidence.
     pub not_evidence: NotEvidence,
     /// What the counters were gathered from.
@@ -804,6 +807,7 @@ fn conclude(
         rtt_shifts: base.rtt_shifts(window_ns),
         inter_tor_without_path: el.without_path,
         unmapped_hops: ds.unmapped_hops.clone(),
+        hops_learned: ds.hops_learned,
         not_evidence: tally.not_evidence,
         evidence: EvidenceUsed::default(),
         services,

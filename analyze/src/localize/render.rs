@@ -91,6 +91,14 @@ pub fn render_table_with(l: &Localization, notes: &[Option<String>]) -> String {
         let _ =
             writeln!(s, "{} inter-ToR probes had no path trace and could not vote on links", l.inter_tor_without_path);
     }
+    if l.hops_learned > 0 {
+        let _ = writeln!(
+            s,
+            "{} path-trace hop addresses no inventory switch lists were named as their traces' first or last \
+             switch: the ToR of the prober or of the target",
+            l.hops_learned
+        );
+    }
     render_unmapped_hops(&mut s, &l.unmapped_hops);
     let ne = &l.not_evidence;
     if !ne.local_drop_by_prober.is_empty() {

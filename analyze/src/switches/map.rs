@@ -14,6 +14,10 @@
 //! rx_pause = 'sonic_interface_receive_errs{type="pause"}'
 //! tx_pause = 'sonic_interface_transmit_errs{type="pause"}'
 //! ecn_marked = 'SAI_QUEUE_STAT_WRED_ECN_MARKED_PACKETS'
+//!
+//! [addresses]                    # optional: series whose label holds one of a switch's
+//! ipAdEntAddr = 'ipAdEntIfIndex' # addresses (the label, then the selector): they name the
+//!                                # path-trace hops the inventory does not list
 //! ```
 //!
 //! A selector is a metric name with optional `label="value"` matchers; both labels above are
@@ -137,6 +141,8 @@ pub struct CounterMap {
     pub switch_label: String,
     pub port_label: String,
     pub counters: Vec<(Counter, Selector)>,
+    /// Series whose label (the second) holds one of the switch's addresses.
+    pub addresses: Vec<(Selector, String)>,
 }
 
 /// A counter map file that cannot be used.
@@ -159,6 +165,8 @@ struct File {
     switch_label: String,
     port_label: String,
     counters: BTreeMap<String, String>,
+    #[serde(default)]
+    addresses: BTreeMap<String, String>,
 }
 
 impl CounterMap {
@@ -180,6 +188,9 @@ impl CounterMap {
     /// - `sonic`: sonic-exporter's interface collector (`sonic_interface_receive_errs` and
     ///   `sonic_interface_transmit_errs` by `type`: error, discard, pause; the port is
     ///   `device`, the switch the scrape's `instance`).
+    ///
+    /// Only `if_mib` names addresses: snmp_exporter's IP-MIB walks (`ipAdEntIfIndex` labelled
+    /// `ipAdEntAddr`, IPv4; `ipAddressIfIndex` labelled `ipAddressAddr`, either family).
     pub fn preset(name: &str) -> Option<CounterMap> {
         let (switch_label, port_label, counters): (&str, &str, Vec<(Counter, &str)>) = match name {
             "if_mib" => (
@@ -217,11 +228,19 @@ impl CounterMap {
             _ => return None,
         };
         let counters = counters.into_iter().map(|(c, s)| (c, Selector::parse(s).expect("a preset's selector parses")));
+        let addresses: &[(&str, &str)] = match name {
+            "if_mib" => &[("ipAdEntIfIndex", "ipAdEntAddr"), ("ipAddressIfIndex", "ipAddressAddr")],
+            _ => &[],
+        };
         Some(CounterMap {
             name: name.to_string(),
             switch_label: switch_label.to_string(),
             port_label: port_label.to_string(),
             counters: counters.collect(),
+            addresses: addresses
+                .iter()
+                .map(|(s, l)| (Selector::parse(s).expect("a preset's selector parses"), l.to_string()))
+                .collect(),
         })
     }
 
@@ -251,11 +270,22 @@ impl CounterMap {
             return Err(field("counters", "names no counter (fix: map at least in_discards or out_discards)".into()));
         }
         counters.sort_by_key(|(c, _)| *c);
+        let mut addresses = Vec::new();
+        for (label, text) in &file.addresses {
+            let at = format!("addresses.{label}");
+            if !is_name(label, false) {
+                return Err(field(&at, format!("{label:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)")));
+            }
+            let selector =
+                Selector::parse(text).map_err(|m| field(&at, format!("{m} (fix: write e.g. 'ipAdEntIfIndex')")))?;
+            addresses.push((selector, label.clone()));
+        }
         Ok(CounterMap {
             name: path.display().to_string(),
             switch_label: file.switch_label,
             port_label: file.port_label,
             counters,
+            addresses,
         })
     }
 }
@@ -285,7 +315,16 @@ mod tests {
         let write = |t: &str| std::fs::write(&path, t).unwrap();
         write("switch_label = \"source\"\nport_label = \"port\"\n[counters]\nout_discards = 'drops{q=\"3\"}'\n");
         let m = CounterMap::resolve(path.to_str().unwrap()).unwrap();
-        assert_eq!((m.switch_label.as_str(), m.counters.len()), ("source", 1));
+        assert_eq!((m.switch_label.as_str(), m.counters.len(), m.addresses.len()), ("source", 1, 0));
+        write(
+            "switch_label = \"source\"\nport_label = \"port\"\n[counters]\nout_discards = 'drops'\n[addresses]\naddr = 'if_addr{family=\"4\"}'\n",
+        );
+        let m = CounterMap::load(&path).unwrap();
+        assert_eq!(m.addresses, vec![(Selector::parse("if_addr{family=\"4\"}").unwrap(), "addr".to_string())]);
+        write(
+            "switch_label = \"source\"\nport_label = \"port\"\n[counters]\nout_discards = 'drops'\n[addresses]\naddr = '9x'\n",
+        );
+        assert!(CounterMap::load(&path).unwrap_err().to_string().contains("field addresses.addr"));
         write("switch_label = \"source\"\nport_label = \"port\"\n[counters]\nout_drops = 'drops'\n");
         let e = CounterMap::load(&path).unwrap_err().to_string();
         assert!(e.contains("field counters.out_drops") && e.contains("in_discards"), "{e}");

@@ -19,6 +19,10 @@
 //!
 //! A Prometheus that cannot be reached, or refuses a query, is said once, and the findings
 //! stand as they were.
+//!
+//! The same Prometheus often holds the switches' address tables too (snmp_exporter's IP-MIB):
+//! [`learn_addresses`] adds them to the inventory before the traces are read, so hops that
+//! answer from interface addresses LLDP did not advertise are named.
 
 pub mod map;
 pub mod prom;
@@ -84,6 +88,10 @@ pub struct CounterMove {
     /// The bound on the chance of so large an increase at the earlier rate (1 when not above it).
     pub p_bound: f64,
     pub moved: bool,
+    /// A sample at or after the span's end bounds it (else the span judged was cut short: the
+    /// scrape past the end had not been stored when asked).
+    #[serde(skip)]
+    pub reaches_end: bool,
 }
 
 /// One port a finding involves and what its counters did.
@@ -109,6 +117,14 @@ pub struct FindingCounters {
 }
 
 impl FindingCounters {
+    /// Every port has series, and each counter a sample at or after the span's end: asking
+    /// again later would not change the answer.
+    pub fn settled(&self) -> bool {
+        self.ports
+            .iter()
+            .all(|p| !p.counters.is_empty() && p.without_samples.is_empty() && p.counters.iter().all(|c| c.reaches_end))
+    }
+
     /// One line for the findings table.
     pub fn line(&self) -> String {
         let mut parts = Vec::new();
@@ -162,6 +178,66 @@ pub struct SwitchCounters {
     pub per_finding: Vec<Option<FindingCounters>>,
 }
 
+/// What [`learn_addresses`] found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct AddressesLearned {
+    /// Addresses added to an inventory switch.
+    pub added: usize,
+    /// Addresses given for two switches, or for another switch than the inventory lists them
+    /// under: not taken.
+    pub conflicting: Vec<String>,
+    /// Series whose switch label names no inventory switch, or whose address does not parse.
+    pub ignored: usize,
+}
+
+/// Adds to `inv`'s switches the addresses the counter map's address series give them: one
+/// series listing per address series (every switch, all the time Prometheus holds, so data
+/// from any day is named). An address the inventory lists under another switch, or that two
+/// switches claim (one re-addressed within the retention, say), is not taken.
+pub fn learn_addresses(inv: &mut Inventory, opts: &Options) -> Result<AddressesLearned, prom::PromError> {
+    let switches = Switches::of(inv);
+    let mut claims: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+    let mut out = AddressesLearned::default();
+    for (selector, label) in &opts.map.addresses {
+        for labels in opts.prometheus.series(&selector.to_string())? {
+            let switch = labels.get(&opts.map.switch_label).and_then(|v| switches.named(v));
+            let addr = labels.get(label).and_then(|a| a.parse::<IpAddr>().ok());
+            match (switch, addr) {
+                (Some(s), Some(a)) => {
+                    let owners = claims.entry(a).or_default();
+                    if !owners.iter().any(|o| o == s) {
+                        owners.push(s.to_string());
+                    }
+                }
+                _ => out.ignored += 1,
+            }
+        }
+    }
+    let listed: HashMap<IpAddr, &str> =
+        switches.addrs.iter().flat_map(|(n, addrs)| addrs.iter().map(move |a| (*a, n.as_str()))).collect();
+    let mut adds: Vec<(String, IpAddr)> = Vec::new();
+    for (addr, owners) in claims {
+        match (&owners[..], listed.get(&addr)) {
+            ([one], Some(l)) if one == l => {}
+            ([one], None) => adds.push((one.clone(), addr)),
+            ([one], Some(l)) => out.conflicting.push(format!("{addr} ({one}; the inventory lists it under {l})")),
+            _ => out.conflicting.push(format!("{addr} ({})", owners.join(", "))),
+        }
+    }
+    for (name, addr) in adds {
+        let addrs = match inv.tors.iter_mut().find(|t| t.name == name) {
+            Some(t) => &mut t.addrs,
+            None => match inv.spines.iter_mut().find(|s| s.name == name) {
+                Some(s) => &mut s.addrs,
+                None => continue,
+            },
+        };
+        addrs.push(addr);
+        out.added += 1;
+    }
+    Ok(out)
+}
+
 /// Asks Prometheus about every finding of `l`.
 pub fn enrich(l: &Localization, inv: &Inventory, opts: &Options) -> SwitchCounters {
     let mut out = SwitchCounters {
@@ -207,8 +283,16 @@ struct Involved {
     without_port: Vec<String>,
 }
 
+/// Whether a finding of `kind` involves switch ports (a host or an ambiguous one does not).
+pub fn involves_ports(kind: &str) -> bool {
+    matches!(kind, "link" | "rnic" | "tor" | "spine")
+}
+
 /// What a finding of `kind` on `entity` involves; `None` when its kind involves no switch port.
 fn involved(kind: &str, entity: &str, inv: &Inventory) -> Option<Involved> {
+    if !involves_ports(kind) {
+        return None;
+    }
     let (mut ports, mut without) = (Vec::new(), Vec::new());
     let mut end = |switch: &str, port: Option<&str>, what: String| match port {
         Some(p) => ports.push((switch.to_string(), p.to_string())),
@@ -433,6 +517,7 @@ fn judge(
         before_s,
         p_bound: rate_excess_bound(during, during_s, before, before_s),
         moved: false,
+        reaches_end: start + during_s >= to as f64,
     })
 }
 

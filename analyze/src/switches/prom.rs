@@ -88,6 +88,14 @@ impl Prometheus {
         parse_matrix(&body).map_err(|message| self.answer(format!("query {query}: {message}")))
     }
 
+    /// The labels of every series `selector` matches over all the time Prometheus holds
+    /// (`/api/v1/series`: the index only, no samples).
+    pub fn series(&self, selector: &str) -> Result<Vec<BTreeMap<String, String>>, PromError> {
+        let target = format!("{}/api/v1/series?match[]={}", self.prefix, encode(selector));
+        let body = self.get(&target)?;
+        parse_series(&body).map_err(|message| self.answer(format!("series {selector}: {message}")))
+    }
+
     fn answer(&self, message: String) -> PromError {
         PromError::Answer { url: self.url.clone(), message }
     }
@@ -158,24 +166,52 @@ impl Prometheus {
     }
 }
 
-/// A query answer's matrix.
-fn parse_matrix(body: &str) -> Result<Vec<Series>, String> {
+/// A query answer's result of `kind` (matrix, vector).
+fn result_of(body: &str, kind: &str) -> Result<Vec<serde_json::Value>, String> {
+    let mut v: serde_json::Value = serde_json::from_str(body).map_err(|e| format!("not JSON: {e}"))?;
+    if v.get("status").and_then(|s| s.as_str()) != Some("success") {
+        return Err(format!("status {:?}", v.get("status")));
+    }
+    let mut data = v.get_mut("data").map(serde_json::Value::take).ok_or("no data")?;
+    match data.get("resultType").and_then(|t| t.as_str()) {
+        Some(k) if k == kind => {}
+        other => return Err(format!("a {other:?} result where a {kind} was asked for")),
+    }
+    match data.get_mut("result").map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(a)) => Ok(a),
+        _ => Err("no result".into()),
+    }
+}
+
+fn labels_of(s: &serde_json::Value) -> BTreeMap<String, String> {
+    s.get("metric")
+        .and_then(|m| m.as_object())
+        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+        .unwrap_or_default()
+}
+
+/// A series answer: each series' labels.
+fn parse_series(body: &str) -> Result<Vec<BTreeMap<String, String>>, String> {
     let v: serde_json::Value = serde_json::from_str(body).map_err(|e| format!("not JSON: {e}"))?;
     if v.get("status").and_then(|s| s.as_str()) != Some("success") {
         return Err(format!("status {:?}", v.get("status")));
     }
-    let data = v.get("data").ok_or("no data")?;
-    match data.get("resultType").and_then(|t| t.as_str()) {
-        Some("matrix") => {}
-        other => return Err(format!("a {other:?} result where a matrix was asked for")),
-    }
+    let all = v.get("data").and_then(|d| d.as_array()).ok_or("no data")?;
+    Ok(all
+        .iter()
+        .map(|m| {
+            m.as_object()
+                .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+/// A query answer's matrix.
+fn parse_matrix(body: &str) -> Result<Vec<Series>, String> {
     let mut out = Vec::new();
-    for s in data.get("result").and_then(|r| r.as_array()).ok_or("no result")? {
-        let labels = s
-            .get("metric")
-            .and_then(|m| m.as_object())
-            .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
-            .unwrap_or_default();
+    for s in &result_of(body, "matrix")? {
+        let labels = labels_of(s);
         let mut samples = Vec::new();
         for pair in s.get("values").and_then(|v| v.as_array()).ok_or("a series without values")? {
             let t = pair.get(0).and_then(|t| t.as_f64());
@@ -227,6 +263,10 @@ mod tests {
         assert_eq!(s[0].labels["ifName"], "s0");
         assert_eq!(s[0].samples, vec![(100.0, 1.0), (115.5, 7.0)]);
         assert!(parse_matrix(r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#).is_err());
+        let v =
+            r#"{"status":"success","data":[{"__name__":"ipAdEntIfIndex","instance":"tor1","ipAdEntAddr":"10.0.0.1"}]}"#;
+        assert_eq!(parse_series(v).unwrap()[0]["ipAdEntAddr"], "10.0.0.1");
+        assert!(parse_series(body).is_err(), "a matrix is no series list");
         assert!(parse_matrix("<html>").is_err());
         assert_eq!(encode("a{b=\"c\"}[60s]"), "a%7Bb%3D%22c%22%7D%5B60s%5D");
     }

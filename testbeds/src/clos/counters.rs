@@ -45,7 +45,7 @@ pub type Samples = Vec<Sample>;
 #[derive(Debug)]
 pub struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<anyhow::Result<Samples>>,
+    thread: Option<JoinHandle<anyhow::Result<Samples>>>,
     /// The latest reading as a scrape's answer ([`exposition`]).
     pub latest: Arc<Mutex<String>>,
 }
@@ -60,29 +60,54 @@ impl Sampler {
         let latest = Arc::new(Mutex::new(String::new()));
         let serving = latest.clone();
         let thread = std::thread::spawn(move || {
-            let mut state = State::default();
-            let mut samples = Samples::new();
-            let mut next = Instant::now();
-            while !stopping.load(Ordering::Relaxed) {
-                let sample = state.sample(&switches)?;
+            let result = sample_until(&stopping, &switches, &serving);
+            if result.is_err() {
+                // A switch exporter whose device stopped answering fails its scrapes: the last
+                // reading must not go on being served as if it were current.
                 if let Ok(mut l) = serving.lock() {
-                    *l = exposition(&sample);
+                    l.clear();
                 }
-                samples.push(sample);
-                next += STEP;
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-            samples.push(state.sample(&switches)?);
-            Ok(samples)
+            result
         });
-        Sampler { stop, thread, latest }
+        Sampler { stop, thread: Some(thread), latest }
     }
 
     /// Stops it and returns what it read.
-    pub fn stop(self) -> anyhow::Result<Samples> {
+    pub fn stop(mut self) -> anyhow::Result<Samples> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().map_err(|_| anyhow::anyhow!("the counter sampler panicked"))?
+        let thread = self.thread.take().context("the counter sampler was already stopped")?;
+        thread.join().map_err(|_| anyhow::anyhow!("the counter sampler panicked"))?
     }
+}
+
+/// A run that fails before the sampler is stopped (an agent, the exporter or Prometheus did
+/// not start) must not leave it sampling namespaces that are being torn down.
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Samples every `STEP` until `stop`, keeping the latest reading's exposition in `serving`.
+fn sample_until(stop: &AtomicBool, switches: &[(String, String)], serving: &Mutex<String>) -> anyhow::Result<Samples> {
+    let mut state = State::default();
+    let mut samples = Samples::new();
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let sample = state.sample(switches)?;
+        if let Ok(mut l) = serving.lock() {
+            *l = exposition(&sample);
+        }
+        samples.push(sample);
+        next += STEP;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    samples.push(state.sample(switches)?);
+    Ok(samples)
 }
 
 /// Drops counted by fault rules that are gone: a rule's counter goes with its table at the end
@@ -163,9 +188,44 @@ fn link_counts(json: &str) -> anyhow::Result<Vec<(String, Counts)>> {
 /// snmp_exporter's if_mib names of [`Counts`], in its order.
 const NAMES: [&str; 4] = ["ifInErrors", "ifInDiscards", "ifOutErrors", "ifOutDiscards"];
 
-/// The samples as OpenMetrics text in snmp_exporter's if_mib naming.
-pub fn openmetrics(samples: &Samples) -> String {
+/// A switch's interface address: (switch, address, ifindex).
+pub type SwitchAddr = (String, std::net::IpAddr, u64);
+
+/// Every global address of every switch namespace of `plan` (`ip -j addr`), as an IP-MIB walk
+/// of the switch would list them.
+pub fn switch_addresses(plan: &Plan) -> anyhow::Result<Vec<SwitchAddr>> {
+    let mut out = Vec::new();
+    for switch in (0..plan.tors).map(Plan::tor).chain((0..plan.spines).map(Plan::spine)) {
+        let ns = plan.ns(&switch);
+        let json = run("ip", &["-n", &ns, "-j", "addr", "show"])?;
+        let v: serde_json::Value = serde_json::from_str(&json).with_context(|| format!("ip -j addr in {ns}"))?;
+        for l in v.as_array().context("not a list of links")? {
+            let ifindex = l.get("ifindex").and_then(|i| i.as_u64()).unwrap_or(0);
+            for a in l.get("addr_info").and_then(|a| a.as_array()).into_iter().flatten() {
+                let global = a.get("scope").and_then(|s| s.as_str()) == Some("global");
+                if let Some(ip) =
+                    a.get("local").and_then(|l| l.as_str()).and_then(|l| l.parse().ok()).filter(|_| global)
+                {
+                    out.push((switch.clone(), ip, ifindex));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The samples as OpenMetrics text in snmp_exporter's if_mib naming, with the switches'
+/// addresses as its IP-MIB walks name them (`ipAdEntIfIndex` by `ipAdEntAddr` for IPv4,
+/// `ipAddressIfIndex` by `ipAddressAddr` for IPv6), at the first sample's time.
+pub fn openmetrics(samples: &Samples, addresses: &[SwitchAddr]) -> String {
     let mut text = String::new();
+    if let Some((at, _)) = samples.first() {
+        for (switch, ip, ifindex) in addresses {
+            let (metric, label) =
+                if ip.is_ipv4() { ("ipAdEntIfIndex", "ipAdEntAddr") } else { ("ipAddressIfIndex", "ipAddressAddr") };
+            let _ = writeln!(text, "{metric}{{instance=\"{switch}\",job=\"snmp\",{label}=\"{ip}\"}} {ifindex} {at:.3}");
+        }
+    }
     // Series by series, each in time order, as promtool wants them.
     let ports: Vec<&(String, String)> =
         samples.iter().flat_map(|(_, m)| m.keys()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
@@ -323,6 +383,12 @@ fn answer(mut s: std::net::TcpStream, latest: &Mutex<String>) {
         }
     }
     let body = latest.lock().map(|l| l.clone()).unwrap_or_default();
+    if body.is_empty() {
+        // Nothing read yet, or the sampler failed: a failed scrape, not an empty one (which
+        // Prometheus would take as every series gone).
+        let _ = s.write_all(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n");
+        return;
+    }
     let _ = write!(
         s,
         "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
@@ -405,7 +471,7 @@ impl Prometheus {
             .stderr(std::fs::File::create(dir.join("prometheus.log"))?)
             .spawn()
             .context("starting prometheus (apt-get install prometheus; scripts/setup installs it)")?;
-        let p = Prometheus { child, url: format!("http://{addr}") };
+        let mut p = Prometheus { child, url: format!("http://{addr}") };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let at = addr.to_string();
@@ -415,6 +481,12 @@ impl Prometheus {
             };
             if up {
                 return Ok(p);
+            }
+            if let Some(status) = p.child.try_wait()? {
+                bail!(
+                    "prometheus on {addr} exited ({status}) before it was ready (its port taken?); {} has its log",
+                    dir.join("prometheus.log").display()
+                );
             }
             if Instant::now() > deadline {
                 bail!("prometheus on {addr} not ready in 60 s; {} has its log", dir.join("prometheus.log").display());
@@ -445,8 +517,12 @@ mod tests {
         assert_eq!(link_counts(json).unwrap(), vec![("s0".to_string(), [1, 2, 3, 4])]);
         let key = ("tor1".to_string(), "s0".to_string());
         let samples: Samples = vec![(10.0, [(key.clone(), [0, 0, 0, 5])].into()), (11.0, [(key, [0, 0, 0, 9])].into())];
-        let om = openmetrics(&samples);
+        let om = openmetrics(&samples, &[("tor1".to_string(), "10.1.0.1".parse().unwrap(), 3)]);
         assert!(om.contains("ifOutDiscards{instance=\"tor1\",job=\"snmp\",ifName=\"s0\"} 5 10.000\nifOutDiscards{instance=\"tor1\",job=\"snmp\",ifName=\"s0\"} 9 11.000\n"), "{om}");
+        assert!(
+            om.starts_with("ipAdEntIfIndex{instance=\"tor1\",job=\"snmp\",ipAdEntAddr=\"10.1.0.1\"} 3 10.000\n"),
+            "{om}"
+        );
         assert!(om.ends_with("# EOF\n"));
     }
 }

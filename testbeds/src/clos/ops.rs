@@ -134,6 +134,14 @@ impl Sshds {
         if !Path::new(SSHD).exists() {
             bail!("{SSHD} is missing: apt-get install openssh-server (scripts/setup does)");
         }
+        // ctl splits each --ssh-option at spaces, and sshd_config's paths end at one.
+        if dir.to_string_lossy().contains(char::is_whitespace) {
+            bail!(
+                "{}: the run's directory has a space in its path, which the ssh options and sshd_config \
+                 cannot carry (fix: give the Clos run an output directory without spaces)",
+                dir.display()
+            );
+        }
         let p = |name: &str| dir.join(name);
         for key in ["host_key", "id"] {
             keygen(&p(key))?;
