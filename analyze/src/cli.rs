@@ -443,11 +443,16 @@ impl SwitchArgs {
 }
 
 /// With `--prometheus`, the switches' addresses it holds (the counter map's address series)
-/// added to the inventory before any trace is read, and said.
-fn learn_switch_addrs(command: &str, inv: &mut Option<Inventory>, opts: Option<&crate::switches::Options>) {
-    let (Some(inv), Some(opts)) = (inv.as_mut(), opts) else { return };
+/// added to the inventory before any trace is read, and said. Returns why Prometheus could not
+/// be asked, said here once: the counters are then not asked either.
+fn learn_switch_addrs(
+    command: &str,
+    inv: &mut Option<Inventory>,
+    opts: Option<&crate::switches::Options>,
+) -> Option<String> {
+    let (Some(inv), Some(opts)) = (inv.as_mut(), opts) else { return None };
     if opts.map.addresses.is_empty() {
-        return;
+        return None;
     }
     match crate::switches::learn_addresses(inv, opts) {
         Ok(l) => {
@@ -466,10 +471,35 @@ fn learn_switch_addrs(command: &str, inv: &mut Option<Inventory>, opts: Option<&
                 );
             }
         }
-        // The counters' questions meet the same Prometheus and say it once.
-        Err(crate::switches::prom::PromError::Connect { .. }) => {}
-        Err(e) => eprintln!("analyze {command}: switch addresses: {e}; hops are named from the inventory alone"),
+        Err(e) => {
+            eprintln!(
+                "analyze {command}: switch counters: {e}; the findings stand without them, their trace hops named \
+                 from the inventory alone"
+            );
+            return Some(e.to_string());
+        }
     }
+    None
+}
+
+/// The switches' evidence beside `l`'s findings: asked of Prometheus unless it could not be
+/// asked already (`failed`, said), else said here when it fails.
+fn switch_evidence(
+    command: &str,
+    l: &crate::localize::Localization,
+    inv: Option<&Inventory>,
+    opts: Option<&crate::switches::Options>,
+    failed: Option<String>,
+) -> Option<crate::switches::SwitchCounters> {
+    let (opts, inv) = (opts?, inv?);
+    if let Some(e) = failed {
+        return Some(crate::switches::unasked(l, opts, e));
+    }
+    let s = crate::switches::enrich(l, inv, opts);
+    if let Some(e) = &s.error {
+        eprintln!("analyze {command}: switch counters: {e}; the findings stand without them");
+    }
+    Some(s)
 }
 
 /// `--fdr`: a rate strictly between 0 and 1.
@@ -729,7 +759,8 @@ pub fn live(args: &LiveArgs) -> i32 {
     };
     let switches = match args.switches.options("live", args.window_s) {
         Ok(opts) => {
-            learn_switch_addrs("live", &mut inv, opts.as_ref());
+            // A failure is said; the asker tries again as findings open, and says its own.
+            let _ = learn_switch_addrs("live", &mut inv, opts.as_ref());
             opts.zip(inv.clone()).map(|(opts, inv)| crate::switches::Judge::new(inv, opts))
         }
         Err(code) => return code,
@@ -827,7 +858,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    learn_switch_addrs("html", &mut inv, switch_opts.as_ref());
+    let prom_failed = learn_switch_addrs("html", &mut inv, switch_opts.as_ref());
     let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
         plan.ds.add_single_paths(inv);
@@ -835,11 +866,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
     let ranges = plan.ranges(args.ranges.range_records as usize);
     let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
     let localization = crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts);
-    let switches =
-        switch_opts.as_ref().zip(inv.as_ref()).map(|(o, inv)| crate::switches::enrich(&localization, inv, o));
-    if let Some(e) = switches.as_ref().and_then(|s| s.error.as_ref()) {
-        eprintln!("analyze html: switch counters: {e}; the findings stand without them");
-    }
+    let switches = switch_evidence("html", &localization, inv.as_ref(), switch_opts.as_ref(), prom_failed);
     let mut notes = switches.map(|s| s.per_finding).unwrap_or_default().into_iter();
     let services = localization.services;
     let findings: Vec<html::FindingRow> = localization
@@ -928,7 +955,7 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    learn_switch_addrs("localize", &mut inv, switch_opts.as_ref());
+    let prom_failed = learn_switch_addrs("localize", &mut inv, switch_opts.as_ref());
     let opts = crate::localize::Options {
         window_s: args.window_s,
         close_after_quiet_windows: args.close_after_quiet_windows,
@@ -945,10 +972,7 @@ pub fn localize(args: &LocalizeArgs) -> i32 {
         (0, u64::MAX),
     );
     say_problems("localize", &ds, inv.as_ref());
-    let switches = switch_opts.as_ref().zip(inv.as_ref()).map(|(o, inv)| crate::switches::enrich(&result, inv, o));
-    if let Some(e) = switches.as_ref().and_then(|s| s.error.as_ref()) {
-        eprintln!("analyze localize: switch counters: {e}; the findings stand without them");
-    }
+    let switches = switch_evidence("localize", &result, inv.as_ref(), switch_opts.as_ref(), prom_failed);
     // Encoded only when something takes it: a wide fleet's findings and services are large.
     let json = match (args.format == FindingsFormat::Json || args.json.is_some())
         .then(|| findings_json(&result, switches.as_ref()))

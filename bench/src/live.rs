@@ -103,6 +103,7 @@ impl Fleet {
                     port: 1,
                     gid_index: None,
                     tor_port: None,
+                    netdev: None,
                 }],
             })
             .collect();

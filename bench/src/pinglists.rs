@@ -88,6 +88,7 @@ pub fn fabric(opt: &Options) -> Inventory {
                     port: 1,
                     gid_index: Some(3),
                     tor_port: None,
+                    netdev: None,
                 }],
             });
         }

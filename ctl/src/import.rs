@@ -496,6 +496,7 @@ impl Draft {
                 // A re-described RNIC still under the same ToR keeps the port `inventory lldp`
                 // found for it; one that moved has to be found again.
                 tor_port: self.base_tor_port(&desc.host, &r.device, &tor),
+                netdev: r.netdev.clone(),
                 tor,
             });
         }

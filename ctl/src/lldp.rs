@@ -108,6 +108,10 @@ struct HostSeen {
     tor_port: Option<String>,
     /// The host's addresses, when the ToR's table carries them.
     addrs: Vec<IpAddr>,
+    /// The host's interface on this cable: the local port of the host's own table, the
+    /// neighbour's port of a ToR's (lldpd's port id is the interface name unless told
+    /// otherwise).
+    netdev: Option<String>,
     from: From,
 }
 
@@ -216,12 +220,22 @@ fn classify(
         (Kind::Spine, Kind::Tor) => {
             cables.push(CableSeen { tor: peer.into(), spine: me, tor_port: peer_port, spine_port: port, from })
         }
-        (Kind::Tor, Kind::Host) => {
-            hosts.push(HostSeen { host: peer.into(), tor: me, tor_port: port, addrs: s.mgmt.clone(), from })
-        }
-        (Kind::Host, Kind::Tor) => {
-            hosts.push(HostSeen { host: me, tor: peer.into(), tor_port: peer_port, addrs: Vec::new(), from })
-        }
+        (Kind::Tor, Kind::Host) => hosts.push(HostSeen {
+            host: peer.into(),
+            tor: me,
+            tor_port: port,
+            addrs: s.mgmt.clone(),
+            netdev: peer_port,
+            from,
+        }),
+        (Kind::Host, Kind::Tor) => hosts.push(HostSeen {
+            host: me,
+            tor: peer.into(),
+            tor_port: peer_port,
+            addrs: Vec::new(),
+            netdev: port,
+            from,
+        }),
         (Kind::Host, Kind::Host) => {}
         (Kind::Tor, Kind::Tor) | (Kind::Spine, Kind::Spine) => {
             out.ignored.push(format!("{me} port {}: a peer link to {peer} (not in the inventory's model)", s.port))
@@ -456,15 +470,18 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
     let mut owners = Owners::of(&out.inventory);
     for s in seen {
         let Some(h) = out.inventory.hosts.iter_mut().find(|h| h.name == s.host) else { continue };
-        // A host advertises every address on every port, so the addresses pick among the RNICs
-        // the inventory puts under this ToR; one RNIC there is the one.
+        // The interface names the RNIC where the inventory knows its netdev; else a host
+        // advertises every address on every port, so the addresses pick among the RNICs the
+        // inventory puts under this ToR; one RNIC there is the one.
         let under: Vec<usize> = (0..h.rnics.len()).filter(|&j| h.rnics[j].tor == s.tor).collect();
+        let by_netdev: Vec<usize> =
+            under.iter().copied().filter(|&j| s.netdev.is_some() && h.rnics[j].netdev == s.netdev).collect();
         let by_addr: Vec<usize> = under.iter().copied().filter(|&j| s.addrs.contains(&h.rnics[j].ip)).collect();
-        let j = match (&by_addr[..], &under[..]) {
-            ([j], _) | (_, [j]) => *j,
+        let j = match (&by_netdev[..], &by_addr[..], &under[..]) {
+            ([j], _, _) | (_, [j], _) | (_, _, [j]) => *j,
             // Several RNICs under this ToR and nothing to tell them apart: left without a port.
-            (_, [_, ..]) => continue,
-            (_, []) => {
+            (_, _, [_, ..]) => continue,
+            (_, _, []) => {
                 out.problems.push(elsewhere(h, s, inv_path));
                 continue;
             }
@@ -507,10 +524,12 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
 /// A host seen on a ToR the inventory puts none of its RNICs under: the RNIC named when the
 /// host has one, or its addresses pick one.
 fn elsewhere(h: &rocemesh_formats::inventory::Host, s: &HostSeen, inv_path: &Path) -> Problem {
+    let by_netdev: Vec<&rocemesh_formats::inventory::Rnic> =
+        h.rnics.iter().filter(|r| s.netdev.is_some() && r.netdev == s.netdev).collect();
     let by_addr: Vec<&rocemesh_formats::inventory::Rnic> = h.rnics.iter().filter(|r| s.addrs.contains(&r.ip)).collect();
-    let which = match (&by_addr[..], &h.rnics[..]) {
-        ([r], _) => Some(*r),
-        (_, [r]) => Some(r),
+    let which = match (&by_netdev[..], &by_addr[..], &h.rnics[..]) {
+        ([r], _, _) | (_, [r], _) => Some(*r),
+        (_, _, [r]) => Some(r),
         _ => None,
     };
     let (what, fix) = match which {

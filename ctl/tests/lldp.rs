@@ -276,6 +276,23 @@ ip = "10.0.0.5"
     // Host b's two RNICs under tor0 cannot be told apart by what LLDP says: left without ports.
     assert_eq!(ports, [Some("p1"), Some("p1"), None, None]);
     assert_eq!(l.rnics_unported, 2);
+
+    // With the netdevs `agent describe` found (kept by `inventory import`), the interface each
+    // table names tells them apart: from the ToR's table and the host's alike, or either alone.
+    let mut with_netdevs = inv.clone();
+    for (r, netdev) in with_netdevs.hosts[1].rnics.iter_mut().zip(["eth0", "eth1"]) {
+        r.netdev = Some(netdev.into());
+    }
+    for tables in [&tables[..], &tables[..1], &tables[2..]] {
+        let l = lldp::apply(&with_netdevs, Path::new("i.toml"), tables);
+        assert!(l.problems.is_empty(), "{:#?}", l.problems);
+        let b_ports: Vec<Option<&str>> = l.inventory.hosts[1].rnics.iter().map(|r| r.tor_port.as_deref()).collect();
+        assert_eq!(b_ports, [Some("p2"), Some("p3")], "from {} tables", tables.len());
+    }
+    // Written and read back, the inventory keeps them.
+    let text = with_netdevs.to_toml_string().unwrap();
+    assert!(text.contains("netdev = \"eth1\""), "{text}");
+    assert_eq!(Inventory::parse(&text, Path::new("i.toml")).unwrap(), with_netdevs);
 }
 
 #[test]

@@ -66,7 +66,8 @@ pub struct RnicDescription {
     pub port: u8,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid_index: Option<u16>,
-    /// The netdev behind the port, for the operator's benefit (the inventory does not keep it).
+    /// The netdev behind the port; `ctl inventory import` keeps it, and `ctl inventory lldp`
+    /// uses it to place a host's cables when the host has two RNICs under one ToR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netdev: Option<String>,
 }

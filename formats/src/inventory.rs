@@ -42,6 +42,7 @@
 //! port = 1                        # optional, default 1
 //! gid_index = 3                   # optional
 //! tor_port = "Ethernet0"          # optional: the ToR's interface it is cabled to
+//! netdev = "ens1f0np0"            # optional: the host's netdev behind the port
 //!
 //! [[host.rnic]]
 //! device = "mlx5_1"
@@ -61,8 +62,9 @@
 //! names, use only `[A-Za-z0-9._:-]`; every host has at least one RNIC, each attached to a
 //! declared ToR; no two RNICs share an address or a GID; a link joins a declared ToR and a
 //! declared spine, once; and either every ToR has a `rail` or none does. A port (`a_port`,
-//! `b_port`, `tor_port`) is an interface name as the switch reports it (printable, no spaces,
-//! at most 64 bytes), and no switch port is given to two cables.
+//! `b_port`, `tor_port`) is an interface name as the switch reports it, and a `netdev` as the
+//! host does (printable, no spaces, at most 64 bytes), and no switch port is given to two
+//! cables.
 //!
 //! A switch's `addrs` are the addresses it answers from (interface and loopback addresses):
 //! an agent's path trace knows a hop only by the source of its ICMP time-exceeded reply, and
@@ -186,6 +188,10 @@ pub struct Rnic {
     /// The ToR's interface this port is cabled to, as LLDP names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tor_port: Option<String>,
+    /// The host's netdev behind the port (`agent describe` finds it): a host's own LLDP table
+    /// names its cables by it, which tells apart two RNICs under one ToR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
 }
 
 fn default_port() -> u8 {
@@ -282,6 +288,14 @@ impl Inventory {
     // A switch port holds one cable: two entries on one port mean one of them is wrong, and
     // the switch counters joined to findings by port would be joined to both.
     fn check_ports(&self, doc: &Document<'_>) -> Result<(), FileError> {
+        for (i, h) in self.hosts.iter().enumerate() {
+            for (j, netdev) in h.rnics.iter().enumerate().filter_map(|(j, r)| Some((j, r.netdev.as_ref()?))) {
+                if let Some(problem) = port_problem(netdev) {
+                    let path = FieldPath::root().key("host").index(i).key("rnic").index(j).key("netdev");
+                    return Err(doc.error(&path, problem, "write the netdev as `ip link` names it, or leave it out"));
+                }
+            }
+        }
         let mut taken: HashMap<(&str, &str), FieldPath> = HashMap::new();
         let links = self.links.iter().enumerate().flat_map(|(i, l)| {
             let path = FieldPath::root().key("link").index(i);
@@ -765,6 +779,7 @@ mod tests {
                 port: 1,
                 gid_index: Some(3),
                 tor_port: Some("Ethernet0".into()),
+                netdev: Some("ens1f0np0".into()),
             }
         );
         assert_eq!(
@@ -803,6 +818,7 @@ mod tests {
             port: 1,
             gid_index: None,
             tor_port: None,
+            netdev: None,
         };
         assert_eq!(rnic.gid_or_mapped(), "::ffff:10.1.2.3".parse::<Ipv6Addr>().unwrap());
         rnic.ip = "fd00::7".parse().unwrap();
@@ -1174,6 +1190,11 @@ mod tests {
         let e = err(&with_head(&links.replace("PORT", "eth 2")));
         assert_eq!(e.field.as_str(), "host[0].rnic[0].tor_port");
         assert!(e.problem.contains("holds ' '") && e.fix.contains("Ethernet48"), "{e}");
+        let netdev =
+            links.replace("PORT", "Ethernet2").replace("tor_port", "netdev = \"ens1 f0\"\n            tor_port");
+        let e = err(&with_head(&netdev));
+        assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].netdev", Some(17)));
+        assert!(e.problem.contains("holds ' '") && e.fix.contains("ip link"), "{e}");
     }
 
     #[test]
@@ -1460,6 +1481,7 @@ mod tests {
                                 port: (*port).max(1),
                                 gid_index: *gid_index,
                                 tor_port: None,
+                                netdev: None,
                             }
                         })
                         .collect(),

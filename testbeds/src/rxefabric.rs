@@ -93,6 +93,7 @@ impl Layout {
                         port: 1,
                         gid_index: Some(gid_index),
                         tor_port: None,
+                        netdev: None,
                     }],
                     name,
                 }

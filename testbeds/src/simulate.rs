@@ -230,6 +230,7 @@ fn inventory_of(f: &Fabric) -> Inventory {
                         port: 1,
                         gid_index: None,
                         tor_port: Some(format!("h{n}")),
+                        netdev: None,
                     }
                 })
                 .collect(),

@@ -61,7 +61,7 @@ impl<'i> Merger<'i> {
                     continue;
                 };
                 // Path placement may have named switches too (a trace's end ToRs).
-                let id = *self.switch_ids.entry(name.to_owned()).or_insert_with(|| ds.switch_id_of(name));
+                let id = *self.switch_ids.entry(name.to_owned()).or_insert_with(|| ds.switch_id(name));
                 m.switch[e.id as usize] = id;
             } else if e.role == EndpointRole::Peer as u8 {
                 // Resolved below, once every dictionary's RNICs are known.

@@ -305,7 +305,7 @@ pub struct Dataset {
     /// traces are not in `paths`. The fix is `ctl inventory switch-addrs`.
     pub unmapped_hops: Vec<UnmappedHop>,
     /// Hop addresses no inventory switch lists that were named as their traces' end ToRs
-    /// ([`crate::hops::EndHops`]).
+    /// ([`crate::hops::EndHops`]) in traces placed.
     pub hops_learned: usize,
     /// Paths the inventory alone determines, for probes without a trace: (src ToR, dst ToR) ->
     /// switch ids, for ToR pairs that share exactly one spine (see [`Dataset::add_single_paths`]).
@@ -319,18 +319,6 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// The id of switch `name`, a new one if the dataset has none yet (a scan: switches are
-    /// few, and each name is looked up once per file dictionary or placement).
-    pub(super) fn switch_id_of(&mut self, name: &str) -> u32 {
-        match self.switches.iter().position(|s| s == name) {
-            Some(i) => i as u32,
-            None => {
-                self.switches.push(name.to_string());
-                (self.switches.len() - 1) as u32
-            }
-        }
-    }
-
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)

@@ -110,19 +110,21 @@ impl PathTraces {
             ends.see(&u.addrs, &tor(ds, u.key.0), &tor(ds, u.key.1));
         }
         let mut tor_ids: HashMap<String, u32> = HashMap::new();
+        let mut used: std::collections::HashSet<[u8; 16]> = std::collections::HashSet::new();
         for Unnamed { key, t, mut hops, addrs, placed } in unnamed {
             if !placed || addrs.iter().flatten().any(|a| ends.tor_of(a).is_none()) {
                 count_unmapped(&mut unmapped, addrs.iter().flatten().filter(|a| ends.tor_of(a).is_none()));
                 continue;
             }
+            used.extend(addrs.iter().flatten());
             for (hop, addr) in hops.iter_mut().zip(&addrs) {
                 if let Some(name) = addr.as_ref().and_then(|a| ends.tor_of(a)) {
-                    *hop = *tor_ids.entry(name.to_string()).or_insert_with(|| ds.switch_id_of(name));
+                    *hop = *tor_ids.entry(name.to_string()).or_insert_with(|| ds.switch_id(name));
                 }
             }
             history.entry(key).or_default().push((t, hops));
         }
-        ds.hops_learned = ends.learned();
+        ds.hops_learned = used.len();
         // The latest trace of each key is its path; a key whose path changed keeps its changes.
         // Ordered by hops too, so that two traces of one instant come out the same whatever order
         // the files were read in.

@@ -25,7 +25,8 @@ use super::Event;
 /// Questions waiting to be due, at most (and as many for the asking thread).
 pub const MAX_PENDING: usize = 1024;
 
-/// An unsettled answer is asked again this many times at most, a lookback apart.
+/// A question is asked this many times at most, a lookback apart, while its answer is not
+/// settled.
 const MAX_TRIES: u8 = 2;
 
 #[derive(Debug)]
@@ -75,8 +76,11 @@ impl Asker {
         std::thread::Builder::new().name("live-switches".into()).spawn(move || {
             for q in questions {
                 let span_s = (q.from_ns / 1_000_000_000, q.to_ns.div_ceil(1_000_000_000));
-                let Some(result) = judge.finding(&q.kind, &q.entity, span_s) else { continue };
-                if answers.send((q, result.map_err(|e| e.to_string()))).is_err() {
+                let result = match judge.finding(&q.kind, &q.entity, span_s) {
+                    Some(r) => r.map_err(|e| e.to_string()),
+                    None => Err(format!("no switch port can be named for {} {}", q.kind, q.entity)),
+                };
+                if answers.send((q, result)).is_err() {
                     return;
                 }
             }
@@ -182,7 +186,7 @@ impl Asker {
         }
         while let Ok((mut q, result)) = self.rx.try_recv() {
             match result {
-                Ok(counters) if !counters.settled() && q.tries + 1 < MAX_TRIES => {
+                Ok(counters) if !counters.settled() && q.tries + 1 < MAX_TRIES && self.due.len() < MAX_PENDING => {
                     q.tries += 1;
                     self.due.push((now_ns.saturating_add(self.lookback_ns), q));
                 }

@@ -198,6 +198,9 @@ struct Shown {
 
 /// The live state (see the module documentation). Driven by the caller's clock, so that a test
 /// or a replay runs it at any speed.
+/// A traced hop: its switch id, or the address no inventory switch lists.
+type Hop = Result<u32, [u8; 16]>;
+
 #[derive(Debug)]
 pub struct Live {
     cfg: Config,
@@ -211,7 +214,9 @@ pub struct Live {
     /// an answer path's trace names its far end by the address that probed.
     rnic_by_addr: HashMap<[u8; 16], u32>,
     /// The latest trace of each (prober, target, label): when, and its hops' switch ids.
-    paths: HashMap<(u32, u32, u32), (u64, Vec<u32>)>,
+    /// A hop named by where it stands in traces ([`crate::hops::EndHops`]) keeps its address,
+    /// resolved as each window is localised: a later trace may unlearn it.
+    paths: HashMap<(u32, u32, u32), (u64, Vec<Hop>)>,
     windows: BTreeMap<u64, Win>,
     /// Windows starting before this are localised.
     done_to_ns: u64,
@@ -371,7 +376,7 @@ impl Live {
 
     /// The switch id of a traced hop: the inventory switch at its address, or its own name
     /// where it has no address (the simulator names its switches); else the address.
-    fn hop_id(&mut self, n: &rocemesh_formats::live::Name) -> Result<u32, [u8; 16]> {
+    fn hop_id(&mut self, n: &rocemesh_formats::live::Name) -> Hop {
         if n.addr == [0; 16] {
             return Ok(self.base.switch_id(&n.name));
         }
@@ -381,29 +386,22 @@ impl Live {
         }
     }
 
-    /// A trace's hops as switch ids, its unlisted addresses named by the endpoints' ToRs where
-    /// the traces agree (told to [`crate::hops::EndHops`] first); `None`, said once, when one
-    /// stays unnamed.
-    fn trace_hops(
-        &mut self,
-        hops: &[Result<u32, [u8; 16]>],
-        ends: (u32, u32),
-        from: &str,
-        out: &mut Vec<Event>,
-    ) -> Option<Vec<u32>> {
+    /// A trace's hops, its unlisted addresses named by the endpoints' ToRs where the traces
+    /// agree (told to [`crate::hops::EndHops`] first); `None`, said once, when one stays
+    /// unnamed.
+    fn trace_hops(&mut self, hops: &[Hop], ends: (u32, u32), from: &str, out: &mut Vec<Event>) -> Option<Vec<Hop>> {
         if hops.iter().all(Result::is_ok) {
-            return Some(hops.iter().copied().flatten().collect());
+            return Some(hops.to_vec());
         }
         let tor = |r: u32| self.base.rnics.get(r as usize).map_or(String::new(), |r| r.tor.clone());
         let (src_tor, dst_tor) = (tor(ends.0), tor(ends.1));
         let addrs: Vec<Option<[u8; 16]>> = hops.iter().map(|h| h.err()).collect();
         self.ends.see(&addrs, &src_tor, &dst_tor);
-        let mut ids = Vec::with_capacity(hops.len());
         for h in hops {
-            match h {
-                Ok(id) => ids.push(*id),
-                Err(addr) => match self.ends.tor_of(addr).map(str::to_owned) {
-                    Some(name) => ids.push(self.base.switch_id(&name)),
+            if let Err(addr) = h {
+                match self.ends.tor_of(addr).map(str::to_owned) {
+                    // An id for the ToR, for [`Live::dataset`] to find.
+                    Some(name) => _ = self.base.switch_id(&name),
                     None => {
                         let detail = format!(
                             "a path trace crosses {}, which no inventory switch lists and is not a trace's \
@@ -414,16 +412,16 @@ impl Live {
                         self.refuse("unmapped_hop", from, detail, out);
                         return None;
                     }
-                },
+                }
             }
         }
-        Some(ids)
+        Some(hops.to_vec())
     }
 
     fn take(&mut self, r: Received, me: u32, seq: (u32, u32, u64), from: &str, out: &mut Vec<Event>) {
         let Received { header, push } = r;
         let mut ids: HashMap<u32, (u32, bool)> = HashMap::with_capacity(push.names.len());
-        let mut hops: HashMap<u32, Result<u32, [u8; 16]>> = HashMap::new();
+        let mut hops: HashMap<u32, Hop> = HashMap::new();
         for n in &push.names {
             if n.role == EndpointRole::Switch as u8 {
                 let id = self.hop_id(n);
@@ -450,7 +448,7 @@ impl Live {
             self.counts.traces += 1;
             let end = |v: u32| ids.get(&v).map_or(u32::MAX, |e| e.0);
             let (src, dst) = (end(p.src), end(p.dst));
-            let named: Option<Vec<Result<u32, [u8; 16]>>> =
+            let named: Option<Vec<Hop>> =
                 p.hops[..(p.hop_count as usize).min(MAX_HOPS)].iter().map(|h| hops.get(h).copied()).collect();
             let path = match named {
                 _ if src == u32::MAX || dst == u32::MAX => {
@@ -695,6 +693,21 @@ impl Live {
         heat
     }
 
+    /// Every path whose hops are all named now: one through an address no longer learned as a
+    /// ToR's is left out until a trace replaces it.
+    fn named_paths(&self) -> HashMap<(u32, u32, u32), Vec<u32>> {
+        let ids: HashMap<&str, u32> =
+            self.base.switches.iter().enumerate().map(|(i, n)| (n.as_str(), i as u32)).collect();
+        let name = |h: &Hop| match h {
+            Ok(id) => Some(*id),
+            Err(addr) => self.ends.tor_of(addr).and_then(|n| ids.get(n).copied()),
+        };
+        self.paths
+            .iter()
+            .filter_map(|(&k, (_, hops))| Some((k, hops.iter().map(name).collect::<Option<Vec<u32>>>()?)))
+            .collect()
+    }
+
     /// The dataset of windows `from..=to`: the fleet's RNICs and paths, and each (RNIC, agent
     /// epoch) heard in a window as the agent file of that window, so that localisation sees
     /// which agents ran when, which restarted, and which stalled.
@@ -703,7 +716,7 @@ impl Live {
             rnics: self.base.rnics.clone(),
             switches: self.base.switches.clone(),
             tor_paths: self.base.tor_paths.clone(),
-            paths: self.paths.iter().map(|(&k, (_, hops))| (k, hops.clone())).collect(),
+            paths: self.named_paths(),
             ..Dataset::default()
         };
         // One agent file per (RNIC, agent epoch) over the history, as a segment spans its

@@ -201,7 +201,9 @@ pub fn learn_addresses(inv: &mut Inventory, opts: &Options) -> Result<AddressesL
     for (selector, label) in &opts.map.addresses {
         for labels in opts.prometheus.series(&selector.to_string())? {
             let switch = labels.get(&opts.map.switch_label).and_then(|v| switches.named(v));
-            let addr = labels.get(label).and_then(|a| a.parse::<IpAddr>().ok());
+            // Every switch lists its loopback (and link-local, docker) addresses: no hop
+            // answers from them across the fabric.
+            let addr = labels.get(label).and_then(|a| a.parse::<IpAddr>().ok()).filter(|a| routable(*a));
             match (switch, addr) {
                 (Some(s), Some(a)) => {
                     let owners = claims.entry(a).or_default();
@@ -236,6 +238,28 @@ pub fn learn_addresses(inv: &mut Inventory, opts: &Options) -> Result<AddressesL
         out.added += 1;
     }
     Ok(out)
+}
+
+/// An address a trace hop could answer from across the fabric.
+fn routable(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => !(v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast()),
+        IpAddr::V6(v6) => !(v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local()),
+    }
+}
+
+/// The run's switch evidence when Prometheus could not be asked at all (`error`): no finding
+/// carries any.
+pub fn unasked(l: &Localization, opts: &Options, error: String) -> SwitchCounters {
+    SwitchCounters {
+        prometheus: opts.prometheus.url().to_string(),
+        counter_map: opts.map.name.clone(),
+        error: Some(error),
+        alpha: opts.alpha,
+        before_s: opts.before_s,
+        verdicts: BTreeMap::new(),
+        per_finding: vec![None; l.findings.len()],
+    }
 }
 
 /// Asks Prometheus about every finding of `l`.

@@ -91,7 +91,7 @@ impl Prometheus {
     /// The labels of every series `selector` matches over all the time Prometheus holds
     /// (`/api/v1/series`: the index only, no samples).
     pub fn series(&self, selector: &str) -> Result<Vec<BTreeMap<String, String>>, PromError> {
-        let target = format!("{}/api/v1/series?match[]={}", self.prefix, encode(selector));
+        let target = format!("{}/api/v1/series?match%5B%5D={}", self.prefix, encode(selector));
         let body = self.get(&target)?;
         parse_series(&body).map_err(|message| self.answer(format!("series {selector}: {message}")))
     }
@@ -184,10 +184,7 @@ fn result_of(body: &str, kind: &str) -> Result<Vec<serde_json::Value>, String> {
 }
 
 fn labels_of(s: &serde_json::Value) -> BTreeMap<String, String> {
-    s.get("metric")
-        .and_then(|m| m.as_object())
-        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
-        .unwrap_or_default()
+    s.get("metric").map(label_map).unwrap_or_default()
 }
 
 /// A series answer: each series' labels.
@@ -197,14 +194,14 @@ fn parse_series(body: &str) -> Result<Vec<BTreeMap<String, String>>, String> {
         return Err(format!("status {:?}", v.get("status")));
     }
     let all = v.get("data").and_then(|d| d.as_array()).ok_or("no data")?;
-    Ok(all
-        .iter()
-        .map(|m| {
-            m.as_object()
-                .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
-                .unwrap_or_default()
-        })
-        .collect())
+    Ok(all.iter().map(label_map).collect())
+}
+
+/// A JSON object of label values.
+fn label_map(m: &serde_json::Value) -> BTreeMap<String, String> {
+    m.as_object()
+        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+        .unwrap_or_default()
 }
 
 /// A query answer's matrix.

@@ -108,6 +108,7 @@ fn fabric(tors: &[Option<u16>], hosts: &[Vec<usize>], spines: usize) -> Inventor
                             port: 1,
                             gid_index: Some(3),
                             tor_port: None,
+                            netdev: None,
                         }
                     })
                     .collect(),

@@ -287,7 +287,7 @@ impl Plan {
         }
         for (t, h) in self.hosts() {
             s.push_str(&format!(
-                "\n[[host]]\nname = \"{}\"\n\n[[host.rnic]]\ndevice = \"{DEVICE}\"\ntor = \"{}\"\nip = \"{}\"\n",
+                "\n[[host]]\nname = \"{}\"\n\n[[host.rnic]]\ndevice = \"{DEVICE}\"\ntor = \"{}\"\nip = \"{}\"\nnetdev = \"{HOST_IF}\"\n",
                 Self::host(t, h),
                 Self::tor(t),
                 Self::host_ip(t, h)

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rocemesh_formats::inventory::Inventory;
 
-use super::net::{DEVICE, MGMT, Plan};
+use super::net::{DEVICE, HOST_IF, MGMT, Plan};
 use crate::harness::Check;
 
 const SSHD: &str = "/usr/sbin/sshd";
@@ -87,7 +87,9 @@ fn differences(plan: &Plan, got: &Inventory) -> Vec<String> {
     let mut wrong = Vec::new();
     let mut planned: Vec<String> = plan
         .hosts()
-        .map(|(t, h)| format!("host {} {DEVICE} {} under {}", Plan::host(t, h), Plan::host_ip(t, h), Plan::tor(t)))
+        .map(|(t, h)| {
+            format!("host {} {DEVICE} {} under {} on {HOST_IF}", Plan::host(t, h), Plan::host_ip(t, h), Plan::tor(t))
+        })
         .collect();
     planned.extend((0..plan.tors).map(|t| format!("tor {}", Plan::tor(t))));
     planned.extend((0..plan.spines).map(|s| format!("spine {}", Plan::spine(s))));
@@ -99,7 +101,12 @@ fn differences(plan: &Plan, got: &Inventory) -> Vec<String> {
     let mut have: Vec<String> = got
         .hosts
         .iter()
-        .flat_map(|h| h.rnics.iter().map(move |r| format!("host {} {} {} under {}", h.name, r.device, r.ip, r.tor)))
+        .flat_map(|h| {
+            h.rnics.iter().map(move |r| {
+                let netdev = r.netdev.as_deref().unwrap_or("no netdev");
+                format!("host {} {} {} under {} on {netdev}", h.name, r.device, r.ip, r.tor)
+            })
+        })
         .collect();
     have.extend(got.tors.iter().map(|t| format!("tor {}", t.name)));
     have.extend(got.spines.iter().map(|s| format!("spine {}", s.name)));
@@ -296,9 +303,9 @@ mod tests {
         assert_eq!(
             wrong,
             [
-                "missing host tor0-h0 rnic0 10.0.0.1 under tor0",
+                "missing host tor0-h0 rnic0 10.0.0.1 under tor0 on eth0",
                 "missing link tor1|spine1",
-                "unplanned host tor0-h0 rnic0 10.0.0.1 under tor1",
+                "unplanned host tor0-h0 rnic0 10.0.0.1 under tor1 on eth0",
             ]
         );
     }
