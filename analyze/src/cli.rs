@@ -444,7 +444,8 @@ impl SwitchArgs {
 
 /// With `--prometheus`, the switches' addresses it holds (the counter map's address series)
 /// added to the inventory before any trace is read, and said. Returns why Prometheus could not
-/// be asked, said here once: the counters are then not asked either.
+/// be reached, said here once: the counters are then not asked either (another failure, such as
+/// a listing too large, is said and the counters still asked).
 fn learn_switch_addrs(
     command: &str,
     inv: &mut Option<Inventory>,
@@ -471,13 +472,14 @@ fn learn_switch_addrs(
                 );
             }
         }
-        Err(e) => {
+        Err(e @ crate::switches::prom::PromError::Connect { .. }) => {
             eprintln!(
                 "analyze {command}: switch counters: {e}; the findings stand without them, their trace hops named \
                  from the inventory alone"
             );
             return Some(e.to_string());
         }
+        Err(e) => eprintln!("analyze {command}: switch addresses: {e}; trace hops are named from the inventory alone"),
     }
     None
 }

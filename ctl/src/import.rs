@@ -496,7 +496,7 @@ impl Draft {
                 // A re-described RNIC still under the same ToR keeps the port `inventory lldp`
                 // found for it; one that moved has to be found again.
                 tor_port: self.base_tor_port(&desc.host, &r.device, &tor),
-                netdev: r.netdev.clone(),
+                netdev: r.netdev.clone().or_else(|| self.base_netdev(&desc.host, &r.device)),
                 tor,
             });
         }
@@ -504,6 +504,12 @@ impl Draft {
     }
 
     /// The base's ToR port of `host`/`device`, if the base has it under `tor`.
+    /// The netdev the base inventory gives `host`/`device`, for a description without one.
+    fn base_netdev(&self, host: &str, device: &str) -> Option<String> {
+        let h = self.hosts.iter().find(|h| h.name == host)?;
+        h.rnics.iter().find(|r| r.device == device)?.netdev.clone()
+    }
+
     fn base_tor_port(&self, host: &str, device: &str, tor: &str) -> Option<String> {
         let h = self.hosts.iter().find(|h| h.name == host)?;
         let r = h.rnics.iter().find(|r| r.device == device && r.tor == tor)?;

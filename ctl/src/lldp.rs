@@ -6,9 +6,10 @@
 //! system name (or that name up to its first dot). From what the tables saw:
 //!
 //! - every ToR-spine link gets the interface at each end (`a_port`, `b_port`);
-//! - every RNIC gets the ToR interface it is cabled to (`tor_port`). A ToR's table names the
-//!   host and the addresses it advertises, which pick the RNIC; a host's table names the ToR,
-//!   which picks the host's one RNIC under that ToR;
+//! - every RNIC gets the ToR interface it is cabled to (`tor_port`). The RNIC is the one whose
+//!   `netdev` the cable's host interface is (the local port of the host's own table, or the
+//!   neighbour port id of a ToR's when lldpd sends interface names); else the one whose
+//!   address the host advertised to the ToR; else the host's one RNIC under that ToR;
 //! - every switch gets the management addresses its neighbours heard it advertise, added to its
 //!   `addrs` (never removed: `ctl inventory switch-addrs` replaces a switch's list), so that
 //!   path-trace hops answering from them are named without a hand-written map. Link-local,
@@ -108,10 +109,11 @@ struct HostSeen {
     tor_port: Option<String>,
     /// The host's addresses, when the ToR's table carries them.
     addrs: Vec<IpAddr>,
-    /// The host's interface on this cable: the local port of the host's own table, the
-    /// neighbour's port of a ToR's (lldpd's port id is the interface name unless told
-    /// otherwise).
-    netdev: Option<String>,
+    /// The host's interface on this cable, as the host's own table names its local port.
+    local_if: Option<String>,
+    /// The neighbour's port id in a ToR's table: the host's interface name, or its MAC
+    /// (lldpd's default), so it can only pick, never rule out.
+    peer_if: Option<String>,
     from: From,
 }
 
@@ -225,7 +227,8 @@ fn classify(
             tor: me,
             tor_port: port,
             addrs: s.mgmt.clone(),
-            netdev: peer_port,
+            local_if: None,
+            peer_if: peer_port,
             from,
         }),
         (Kind::Host, Kind::Tor) => hosts.push(HostSeen {
@@ -233,7 +236,8 @@ fn classify(
             tor: peer.into(),
             tor_port: peer_port,
             addrs: Vec::new(),
-            netdev: port,
+            local_if: port,
+            peer_if: None,
             from,
         }),
         (Kind::Host, Kind::Host) => {}
@@ -470,18 +474,31 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
     let mut owners = Owners::of(&out.inventory);
     for s in seen {
         let Some(h) = out.inventory.hosts.iter_mut().find(|h| h.name == s.host) else { continue };
-        // The interface names the RNIC where the inventory knows its netdev; else a host
-        // advertises every address on every port, so the addresses pick among the RNICs the
-        // inventory puts under this ToR; one RNIC there is the one.
+        // The interface names the RNIC where the inventory knows its netdev, wherever the
+        // inventory puts it (a cable on another ToR is a miscabling, not another RNIC); else a
+        // host advertises every address on every port, so the addresses pick among the RNICs
+        // the inventory puts under this ToR; one RNIC there is the one.
         let under: Vec<usize> = (0..h.rnics.len()).filter(|&j| h.rnics[j].tor == s.tor).collect();
-        let by_netdev: Vec<usize> =
-            under.iter().copied().filter(|&j| s.netdev.is_some() && h.rnics[j].netdev == s.netdev).collect();
+        let named = |name: &Option<String>| h.rnics.iter().position(|r| name.is_some() && r.netdev == *name);
+        let by_netdev = named(&s.local_if).or_else(|| named(&s.peer_if));
+        if by_netdev.is_some_and(|j| h.rnics[j].tor != s.tor) {
+            out.problems.push(elsewhere(h, s, inv_path));
+            continue;
+        }
+        // The host's own interface, and no RNIC's under this ToR (a management port): not an
+        // RNIC's cable.
+        if by_netdev.is_none() && s.local_if.is_some() && under.iter().all(|&j| h.rnics[j].netdev.is_some()) {
+            let port = s.tor_port.as_deref().unwrap_or("?");
+            let local = s.local_if.as_deref().unwrap_or("?");
+            out.ignored.push(format!("{} {local} to {} port {port}: no RNIC's netdev", h.name, s.tor));
+            continue;
+        }
         let by_addr: Vec<usize> = under.iter().copied().filter(|&j| s.addrs.contains(&h.rnics[j].ip)).collect();
-        let j = match (&by_netdev[..], &by_addr[..], &under[..]) {
-            ([j], _, _) | (_, [j], _) | (_, _, [j]) => *j,
+        let j = match (by_netdev.as_ref(), &by_addr[..], &under[..]) {
+            (Some(j), _, _) | (None, [j], _) | (None, _, [j]) => *j,
             // Several RNICs under this ToR and nothing to tell them apart: left without a port.
-            (_, _, [_, ..]) => continue,
-            (_, _, []) => {
+            (None, _, [_, ..]) => continue,
+            (None, _, []) => {
                 out.problems.push(elsewhere(h, s, inv_path));
                 continue;
             }
@@ -525,7 +542,7 @@ fn rnics(out: &mut Learned, seen: &[HostSeen], inv_path: &Path) {
 /// host has one, or its addresses pick one.
 fn elsewhere(h: &rocemesh_formats::inventory::Host, s: &HostSeen, inv_path: &Path) -> Problem {
     let by_netdev: Vec<&rocemesh_formats::inventory::Rnic> =
-        h.rnics.iter().filter(|r| s.netdev.is_some() && r.netdev == s.netdev).collect();
+        h.rnics.iter().filter(|r| r.netdev.is_some() && (r.netdev == s.local_if || r.netdev == s.peer_if)).collect();
     let by_addr: Vec<&rocemesh_formats::inventory::Rnic> = h.rnics.iter().filter(|r| s.addrs.contains(&r.ip)).collect();
     let which = match (&by_netdev[..], &by_addr[..], &h.rnics[..]) {
         ([r], _, _) | (_, [r], _) => Some(*r),

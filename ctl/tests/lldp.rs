@@ -289,6 +289,28 @@ ip = "10.0.0.5"
         let b_ports: Vec<Option<&str>> = l.inventory.hosts[1].rnics.iter().map(|r| r.tor_port.as_deref()).collect();
         assert_eq!(b_ports, [Some("p2"), Some("p3")], "from {} tables", tables.len());
     }
+    // Host a's two rails swapped at the host (eth0, r0's, into tor1; eth1 into tor0): each
+    // named as a miscabling, no port given; a management port on tor0 is no RNIC's cable.
+    let mut rails = with_netdevs.clone();
+    for (r, netdev) in rails.hosts[0].rnics.iter_mut().zip(["eth0", "eth1"]) {
+        r.netdev = Some(netdev.into());
+    }
+    let swapped = [table(
+        "a",
+        vec![
+            seen(3, "eth0", "tor1", "p1", &[]),
+            seen(9, "eth1", "tor0", "p1", &[]),
+            seen(15, "eno1", "tor0", "p9", &[]),
+        ],
+    )];
+    let l = lldp::apply(&rails, Path::new("i.toml"), &swapped);
+    let said: Vec<String> = l.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(said.len(), 2, "{said:#?}");
+    assert!(said[0].contains("RNIC a/r0 is cabled to tor1 port p1, but i.toml puts it under tor0"), "{said:#?}");
+    assert!(said[1].contains("RNIC a/r1 is cabled to tor0 port p1, but i.toml puts it under tor1"), "{said:#?}");
+    assert!(l.inventory.hosts[0].rnics.iter().all(|r| r.tor_port.is_none()));
+    assert!(l.ignored.iter().any(|i| i.contains("a eno1 to tor0 port p9")), "{:?}", l.ignored);
+
     // Written and read back, the inventory keeps them.
     let text = with_netdevs.to_toml_string().unwrap();
     assert!(text.contains("netdev = \"eth1\""), "{text}");

@@ -289,11 +289,17 @@ impl Inventory {
     // the switch counters joined to findings by port would be joined to both.
     fn check_ports(&self, doc: &Document<'_>) -> Result<(), FileError> {
         for (i, h) in self.hosts.iter().enumerate() {
+            let mut seen: Vec<&str> = Vec::new();
             for (j, netdev) in h.rnics.iter().enumerate().filter_map(|(j, r)| Some((j, r.netdev.as_ref()?))) {
+                let path = FieldPath::root().key("host").index(i).key("rnic").index(j).key("netdev");
                 if let Some(problem) = port_problem(netdev) {
-                    let path = FieldPath::root().key("host").index(i).key("rnic").index(j).key("netdev");
                     return Err(doc.error(&path, problem, "write the netdev as `ip link` names it, or leave it out"));
                 }
+                if seen.contains(&netdev.as_str()) {
+                    let problem = format!("netdev {netdev:?} is also another RNIC's of host {:?}", h.name);
+                    return Err(doc.error(&path, problem, "give each RNIC the netdev `agent describe` found for it"));
+                }
+                seen.push(netdev);
             }
         }
         let mut taken: HashMap<(&str, &str), FieldPath> = HashMap::new();
@@ -1195,6 +1201,13 @@ mod tests {
         let e = err(&with_head(&netdev));
         assert_eq!((e.field.as_str(), e.line), ("host[0].rnic[0].netdev", Some(17)));
         assert!(e.problem.contains("holds ' '") && e.fix.contains("ip link"), "{e}");
+        let twice = format!(
+            "{}\n            [[host.rnic]]\n            device = \"mlx5_1\"\n            tor = \"tor0\"\n            ip = \"10.0.0.2\"\n            netdev = \"ens1\"\n",
+            links.replace("PORT", "Ethernet2").replace("tor_port", "netdev = \"ens1\"\n            tor_port")
+        );
+        let e = err(&with_head(&twice));
+        assert_eq!(e.field.as_str(), "host[0].rnic[1].netdev", "{e}");
+        assert!(e.problem.contains("also another RNIC's of host \"h0\""), "{e}");
     }
 
     #[test]

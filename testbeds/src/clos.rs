@@ -1073,7 +1073,7 @@ fn addresses_from_prometheus_check(
 ) -> anyhow::Result<Check> {
     let extra = ["--prometheus", url, "--counters-lookback-s", "3"];
     let r = localize_unlisted(opts, out, inventory, "addrs-from-prometheus", true, &extra)?;
-    let said = r.stderr.lines().find(|l| l.contains("switch addresses")).unwrap_or("no line on switch addresses");
+    let said = r.stderr.lines().find(|l| l.contains("switch addresses") || l.contains("switch counters")).unwrap_or("");
     Ok(Check {
         name: "path hops: no switch address listed, named from Prometheus's IP-MIB series".into(),
         // Every hop named by an address Prometheus gave, none by where it stands.

@@ -8,7 +8,7 @@
 //! lookback after the `open` line, which never waits for it); at close it is the whole finding.
 //! An answer whose counters have no sample at or after the span's end yet (the scrape past it
 //! was late, or not yet stored) is asked once more a lookback later, and only the last answer is
-//! written. The judgement is batch `localize --prometheus`'s ([`crate::switches::Judge`]).
+//! written (the first, when [`MAX_PENDING`] questions already wait). The judgement is batch `localize --prometheus`'s ([`crate::switches::Judge`]).
 //!
 //! Bounded: at most [`MAX_PENDING`] questions wait to be due, [`MAX_PENDING`] more for the
 //! asking thread and as many answers; beyond that a question is dropped and counted. The first
@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
-use crate::switches::{FindingCounters, Judge};
+use crate::switches::{FindingCounters, Judge, Verdict};
 
 use super::Event;
 
@@ -76,9 +76,15 @@ impl Asker {
         std::thread::Builder::new().name("live-switches".into()).spawn(move || {
             for q in questions {
                 let span_s = (q.from_ns / 1_000_000_000, q.to_ns.div_ceil(1_000_000_000));
+                // An entity whose ports cannot even be looked up (a link named without `|`) is
+                // one with none known, as batch `localize` says of it.
                 let result = match judge.finding(&q.kind, &q.entity, span_s) {
                     Some(r) => r.map_err(|e| e.to_string()),
-                    None => Err(format!("no switch port can be named for {} {}", q.kind, q.entity)),
+                    None => Ok(FindingCounters {
+                        verdict: Verdict::NoPorts,
+                        ports: Vec::new(),
+                        without_port: vec![format!("{} {}", q.kind, q.entity)],
+                    }),
                 };
                 if answers.send((q, result)).is_err() {
                     return;

@@ -196,11 +196,11 @@ struct Shown {
     heat: BTreeMap<u32, (u64, u64)>,
 }
 
-/// The live state (see the module documentation). Driven by the caller's clock, so that a test
-/// or a replay runs it at any speed.
 /// A traced hop: its switch id, or the address no inventory switch lists.
 type Hop = Result<u32, [u8; 16]>;
 
+/// The live state (see the module documentation). Driven by the caller's clock, so that a test
+/// or a replay runs it at any speed.
 #[derive(Debug)]
 pub struct Live {
     cfg: Config,

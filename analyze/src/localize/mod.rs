@@ -307,7 +307,7 @@ pub struct Localization {
     /// them were left out ([`Dataset::unmapped_hops`]).
     pub unmapped_hops: Vec<UnmappedHop>,
     /// Hop addresses no inventory switch lists, named as their traces' end ToRs
-    /// ([`crate::hops::EndHops`]).
+    /// ([`crate::hops::EndHops`]) in traces placed.
     pub hops_learned: usize,
     /// Records that were no evidence.
     pub not_evidence: NotEvidence,

@@ -201,8 +201,8 @@ pub fn learn_addresses(inv: &mut Inventory, opts: &Options) -> Result<AddressesL
     for (selector, label) in &opts.map.addresses {
         for labels in opts.prometheus.series(&selector.to_string())? {
             let switch = labels.get(&opts.map.switch_label).and_then(|v| switches.named(v));
-            // Every switch lists its loopback (and link-local, docker) addresses: no hop
-            // answers from them across the fabric.
+            // Every switch lists its loopback, link-local and reserved addresses (SONiC's
+            // docker bridge is 240.127.1.1): no hop answers from them across the fabric.
             let addr = labels.get(label).and_then(|a| a.parse::<IpAddr>().ok()).filter(|a| routable(*a));
             match (switch, addr) {
                 (Some(s), Some(a)) => {
@@ -243,7 +243,14 @@ pub fn learn_addresses(inv: &mut Inventory, opts: &Options) -> Result<AddressesL
 /// An address a trace hop could answer from across the fabric.
 fn routable(a: IpAddr) -> bool {
     match a {
-        IpAddr::V4(v4) => !(v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast()),
+        IpAddr::V4(v4) => {
+            !(v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.octets()[0] >= 240)
+        }
         IpAddr::V6(v6) => !(v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local()),
     }
 }
