@@ -319,6 +319,11 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// The ToR of RNIC `id` ("" when unknown or no such RNIC).
+    pub fn tor_of_rnic(&self, id: u32) -> &str {
+        self.rnics.get(id as usize).map_or("", |r| r.tor.as_str())
+    }
+
     /// Fleet id of an RNIC name.
     pub fn rnic_id(&self, name: &str) -> Option<u32> {
         self.rnics.iter().position(|r| r.name == name).map(|i| i as u32)

@@ -103,11 +103,10 @@ impl PathTraces {
     /// Into `ds`: each key's path, its changes, and the unmapped hops.
     pub(super) fn place(self, ds: &mut Dataset) {
         let PathTraces { mut unmapped, mut history, unnamed } = self;
-        let tor = |ds: &Dataset, r: u32| ds.rnics.get(r as usize).map_or(String::new(), |r| r.tor.clone());
         let mut ends = EndHops::default();
         // A trace that cannot be placed (its target unknown) teaches nothing about its ends.
         for u in unnamed.iter().filter(|u| u.placed) {
-            ends.see(&u.addrs, &tor(ds, u.key.0), &tor(ds, u.key.1));
+            ends.see(&u.addrs, ds.tor_of_rnic(u.key.0), ds.tor_of_rnic(u.key.1));
         }
         let mut tor_ids: HashMap<String, u32> = HashMap::new();
         let mut used: std::collections::HashSet<[u8; 16]> = std::collections::HashSet::new();

@@ -393,10 +393,8 @@ impl Live {
         if hops.iter().all(Result::is_ok) {
             return Some(hops.to_vec());
         }
-        let tor = |r: u32| self.base.rnics.get(r as usize).map_or(String::new(), |r| r.tor.clone());
-        let (src_tor, dst_tor) = (tor(ends.0), tor(ends.1));
         let addrs: Vec<Option<[u8; 16]>> = hops.iter().map(|h| h.err()).collect();
-        self.ends.see(&addrs, &src_tor, &dst_tor);
+        self.ends.see(&addrs, self.base.tor_of_rnic(ends.0), self.base.tor_of_rnic(ends.1));
         for h in hops {
             if let Err(addr) = h {
                 match self.ends.tor_of(addr).map(str::to_owned) {

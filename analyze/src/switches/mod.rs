@@ -258,28 +258,27 @@ fn routable(a: IpAddr) -> bool {
 /// The run's switch evidence when Prometheus could not be asked at all (`error`): no finding
 /// carries any.
 pub fn unasked(l: &Localization, opts: &Options, error: String) -> SwitchCounters {
-    SwitchCounters {
-        prometheus: opts.prometheus.url().to_string(),
-        counter_map: opts.map.name.clone(),
-        error: Some(error),
-        alpha: opts.alpha,
-        before_s: opts.before_s,
-        verdicts: BTreeMap::new(),
-        per_finding: vec![None; l.findings.len()],
+    SwitchCounters { error: Some(error), ..SwitchCounters::none_yet(l, opts) }
+}
+
+impl SwitchCounters {
+    /// What `opts` asks, with no finding answered yet.
+    fn none_yet(l: &Localization, opts: &Options) -> SwitchCounters {
+        SwitchCounters {
+            prometheus: opts.prometheus.url().to_string(),
+            counter_map: opts.map.name.clone(),
+            error: None,
+            alpha: opts.alpha,
+            before_s: opts.before_s,
+            verdicts: BTreeMap::new(),
+            per_finding: vec![None; l.findings.len()],
+        }
     }
 }
 
 /// Asks Prometheus about every finding of `l`.
 pub fn enrich(l: &Localization, inv: &Inventory, opts: &Options) -> SwitchCounters {
-    let mut out = SwitchCounters {
-        prometheus: opts.prometheus.url().to_string(),
-        counter_map: opts.map.name.clone(),
-        error: None,
-        alpha: opts.alpha,
-        before_s: opts.before_s,
-        verdicts: BTreeMap::new(),
-        per_finding: vec![None; l.findings.len()],
-    };
+    let mut out = SwitchCounters::none_yet(l, opts);
     let switches = Switches::of(inv);
     // The end of the last window each entity was blamed in, in one pass over the blamed.
     let mut last_blamed: HashMap<(&str, &str), u64> = HashMap::new();

@@ -86,8 +86,10 @@ impl Sampler {
 impl Drop for Sampler {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // Only on a run's error path (`stop` takes the thread): its samples are not wanted, but
+        // a panic is still said.
+        if let Some(Err(_)) = self.thread.take().map(JoinHandle::join) {
+            eprintln!("clos: the counter sampler panicked");
         }
     }
 }
