@@ -246,6 +246,7 @@ struct ShardFamilies {
     rtt: Family<HistogramSnapshot>,
     delay: Family<HistogramSnapshot>,
     sent: Family<f64>,
+    skipped: Family<f64>,
     answered: Family<f64>,
     ignored: Family<f64>,
     refused: Family<f64>,
@@ -281,6 +282,11 @@ impl ShardFamilies {
                 MetricType::Histogram,
             ),
             sent: c("probes_sent", "Probes handed to the transport."),
+            skipped: c(
+                "probe_slots_skipped",
+                "Probe slots given up because the shard fell over 24 ms behind its schedule (its host froze it, \
+                 or its core was taken): the cadence restarted instead of firing the backlog.",
+            ),
             answered: c("probes_answered", "Other agents' probes answered."),
             ignored: c("packets_ignored", "Received packets that were no answer to a probe in flight, by reason."),
             refused: c(
@@ -312,10 +318,11 @@ impl ShardFamilies {
     }
 
     /// The non-histogram families in exposition order.
-    fn scalars(&self) -> [&Family<f64>; 18] {
+    fn scalars(&self) -> [&Family<f64>; 19] {
         [
             &self.probes,
             &self.sent,
+            &self.skipped,
             &self.answered,
             &self.ignored,
             &self.refused,
@@ -363,6 +370,7 @@ impl ShardFamilies {
         let base = || shard_labels(live);
         let with = |k: &'static str, v: &str| shard_labels_with(live, k, v);
         self.sent.add(base(), s.probes_sent as f64);
+        self.skipped.add(base(), s.slots_skipped as f64);
         self.answered.add(base(), s.answered as f64);
         for (reason, v) in [
             ("malformed", s.malformed),

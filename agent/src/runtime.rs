@@ -785,6 +785,7 @@ fn log_stats(device: &str, s: &ShardStats, last: bool) {
         tx_stamp_errors = s.tx_stamp_errors,
         write_errors = s.write_errors,
         inflight_overflow = s.inflight_overflow,
+        slots_skipped = s.slots_skipped,
         records_dropped = s.records_dropped,
         summaries_written = s.summaries_written,
         summaries_dropped = s.summaries_dropped,

@@ -32,6 +32,17 @@ use crate::transport::{DropReason, Fate, RxBatch, SEND_BATCH, Transport, TxBatch
 
 /// Probes sent per step at most, so that a burst of due probes cannot starve the receive path.
 const MAX_SENDS_PER_STEP: usize = 256;
+/// How late a send may be and still keep its target's cadence (the slots it missed go out at
+/// once). CFS lets a runnable thread wait up to its targeted latency behind the other runnable
+/// threads of its core (`sched_latency_ns`: 6 ms x (1 + log2 CPUs), at most 24 ms), and a
+/// hypervisor's steal comes in slices of that order: a shard that lost its core for that long
+/// must still send the rate it was asked, or a busy training host silently probes less (a
+/// 2-core host losing 4 ms in every 20 ms sent 81% of its rate when any slip past one interval
+/// restarted the cadence). Later than this (a frozen host, a stopped process) the cadence
+/// restarts from now and the slots are counted given up, so a resumed host never fires its
+/// backlog: a catch-up is at most this long's worth of the shard's rate, within the in-flight
+/// table's headroom (twice rate x timeout) and under `window::STALL_NS`.
+const CATCH_UP_NS: u64 = 24_000_000;
 const PENDING_ACK2_SLOTS: usize = 4096;
 /// Receive batches per step at most (the send side's bound is [`MAX_SENDS_PER_STEP`]).
 const MAX_RECV_BATCHES_PER_STEP: usize = 16;
@@ -1046,12 +1057,13 @@ impl<T: Transport> Shard<T> {
                 }
                 (t.id, t.kind, t.interval_ns, label, self.target_addr[ti as usize], t.tor_slot)
             };
-            if now > due.saturating_add(LATE_SEND_NS) {
+            let late_ns = now.saturating_sub(due);
+            if late_ns > LATE_SEND_NS {
                 // The schedule slipped (a frozen host, a busy core): the window's summary says so.
-                self.writer.note_late(due, now - due);
+                self.writer.note_late(due, late_ns);
             }
-            // After a stall, resume the cadence instead of firing the backlog in a burst.
-            let next = if due + interval < now { now + interval } else { due + interval };
+            let (next, skipped) = next_slot(due, interval, now);
+            self.stats.slots_skipped += skipped;
             self.schedule.push(Reverse((next, ti)));
 
             let counter = self.next_counter;
@@ -1223,9 +1235,43 @@ fn delays(e: &InFlight) -> Option<(i32, i32, i32)> {
     six_timestamp_delays([e.t1, e.t2, e.t3, e.t4, e.t5, e.t6])
 }
 
+/// When a target's next probe is due after one due at `due_ns` is sent at `now_ns`, and how
+/// many slots were given up: the cadence holds through a slip of up to [`CATCH_UP_NS`] (or one
+/// interval, if longer), and restarts from now after a longer one.
+fn next_slot(due_ns: u64, interval_ns: u64, now_ns: u64) -> (u64, u64) {
+    let late_ns = now_ns.saturating_sub(due_ns);
+    if late_ns <= CATCH_UP_NS.max(interval_ns) {
+        (due_ns + interval_ns, 0)
+    } else {
+        (now_ns + interval_ns, late_ns / interval_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_slip_keeps_the_cadence_and_a_long_one_restarts_it() {
+        const MS: u64 = 1_000_000;
+        // 1.2 ms interval (833 probes/s to one target), sent 4 ms late: the missed slots follow at
+        // once, so the target still gets its rate.
+        assert_eq!(next_slot(100 * MS, 1_200_000, 104 * MS), (101 * MS + 200_000, 0));
+        let (mut due, mut sent, now) = (100 * MS, 0, 104 * MS);
+        while due <= now {
+            sent += 1;
+            due = next_slot(due, 1_200_000, now).0;
+        }
+        assert_eq!((sent, due), (4, 104 * MS + 800_000), "the 4 slots due by then, then the cadence");
+        // Exactly at the catch-up bound: still kept.
+        assert_eq!(next_slot(0, MS, CATCH_UP_NS), (MS, 0));
+        // Frozen for 2 s: restart from now, the 2000 slots missed given up rather than fired at once.
+        assert_eq!(next_slot(MS, MS, 2001 * MS), (2002 * MS, 2000));
+        // A target probed once a minute that slips a second keeps its cadence (one interval).
+        assert_eq!(next_slot(0, 60_000 * MS, 1_000 * MS), (60_000 * MS, 0));
+        // On time.
+        assert_eq!(next_slot(5 * MS, MS, 5 * MS), (6 * MS, 0));
+    }
 
     fn e(t: [u64; 6]) -> InFlight {
         InFlight { t1: t[0], t2: t[1], t3: t[2], t4: t[3], t5: t[4], t6: t[5], ..InFlight::default() }

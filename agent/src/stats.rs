@@ -65,6 +65,10 @@ pub struct ShardStats {
     pub write_errors: u64,
     /// In-flight probes finalised early because the in-flight table was full.
     pub inflight_overflow: u64,
+    /// Probe slots given up: the shard fell further behind its schedule than a catch-up covers
+    /// (its host froze it, or its core was taken for longer than a scheduler slice), so the
+    /// cadence restarted from then instead of firing the backlog.
+    pub slots_skipped: u64,
     /// Records the segment writer could not store.
     pub records_dropped: u64,
     /// Window summaries written, dropped (no room in their segment: that file's records are
