@@ -208,10 +208,14 @@ pub struct HtmlArgs {
     /// connections whose agent did not know it.
     #[arg(long)]
     pub inventory: Option<PathBuf>,
-    /// The page's figures and localisation read these ranges, four times each (see
-    /// `html::HtmlReport::build_ranges` and `localize::localize_ranges`).
+    /// The page's figures read these ranges (`html::HtmlReport::build_ranges`), four times
+    /// each; so does localisation from records (`localize::localize_ranges`).
     #[command(flatten)]
     pub ranges: RangeArgs,
+    /// Localise from the agents' window summaries or the records, as `localize --evidence`.
+    /// The page's figures (counts, loss ratios, exact RTT quantiles) are the records' either way.
+    #[arg(long, value_enum, default_value_t = crate::localize::EvidenceFrom::Auto)]
+    pub evidence: crate::localize::EvidenceFrom,
     /// The switches' counters beside the findings, as `localize` shows them.
     #[command(flatten)]
     pub switches: SwitchArgs,
@@ -842,7 +846,8 @@ pub fn export(args: &ExportArgs) -> i32 {
 }
 
 /// Runs `analyze html`; returns the exit code. It runs localisation itself, for the findings
-/// and the traced services they touch. Both read the input a range of whole windows at a time.
+/// and the traced services they touch, from summaries as `localize` chooses; the page's figures
+/// read the records a range of whole windows at a time.
 pub fn html(args: &HtmlArgs) -> i32 {
     let sla = match args.sla.resolve_for("html") {
         Ok(s) => s,
@@ -867,11 +872,26 @@ pub fn html(args: &HtmlArgs) -> i32 {
     }
     let ranges = plan.ranges(args.ranges.range_records as usize);
     let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
-    let localization = crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts);
+    // From summaries, localisation reads each file once more on its own (its dataset's problems
+    // joined to the page's below); from records, it reads the page's plan.
+    let (localization, summaries_ds) = if args.evidence.reads_summaries(&files) {
+        let (l, ds, _) = crate::localize::localize_files(
+            &files,
+            inv.as_ref(),
+            &opts,
+            crate::localize::EvidenceFrom::Summaries,
+            0,
+            (0, u64::MAX),
+        );
+        (l, Some(ds))
+    } else {
+        (crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts), None)
+    };
     let switches = switch_evidence("html", &localization, inv.as_ref(), switch_opts.as_ref(), prom_failed);
     let mut notes = switches.map(|s| s.per_finding).unwrap_or_default().into_iter();
     let services = localization.services;
-    let findings: Vec<html::FindingRow> = localization
+    let counted_from = crate::localize::counted_from(&localization.evidence);
+    let rows: Vec<html::FindingRow> = localization
         .findings
         .into_iter()
         .map(|f| html::FindingRow {
@@ -883,6 +903,7 @@ pub fn html(args: &HtmlArgs) -> i32 {
             switches: notes.next().flatten().map(|n| n.line()),
         })
         .collect();
+    let findings = html::Findings { rows, counted_from };
     let meta = Meta {
         window_s: args.window_s,
         sla,
@@ -893,7 +914,10 @@ pub fn html(args: &HtmlArgs) -> i32 {
     };
     let built = HtmlReport::build_ranges(&mut plan, &ranges, meta);
     let records = plan.records_read();
-    let ds = plan.finish();
+    let mut ds = plan.finish();
+    if let Some(s) = summaries_ds {
+        join_problems(&mut ds, s.problems);
+    }
     // Said whether or not the page could be built: a file left out may be why it could not.
     say_problems("html", &ds, inv.as_ref());
     let run = || -> Result<bool, report::ReportError> {
@@ -910,6 +934,15 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Err(e) => {
             eprintln!("analyze html: {e}");
             exit::USAGE
+        }
+    }
+}
+
+/// Adds the `more` problems `ds` does not have yet (two reads of one file find its damage twice).
+fn join_problems(ds: &mut Dataset, more: Vec<crate::ingest::FileProblem>) {
+    for p in more {
+        if !ds.problems.iter().any(|q| q.path == p.path && q.problem == p.problem) {
+            ds.problems.push(p);
         }
     }
 }

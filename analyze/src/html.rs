@@ -31,6 +31,14 @@ pub const MAX_VIOLATION_ROWS: usize = 2000;
 /// At most this many services are listed (worst first); the page says how many there were.
 pub const MAX_SERVICE_ROWS: usize = 2000;
 
+/// Localisation's findings, as the page shows them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Findings {
+    pub rows: Vec<FindingRow>,
+    /// What they were counted from (`localize::counted_from`).
+    pub counted_from: String,
+}
+
 /// One finding of `analyze localize`, as the page shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FindingRow {
@@ -409,7 +417,7 @@ fn pct(r: Option<f64>) -> String {
 /// The page. `findings` and `services` are `None` when localisation was not run.
 pub fn render(
     report: &HtmlReport,
-    findings: Option<&[FindingRow]>,
+    findings: Option<&Findings>,
     services: Option<&[ServiceImpact]>,
 ) -> Result<String, ReportError> {
     let mut h = String::with_capacity(1 << 16);
@@ -419,12 +427,13 @@ pub fn render(
     h.push_str("</style></head><body>\n<h1>rocemesh fabric report</h1>\n");
 
     render_summary(&mut h, report);
-    let chart = render_timeline(&mut h, report, findings);
+    let rows = findings.map(|f| f.rows.as_slice());
+    let chart = render_timeline(&mut h, report, rows);
     render_findings(&mut h, findings);
     render_services(&mut h, services);
     let maps = render_heatmaps(&mut h, report);
     render_violations(&mut h, report);
-    let spans: Vec<ChartSpan> = findings.unwrap_or_default().iter().map(ChartSpan::of).collect();
+    let spans: Vec<ChartSpan> = rows.unwrap_or_default().iter().map(ChartSpan::of).collect();
     let sla = report.meta.sla;
     let _ = write!(
         h,
@@ -540,9 +549,12 @@ fn render_summary(h: &mut String, report: &HtmlReport) {
 }
 
 /// The findings table, or why there is none.
-fn render_findings(h: &mut String, findings: Option<&[FindingRow]>) {
+fn render_findings(h: &mut String, findings: Option<&Findings>) {
     h.push_str("<section><h2>Findings</h2>");
-    match findings {
+    if let Some(f) = findings {
+        let _ = write!(h, "<p>{}.</p>", escape(&f.counted_from));
+    }
+    match findings.map(|f| f.rows.as_slice()) {
         None => h.push_str("<p>findings: run <code>analyze localize</code></p>"),
         Some([]) => h.push_str("<p>No findings: localisation blamed nothing.</p>"),
         Some(f) => {

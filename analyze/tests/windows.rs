@@ -111,3 +111,32 @@ fn localize_says_what_it_counted_from() {
     assert_eq!(v["evidence"]["files_summarised"], 0);
     assert_eq!(v["evidence"]["files_folded"].as_u64(), Some(n as u64));
 }
+
+/// The page's findings (the spans on its time axis), and the line saying what they were counted
+/// from.
+fn page_findings(dir: &Path, evidence: &str) -> (Value, String) {
+    let page = dir.join(format!("page-{evidence}.html"));
+    let out = Command::new(env!("CARGO_BIN_EXE_analyze"))
+        .args(["html", "--window-s", "30", "--evidence", evidence, "--output"])
+        .arg(&page)
+        .arg(dir.join("with"))
+        .output()
+        .expect("run analyze");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&page).expect("the page");
+    let spans = html.split("const SPANS = ").nth(1).and_then(|s| s.split(";\n").next()).expect("the spans");
+    let counted = html.split("<h2>Findings</h2><p>").nth(1).and_then(|s| s.split("</p>").next()).expect("the line");
+    (serde_json::from_str(spans).expect("spans are JSON"), counted.to_owned())
+}
+
+#[test]
+fn html_localises_from_summaries_as_localize_does() {
+    let dir = tempfile::tempdir().unwrap();
+    common::write_agents_summarised(&dir.path().join("with"), 5_000_000_000);
+    let (auto, said) = page_findings(dir.path(), "auto");
+    assert!(said.starts_with("counted from the window summaries of "), "{said}");
+    let (records, said) = page_findings(dir.path(), "records");
+    assert_eq!(said, "counted from the records.");
+    assert!(auto.as_array().is_some_and(|a| !a.is_empty()), "the fixture leaves something to name: {auto}");
+    assert_eq!(auto, records, "the same findings either way");
+}

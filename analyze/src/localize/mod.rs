@@ -106,7 +106,7 @@ use blame::{BlameStream, Blamer, Held, Llrs, absorb_edges, hysteresis};
 use evidence::{Elements, Evidence, evidence};
 use noise::{Agents, Hosts, Noise, NoiseScan};
 pub use noise::{busy_host, slowed_beyond_busy, stall};
-pub use render::{render_table, render_table_with};
+pub use render::{counted_from, render_table, render_table_with};
 use serde::Serialize;
 use services::service_impacts;
 use statistics::Z99;
@@ -602,6 +602,17 @@ pub enum EvidenceFrom {
     Summaries,
 }
 
+impl EvidenceFrom {
+    /// Whether localisation over `files` counts from their summaries ([`localize_files`]).
+    pub fn reads_summaries(self, files: &[std::path::PathBuf]) -> bool {
+        match self {
+            EvidenceFrom::Summaries => true,
+            EvidenceFrom::Records => false,
+            EvidenceFrom::Auto => crate::ingest::writes_window_summaries(files),
+        }
+    }
+}
+
 /// Localises the windows of `files` in `[from_ns, to_ns)` (whole windows of `opts.window_s`)
 /// from the evidence `from` chooses: [`localize_windows`] over their summaries, or
 /// [`localize_ranges`] over ranges of at most `range_records` records. Returns the result,
@@ -615,8 +626,7 @@ pub fn localize_files(
     (from_ns, to_ns): (u64, u64),
 ) -> (Localization, Dataset, u64) {
     let window_ns = opts.window_s.max(1) * 1_000_000_000;
-    if from == EvidenceFrom::Summaries || (from == EvidenceFrom::Auto && crate::ingest::writes_window_summaries(files))
-    {
+    if from.reads_summaries(files) {
         let (ds, mut w) = crate::ingest::ingest_windows(files, inventory, window_ns);
         w.retain_span(from_ns, to_ns);
         return (localize_windows(&ds, &w, opts), ds, w.probes);

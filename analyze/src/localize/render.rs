@@ -49,21 +49,28 @@ pub fn render_table(l: &Localization) -> String {
     render_table_with(l, &[])
 }
 
+/// What localisation counted from, in words.
+pub fn counted_from(e: &super::EvidenceUsed) -> String {
+    if e.from != "window_summaries" {
+        return "counted from the records".into();
+    }
+    let folded = match e.files_folded {
+        0 => String::new(),
+        n => format!(", and the records of {n} files without complete summaries, folded alike"),
+    };
+    format!(
+        "counted from the window summaries of {} files{folded} (values within 1/64 of the records')",
+        e.files_summarised
+    )
+}
+
 /// [`render_table`] with a line of `notes` under each finding that has one (`notes[i]` for
 /// `l.findings[i]`; what the switches saw, `crate::switches`).
 pub fn render_table_with(l: &Localization, notes: &[Option<String>]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{} findings over {} windows, {} records", l.findings.len(), l.windows, l.records);
     if l.evidence.from == "window_summaries" {
-        let folded = match l.evidence.files_folded {
-            0 => String::new(),
-            n => format!(", and the records of {n} files without complete summaries, folded alike"),
-        };
-        let _ = writeln!(
-            s,
-            "counted from the window summaries of {} files{folded} (values within 1/64 of the records')",
-            l.evidence.files_summarised
-        );
+        let _ = writeln!(s, "{}", counted_from(&l.evidence));
     }
     for b in &l.baselines {
         let _ = writeln!(
