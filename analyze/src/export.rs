@@ -6,9 +6,12 @@
 //! counts as in `analyze report` ([`crate::probe::Class`]: ok, lost, partial, invalid,
 //! refused, local_drop, unknown), so SQL over the export need not re-derive the rules. The table is written in
 //! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
-//! written; `analyze export` ingests a range of windows at a time ([`write_parquet_parts`]), so
-//! memory stays at one range plus one row group whatever the input size. Rows are in the order
-//! of the ranges (time), and within one range of the files.
+//! written; `analyze export` ingests a range of windows at a time ([`write_parquet_parts`]). A
+//! range's row groups are built, encoded and compressed on every core ([`Layout`]) and written
+//! in order by one thread: polars' own writer compresses each page on the writing thread, which
+//! held an export to one core's speed. Memory stays at one range plus two row groups per core
+//! whatever the input size. Rows are in the order of the ranges (time), and within one range of
+//! the files.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
 //! dictionary-encodes them, so they cost a few bits per row on disk. A traced service's probe
 //! has its remote RNIC as target, the connection's dictionary name in `service`, and in the
@@ -21,6 +24,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
+use polars_parquet::parquet::error::ParquetError;
+use polars_parquet::write::{
+    CompressedPage, Compressor, Encoding, ParquetType, StatisticsOptions, Version, WriteOptions, array_to_columns,
+};
+use rayon::prelude::*;
 
 use crate::ingest::{Dataset, Fields, NO_SERVICE, NO_TOR, Probes, Rnic, Service, UNKNOWN_RNIC};
 use crate::probe::Class;
@@ -117,38 +125,71 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     let names = Names::new(rnics, services, window_ns)?;
     let file = std::fs::File::create(path).map_err(io(path, "create the Parquet file"))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut writer = None;
+    let (mut writer, layout) = names.writer(&mut out, compression)?;
+    // Two row groups per core in flight: each core stays busy while the writer catches up,
+    // and what waits to be written is bounded by the cores, not the range.
+    let batch = 2 * rayon::current_num_threads().max(1);
     let mut n = 0;
     while let Some(part) = parts() {
         let p = part.borrow();
         even(p)?;
-        let mut at = 0;
-        while at < p.len() {
-            let end = (at + ROW_GROUP_ROWS).min(p.len());
-            let group = names.frame(p, &Rows::Span(at, end))?;
-            if writer.is_none() {
-                writer =
-                    Some(ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(group.schema())?);
+        let spans: Vec<(usize, usize)> =
+            (0..p.len()).step_by(ROW_GROUP_ROWS).map(|a| (a, (a + ROW_GROUP_ROWS).min(p.len()))).collect();
+        for spans in spans.chunks(batch) {
+            let groups: Vec<Result<Encoded, ExportError>> =
+                spans.par_iter().map(|&(a, b)| layout.encode(names.columns(p, &Rows::Span(a, b))?)).collect();
+            for g in groups {
+                let g = g?;
+                writer.write_row_group(g.rows, &g.pages)?;
             }
-            if let Some(w) = &mut writer {
-                w.write_batch(&group)?;
-            }
-            at = end;
         }
         n += p.len();
     }
     // No record at all: a file with the columns and no row.
-    if writer.is_none() {
-        let empty = names.frame(&Probes::default(), &Rows::Span(0, 0))?;
-        let mut w = ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(empty.schema())?;
-        w.write_batch(&empty)?;
-        writer = Some(w);
+    if n == 0 {
+        writer.write_batch(&DataFrame::empty_with_schema(&names.schema()?))?;
     }
-    if let Some(w) = writer {
-        w.finish()?;
-    }
+    writer.finish()?;
     out.flush().map_err(io(path, "write the Parquet file"))?;
     Ok(n)
+}
+
+/// A row group's column chunks, encoded and compressed, ready to be written.
+struct Encoded {
+    rows: u64,
+    /// Per leaf column, its pages.
+    pages: Vec<Vec<CompressedPage>>,
+}
+
+/// How the writer of one file lays its row groups out: what [`Layout::encode`] needs to build
+/// them off the writing thread, taken from the writer itself so the two cannot disagree.
+struct Layout {
+    fields: Vec<ParquetType>,
+    encodings: Vec<Vec<Encoding>>,
+    options: WriteOptions,
+}
+
+impl Layout {
+    /// Encodes and compresses a row group's `columns` on the calling thread.
+    fn encode(&self, columns: Vec<Col>) -> Result<Encoded, ExportError> {
+        if columns.len() != self.fields.len() {
+            return Err(
+                polars_err!(ShapeMismatch: "export: {} columns for a schema of {}", columns.len(), self.fields.len())
+                    .into(),
+            );
+        }
+        let rows = columns.first().map_or(0, |c| c.array.len()) as u64;
+        let mut pages = Vec::with_capacity(self.fields.len());
+        for ((col, ty), encoding) in columns.iter().zip(&self.fields).zip(&self.encodings) {
+            for column in array_to_columns(&col.array, ty.clone(), self.options, encoding)? {
+                let column = column.map(|page| page.map_err(|e| ParquetError::FeatureNotSupported(e.to_string())));
+                let compressed: Result<Vec<CompressedPage>, ParquetError> =
+                    Compressor::new_from_vec(column, self.options.compression, Vec::new()).collect();
+                pages.push(compressed.map_err(PolarsError::from)?);
+            }
+        }
+        Ok(Encoded { rows, pages })
+    }
 }
 
 /// What [`write_partitioned_parts`] wrote.
@@ -200,7 +241,8 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
         even(p)?;
         let key = |i: usize| (p.t1_unix_ns[i] / HOUR_NS, names.tor_of_rnic[names.rnic_idx(p.prober[i]) as usize]);
         let mut order: Vec<usize> = (0..p.len()).collect();
-        order.sort_by_key(|&i| key(i));
+        order.par_sort_by_key(|&i| key(i));
+        let mut groups = Vec::new();
         for group in order.chunk_by(|&a, &b| key(a) == key(b)) {
             let first = group[0];
             let c = rocemesh_formats::time::civil_utc((p.t1_unix_ns[first] / 1_000_000_000) as i64);
@@ -209,23 +251,31 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
                 .join(format!("hour={:02}", c.hour))
                 .join(format!("tor={}", hive_escape(names.tor_name(p.prober[first]))));
             std::fs::create_dir_all(&sub).map_err(io(&sub, "create the partition directory"))?;
-            let path = sub.join(format!("part-{part_no:05}.parquet"));
-            let file = std::fs::File::create(&path).map_err(io(&path, "create the Parquet file"))?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            // `chunk_by` yields no empty group, so the first chunk is there.
-            let mut chunks = group.chunks(ROW_GROUP_ROWS);
-            let frame = names.frame(p, &Rows::Picked(chunks.next().unwrap_or_default()))?;
-            let mut w = ParquetWriter::new(&mut out).with_compression(compression.parquet()).batched(frame.schema())?;
-            w.write_batch(&frame)?;
-            for rows in chunks {
-                w.write_batch(&names.frame(p, &Rows::Picked(rows))?)?;
-            }
-            w.finish()?;
-            out.flush().map_err(io(&path, "write the Parquet file"))?;
-            done.files += 1;
-            done.rows += group.len();
-            partitions.insert(sub);
+            groups.push((sub, group));
         }
+        // A file per partition, the partitions on every core: each file is written by the
+        // thread that encodes it, so no order is to be kept between them.
+        let written: Vec<Result<PathBuf, ExportError>> = groups
+            .into_par_iter()
+            .map(|(sub, group)| {
+                let path = sub.join(format!("part-{part_no:05}.parquet"));
+                let file = std::fs::File::create(&path).map_err(io(&path, "create the Parquet file"))?;
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                let (mut w, layout) = names.writer(&mut out, compression)?;
+                for rows in group.chunks(ROW_GROUP_ROWS) {
+                    let g = layout.encode(names.columns(p, &Rows::Picked(rows))?)?;
+                    w.write_row_group(g.rows, &g.pages)?;
+                }
+                w.finish()?;
+                out.flush().map_err(io(&path, "write the Parquet file"))?;
+                Ok(sub)
+            })
+            .collect();
+        for sub in written {
+            partitions.insert(sub?);
+            done.files += 1;
+        }
+        done.rows += p.len();
         part_no += 1;
     }
     done.partitions = partitions.len();
@@ -271,13 +321,6 @@ enum Rows<'a> {
 }
 
 impl Rows<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Rows::Span(a, b) => b - a,
-            Rows::Picked(ix) => ix.len(),
-        }
-    }
-
     fn pick<T: Copy>(&self, v: &[T]) -> Vec<T> {
         match self {
             Rows::Span(a, b) => v[*a..*b].to_vec(),
@@ -386,55 +429,152 @@ impl Names {
         self.tor_names.get(t).unwrap_or(NO_TOR)
     }
 
-    fn frame(&self, p: &Probes, rows: &Rows<'_>) -> PolarsResult<DataFrame> {
+    /// A Parquet writer over `out` for the row groups [`Names::columns`] builds, and the
+    /// layout to encode them by.
+    fn writer<W: std::io::Write>(
+        &self,
+        out: W,
+        compression: Compression,
+    ) -> Result<(polars::io::parquet::write::BatchedWriter<W>, Layout), ExportError> {
+        let schema = self.schema()?;
+        let mut writer = ParquetWriter::new(out)
+            .with_compression(compression.parquet())
+            .with_statistics(StatisticsOptions::default())
+            .batched(&schema)?;
+        let layout = Layout {
+            fields: writer.parquet_schema().fields().to_vec(),
+            encodings: get_encodings(&schema.to_arrow(CompatLevel::newest())).to_vec(),
+            // What `ParquetWriter` gives its own writer for these settings.
+            options: WriteOptions {
+                statistics: StatisticsOptions::default(),
+                compression: compression.parquet().into(),
+                version: Version::V1,
+                data_page_size: None,
+            },
+        };
+        Ok((writer, layout))
+    }
+
+    /// The columns of a row group holding `rows` of `p`, in the file's order. Names (of
+    /// RNICs, ToRs, classes, services) are dictionary arrays over the distinct names, keyed by
+    /// the ids the rows already carry: polars' writer would otherwise hash every string of a
+    /// row group to find the dictionary Parquet stores them by (a third of an export's CPU).
+    fn columns(&self, p: &Probes, rows: &Rows<'_>) -> PolarsResult<Vec<Col>> {
         let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> { rows.pick(ids).into_iter().map(|i| self.rnic_idx(i)).collect() };
         let (prober, target) = (rnic_idx(&p.prober), rnic_idx(&p.target));
-        let tor_idx = |idx: &[IdxSize]| -> IdxCa {
-            IdxCa::from_vec("idx".into(), idx.iter().map(|&i| self.tor_of_rnic[i as usize]).collect())
-        };
-        let (prober_tor, target_tor) = (tor_idx(&prober), tor_idx(&target));
-        let (prober, target) = (IdxCa::from_vec("idx".into(), prober), IdxCa::from_vec("idx".into(), target));
-        let names = |ca: &StringChunked, idx: &IdxCa, name: &str| -> PolarsResult<Column> {
-            Ok(ca.take(idx)?.with_name(name.into()).into_column())
-        };
-        let class = IdxCa::from_vec(
-            "idx".into(),
-            rows.indices().map(|i| Class::of(p.outcome[i], p.arrived[i]) as IdxSize).collect(),
-        );
-        let service = IdxCa::from_iter_options(
-            "idx".into(),
-            rows.indices().map(|i| {
+        let tor = |idx: &[IdxSize]| idx.iter().map(|&i| Some(self.tor_of_rnic[i as usize])).collect::<Vec<_>>();
+        let (prober_tor, target_tor) = (tor(&prober), tor(&target));
+        let some = |v: Vec<IdxSize>| v.into_iter().map(Some).collect::<Vec<_>>();
+        let (prober, target) = (some(prober), some(target));
+        let class: Vec<_> = rows.indices().map(|i| Some(Class::of(p.outcome[i], p.arrived[i]) as IdxSize)).collect();
+        let service: Vec<_> = rows
+            .indices()
+            .map(|i| {
                 let s = p.service_of(i);
                 (s != NO_SERVICE && (s as usize) < self.services).then_some(s as IdxSize)
-            }),
-        );
+            })
+            .collect();
+        let (rnic_names, tor_names) = (self.rnic_names.clone().into_series(), self.tor_names.clone().into_series());
         let t1 = rows.pick(&p.t1_unix_ns);
         let window_ns = self.window_ns;
-        let window: Vec<u64> = t1.iter().map(|t| t / window_ns * window_ns).collect();
+        let window = windows(&t1, window_ns)?;
         let mut columns = vec![
-            UInt64Chunked::from_vec("t1_unix_ns".into(), t1).into_column(),
-            UInt64Chunked::from_vec("window_start_ns".into(), window).into_column(),
-            names(&self.rnic_names, &prober, "prober")?,
-            names(&self.tor_names, &prober_tor, "prober_tor")?,
-            names(&self.rnic_names, &target, "target")?,
-            names(&self.tor_names, &target_tor, "target_tor")?,
-            UInt32Chunked::from_vec("prober_id".into(), rows.pick(&p.prober)).into_column(),
-            UInt32Chunked::from_vec("target_id".into(), rows.pick(&p.target)).into_column(),
-            UInt8Chunked::from_vec("kind".into(), rows.pick(&p.kind)).into_column(),
-            UInt8Chunked::from_vec("outcome".into(), rows.pick(&p.outcome)).into_column(),
-            UInt8Chunked::from_vec("arrived".into(), rows.pick(&p.arrived)).into_column(),
-            UInt32Chunked::from_vec("flow_label".into(), rows.pick(&p.flow_label)).into_column(),
-            UInt32Chunked::from_vec("responder_epoch".into(), rows.pick(&p.responder_epoch)).into_column(),
-            Int32Chunked::from_vec("network_rtt_ns".into(), rows.pick(&p.network_rtt_ns)).into_column(),
-            Int32Chunked::from_vec("prober_delay_ns".into(), rows.pick(&p.prober_delay_ns)).into_column(),
-            Int32Chunked::from_vec("responder_delay_ns".into(), rows.pick(&p.responder_delay_ns)).into_column(),
-            UInt8Chunked::from_vec("ts_source".into(), rows.pick(&p.ts_source)).into_column(),
-            names(&self.class_names, &class, "class")?,
-            names(&self.service_names, &service, "service")?,
+            Col::plain("t1_unix_ns", DataType::UInt64, t1),
+            window,
+            Col::names("prober", &rnic_names, &prober)?,
+            Col::names("prober_tor", &tor_names, &prober_tor)?,
+            Col::names("target", &rnic_names, &target)?,
+            Col::names("target_tor", &tor_names, &target_tor)?,
+            Col::plain("prober_id", DataType::UInt32, rows.pick(&p.prober)),
+            Col::plain("target_id", DataType::UInt32, rows.pick(&p.target)),
+            Col::plain("kind", DataType::UInt8, rows.pick(&p.kind)),
+            Col::plain("outcome", DataType::UInt8, rows.pick(&p.outcome)),
+            Col::plain("arrived", DataType::UInt8, rows.pick(&p.arrived)),
+            Col::plain("flow_label", DataType::UInt32, rows.pick(&p.flow_label)),
+            Col::plain("responder_epoch", DataType::UInt32, rows.pick(&p.responder_epoch)),
+            Col::plain("network_rtt_ns", DataType::Int32, rows.pick(&p.network_rtt_ns)),
+            Col::plain("prober_delay_ns", DataType::Int32, rows.pick(&p.prober_delay_ns)),
+            Col::plain("responder_delay_ns", DataType::Int32, rows.pick(&p.responder_delay_ns)),
+            Col::plain("ts_source", DataType::UInt8, rows.pick(&p.ts_source)),
+            Col::names("class", &self.class_names.clone().into_series(), &class)?,
+            Col::names("service", &self.service_names.clone().into_series(), &service)?,
         ];
-        for c in &self.service_columns {
-            columns.push(c.take(&service)?);
+        for (name, values) in SERVICE_COLUMNS.iter().zip(&self.service_columns) {
+            columns.push(Col::names(name, values.as_materialized_series(), &service)?);
         }
-        DataFrame::new(rows.len(), columns)
+        Ok(columns)
+    }
+
+    /// The schema of every row group: [`Names::columns`]' names and types.
+    fn schema(&self) -> PolarsResult<Schema> {
+        let empty = self.columns(&Probes::default(), &Rows::Span(0, 0))?;
+        Ok(empty.into_iter().map(|c| Field::new(c.name.into(), c.dtype)).collect())
+    }
+}
+
+/// `window_start_ns` of rows sent at `t1`: a dictionary of the windows they start, keyed by
+/// the window's place after the first, where the row group spans fewer windows than it holds
+/// rows (a range spans a few); plain otherwise. polars' writer would hash every row's start
+/// to find the same dictionary.
+fn windows(t1: &[u64], window_ns: u64) -> PolarsResult<Col> {
+    let first = t1.iter().min().map_or(0, |t| t / window_ns);
+    let last = t1.iter().max().map_or(0, |t| t / window_ns);
+    let span = (last - first) as usize + 1;
+    if span > t1.len().max(1024) {
+        let starts = t1.iter().map(|t| t / window_ns * window_ns).collect();
+        return Ok(Col::plain("window_start_ns", DataType::UInt64, starts));
+    }
+    let starts =
+        UInt64Chunked::from_iter_values("window_start_ns".into(), (0..span as u64).map(|i| (first + i) * window_ns));
+    let keys: Vec<_> = t1.iter().map(|t| Some((t / window_ns - first) as IdxSize)).collect();
+    Col::names("window_start_ns", &starts.into_series(), &keys)
+}
+
+/// One column of a row group: its name and type in the schema, and the Arrow array its pages
+/// are encoded from.
+struct Col {
+    name: &'static str,
+    dtype: DataType,
+    array: ArrayRef,
+}
+
+impl Col {
+    fn plain<T: polars_arrow::types::NativeType>(name: &'static str, dtype: DataType, values: Vec<T>) -> Col {
+        Col { name, dtype, array: polars_arrow::array::PrimitiveArray::from_vec(values).boxed() }
+    }
+
+    /// `values` picked by `keys` (`None`: null), as a dictionary of the values the keys use,
+    /// each once, so that Parquet's dictionary page (and the min and max of the column chunk's
+    /// statistics, drawn from it) holds only what the row group has.
+    fn names(name: &'static str, values: &Series, keys: &[Option<IdxSize>]) -> PolarsResult<Col> {
+        use polars_arrow::array::{DictionaryArray, PrimitiveArray};
+        use polars_arrow::datatypes::{ArrowDataType, IntegerType};
+        let dtype = values.dtype().clone();
+        let mut slot = vec![IdxSize::MAX; values.len()];
+        let mut used: Vec<IdxSize> = Vec::new();
+        let mut compact: Vec<u32> = Vec::with_capacity(keys.len());
+        let mut valid = polars_arrow::bitmap::MutableBitmap::with_capacity(keys.len());
+        for k in keys {
+            let Some(k) = *k else {
+                compact.push(0);
+                valid.push(false);
+                continue;
+            };
+            let Some(s) = slot.get_mut(k as usize) else {
+                polars_bail!(OutOfBounds: "export: {name} key {k} past the {} names", values.len());
+            };
+            if *s == IdxSize::MAX {
+                *s = used.len() as IdxSize;
+                used.push(k);
+            }
+            compact.push(*s);
+            valid.push(true);
+        }
+        let validity = (valid.unset_bits() > 0).then(|| valid.into());
+        let keys = PrimitiveArray::<u32>::new(ArrowDataType::UInt32, compact.into(), validity);
+        let values = values.take(&IdxCa::from_vec("idx".into(), used))?.rechunk().to_arrow(0, CompatLevel::newest());
+        let arrow = ArrowDataType::Dictionary(IntegerType::UInt32, Box::new(values.dtype().clone()), false);
+        let array = DictionaryArray::try_new(arrow, keys, values)?.boxed();
+        Ok(Col { name, dtype, array })
     }
 }

@@ -678,6 +678,17 @@ fn partitioned_export_holds_the_same_rows_each_in_its_partition() {
             assert_eq!(keys[1].1, format!("{:02}", c.hour), "{rel}");
             assert_eq!(prober_tor.get(i), Some(tor.as_str()), "{rel}");
         }
+        // Each row group's statistics name only what it holds: a reader prunes files and row
+        // groups by them (a dictionary of every name would give every file the fleet's range).
+        let probers: BTreeSet<&str> =
+            (0..df.height()).filter_map(|i| df.column("prober").expect("prober").str().expect("str").get(i)).collect();
+        let stats = name_statistics(&path, "prober_tor");
+        assert!(stats.iter().all(|s| s == &(tor.clone(), tor.clone())), "{rel}: {stats:?}");
+        let (first, last) = (probers.first().expect("a prober"), probers.last().expect("a prober"));
+        for (min, max) in name_statistics(&path, "prober") {
+            assert!(probers.contains(min.as_str()) && probers.contains(max.as_str()), "{rel}: {min}..{max}");
+            assert!((min.as_str(), max.as_str()) >= (*first, *first) && max.as_str() <= *last, "{rel}: {min}..{max}");
+        }
         got.extend(rows_of(&df));
         files += 1;
     }
@@ -691,6 +702,25 @@ fn partitioned_export_holds_the_same_rows_each_in_its_partition() {
     let (code, err) = run(&["export", "--partitioned", parts_s, seg_s]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("is not empty") && err.contains(parts_s), "{err}");
+}
+
+/// The min and max of the string column `column` in each row group of the Parquet file `path`.
+fn name_statistics(path: &Path, column: &str) -> Vec<(String, String)> {
+    use polars_parquet::parquet::statistics::Statistics;
+    let mut reader = ParquetReader::new(std::fs::File::open(path).expect("open"));
+    let md = reader.get_metadata().expect("footer").clone();
+    let mut out = Vec::new();
+    for rg in &md.row_groups {
+        for c in rg.parquet_columns().iter().filter(|c| c.descriptor().path_in_schema[0].as_str() == column) {
+            let Some(Ok(Statistics::Binary(s))) = c.statistics(&md.footer_buf) else {
+                panic!("{}: no string statistics for {column}", path.display());
+            };
+            let text = |v: Option<Vec<u8>>| String::from_utf8(v.expect("a bound")).expect("utf-8");
+            out.push((text(s.min_value), text(s.max_value)));
+        }
+    }
+    assert!(!out.is_empty(), "{}: no column {column}", path.display());
+    out
 }
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {
