@@ -7,9 +7,9 @@
 //! refused, local_drop, unknown), so SQL over the export need not re-derive the rules. The table is written in
 //! row groups of [`ROW_GROUP_ROWS`], each built from the ingested columns just before it is
 //! written; `analyze export` ingests a range of windows at a time ([`write_parquet_parts`]). A
-//! range's row groups are built, encoded and compressed on every core ([`Layout`]) and written
-//! in order by one thread: polars' own writer compresses each page on the writing thread, which
-//! held an export to one core's speed. Memory stays at one range plus two row groups per core
+//! range's row groups are built, encoded and compressed on every core ([`Layout`]), a batch of
+//! two per core at a time, and written in order by one thread: polars' own writer encodes and
+//! compresses each page on the writing thread, which held an export to one core's speed. Memory stays at one range plus two row groups per core
 //! whatever the input size. Rows are in the order of the ranges (time), and within one range of
 //! the files.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
@@ -126,8 +126,9 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     let file = std::fs::File::create(path).map_err(io(path, "create the Parquet file"))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let (mut writer, layout) = names.writer(&mut out, compression)?;
-    // Two row groups per core in flight: each core stays busy while the writer catches up,
-    // and what waits to be written is bounded by the cores, not the range.
+    // A batch of two row groups per core is encoded, then written in order: what waits to be
+    // written is bounded by the cores, not the range. (Writing is a copy into the page cache,
+    // short beside encoding, so the cores idle little while it runs.)
     let batch = 2 * rayon::current_num_threads().max(1);
     let mut n = 0;
     while let Some(part) = parts() {
@@ -145,10 +146,7 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
         }
         n += p.len();
     }
-    // No record at all: a file with the columns and no row.
-    if n == 0 {
-        writer.write_batch(&DataFrame::empty_with_schema(&names.schema()?))?;
-    }
+    // With no record at all, the footer still holds the columns: a file with no row group.
     writer.finish()?;
     out.flush().map_err(io(path, "write the Parquet file"))?;
     Ok(n)
@@ -255,7 +253,7 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
         }
         // A file per partition, the partitions on every core: each file is written by the
         // thread that encodes it, so no order is to be kept between them.
-        let written: Vec<Result<PathBuf, ExportError>> = groups
+        let written: Vec<PathBuf> = groups
             .into_par_iter()
             .map(|(sub, group)| {
                 let path = sub.join(format!("part-{part_no:05}.parquet"));
@@ -270,9 +268,9 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
                 out.flush().map_err(io(&path, "write the Parquet file"))?;
                 Ok(sub)
             })
-            .collect();
+            .collect::<Result<_, ExportError>>()?;
         for sub in written {
-            partitions.insert(sub?);
+            partitions.insert(sub);
             done.files += 1;
         }
         done.rows += p.len();
@@ -458,7 +456,7 @@ impl Names {
     /// The columns of a row group holding `rows` of `p`, in the file's order. Names (of
     /// RNICs, ToRs, classes, services) are dictionary arrays over the distinct names, keyed by
     /// the ids the rows already carry: polars' writer would otherwise hash every string of a
-    /// row group to find the dictionary Parquet stores them by (a third of an export's CPU).
+    /// row group to find the dictionary Parquet stores them by (about a quarter of an export's CPU).
     fn columns(&self, p: &Probes, rows: &Rows<'_>) -> PolarsResult<Vec<Col>> {
         let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> { rows.pick(ids).into_iter().map(|i| self.rnic_idx(i)).collect() };
         let (prober, target) = (rnic_idx(&p.prober), rnic_idx(&p.target));
