@@ -9,9 +9,9 @@
 //! written; `analyze export` ingests a range of windows at a time ([`write_parquet_parts`]). A
 //! range's row groups are built, encoded and compressed on every core ([`Layout`]), a batch of
 //! two per core at a time, and written in order by one thread: polars' own writer encodes and
-//! compresses each page on the writing thread, which held an export to one core's speed. Memory stays at one range plus two row groups per core
-//! whatever the input size. Rows are in the order of the ranges (time), and within one range of
-//! the files.
+//! compresses each page on the writing thread, which held an export to one core's speed. Memory
+//! stays at one range plus two row groups per core whatever the input size. Rows are in the
+//! order of the ranges (time), and within one range of the files.
 //! Names are gathered as string views over one small array of distinct names, and Parquet
 //! dictionary-encodes them, so they cost a few bits per row on disk. A traced service's probe
 //! has its remote RNIC as target, the connection's dictionary name in `service`, and in the
@@ -511,8 +511,8 @@ impl Names {
 }
 
 /// `window_start_ns` of rows sent at `t1`: a dictionary of the windows they start, keyed by
-/// the window's place after the first, where the row group spans fewer windows than it holds
-/// rows (a range spans a few); plain otherwise. polars' writer would hash every row's start
+/// the window's place after the first, unless the row group spans more windows than both its
+/// rows and 1,024 (a range spans a few); plain values then. polars' writer would hash every row's start
 /// to find the same dictionary.
 fn windows(t1: &[u64], window_ns: u64) -> PolarsResult<Col> {
     let first = t1.iter().min().map_or(0, |t| t / window_ns);
