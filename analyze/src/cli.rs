@@ -161,7 +161,8 @@ pub struct ReportArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RangeArgs {
     /// Records held in memory at once, at most: the input is read in ranges of whole windows
-    /// that hold this many (a window is never split, however many records it holds). Lower it
+    /// that hold this many (a window is never split, however many records it holds; localize
+    /// reads the next range while it counts one, in ranges of half this). Lower it
     /// on a smaller machine: peak memory follows this, not the input's length (measured figures:
     /// docs/PERFORMANCE.md#bench-analyze).
     #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
@@ -885,7 +886,8 @@ pub fn html(args: &HtmlArgs) -> i32 {
         );
         (l, Some(ds))
     } else {
-        (crate::localize::localize_ranges(&mut plan, ranges.clone(), &opts), None)
+        let ranges = crate::localize::ranges(&plan, args.ranges.range_records as usize);
+        (crate::localize::localize_ranges(&mut plan, ranges, &opts), None)
     };
     let switches = switch_evidence("html", &localization, inv.as_ref(), switch_opts.as_ref(), prom_failed);
     let mut notes = switches.map(|s| s.per_finding).unwrap_or_default().into_iter();

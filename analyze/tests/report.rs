@@ -472,6 +472,39 @@ fn an_open_segment_that_grew_since_the_plan_is_read() {
     drop(w);
 }
 
+/// `Plan::each_range` (localize's passes) reads the next range while the stages count one: the
+/// stages get every range in order with the records `read` gives, and a file gone before a
+/// pass is said once, in the dataset by the time the stages count the range that missed it.
+#[test]
+fn ranges_read_ahead_come_in_order_and_a_gone_file_is_said_once() {
+    let (_dir, seg, _) = fleet();
+    let files = find_segments(&[seg]).expect("list");
+    let mut plan = rocemesh_analyze::ingest::plan(&files, Fields::Report, None, WINDOW_NS);
+    let ranges = plan.ranges(1);
+    assert!(ranges.len() > 2, "{ranges:?}");
+    let one_at_a_time: Vec<Vec<u64>> = ranges.iter().map(|&(a, b)| plan.read(a, b).t1_unix_ns).collect();
+    plan.rewind();
+    let mut ahead = Vec::new();
+    plan.each_range(&ranges, &mut |_, p| ahead.push(p.t1_unix_ns.clone()));
+    assert_eq!(ahead, one_at_a_time, "the same records, range by range, in order");
+
+    let gone = files[0].clone();
+    let (first_ns, _) =
+        rocemesh_formats::segment::SegmentReader::open(&gone).expect("open").time_range().expect("records");
+    let missed = ranges.iter().position(|r| r.1 > first_ns).expect("a range holds its records");
+    std::fs::remove_file(&gone).expect("remove");
+    plan.rewind();
+    let mut problems_seen = Vec::new();
+    plan.each_range(&ranges, &mut |ds, _| problems_seen.push(ds.problems.len()));
+    let ds = plan.finish();
+    let said: Vec<_> = ds.problems.iter().filter(|p| p.problem.contains("could not be read again")).collect();
+    assert_eq!(said.len(), 1, "said once: {:?}", ds.problems);
+    assert_eq!(said[0].path, gone);
+    // As a read of one range at a time says it: with the range that missed it, not before.
+    assert!(problems_seen[missed] >= 1, "said by range {missed}: {problems_seen:?}");
+    assert!(problems_seen[..missed].iter().all(|&n| n == 0), "not before range {missed}: {problems_seen:?}");
+}
+
 #[test]
 fn a_file_gone_between_the_passes_is_said_and_not_counted() {
     let (_dir, seg, recs) = fleet();

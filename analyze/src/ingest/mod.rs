@@ -58,7 +58,7 @@ use rayon::prelude::*;
 use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::segment::SegmentReader;
 use std::path::PathBuf;
-pub use windows::{WindowKey, Windows, ingest_windows, writes_window_summaries};
+pub use windows::{KeyCell, WindowKey, Windows, ingest_windows, writes_window_summaries};
 
 /// A send gap is host-noise evidence from this length up (see [`send_gaps`]).
 pub use rocemesh_formats::segment::LONG_GAP_MIN_NS;

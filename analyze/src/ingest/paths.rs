@@ -20,7 +20,7 @@ use std::path::PathBuf;
 pub(super) fn place_paths(ds: &mut Dataset, readers: &[(PathBuf, SegmentReader)], remaps: &[Remap]) {
     let mut traces = PathTraces::default();
     for ((path, reader), m) in readers.iter().zip(remaps) {
-        traces.add(ds, path, reader, m);
+        traces.add(&mut ds.problems, path, reader, m);
     }
     traces.place(ds);
 }
@@ -38,8 +38,14 @@ pub(super) struct PathTraces {
 }
 
 impl PathTraces {
-    /// One file's traces; what cannot be placed is said as the file's problem in `ds`.
-    pub(super) fn add(&mut self, ds: &mut Dataset, path: &std::path::Path, reader: &SegmentReader, m: &Remap) {
+    /// One file's traces; what cannot be placed is said as the file's problem.
+    pub(super) fn add(
+        &mut self,
+        problems: &mut Vec<FileProblem>,
+        path: &std::path::Path,
+        reader: &SegmentReader,
+        m: &Remap,
+    ) {
         let PathTraces { history, unnamed, .. } = self;
         let (mut undefined, mut to_unresolved) = (0u64, 0u64);
         let mut unresolved_addrs: BTreeSet<String> = BTreeSet::new();
@@ -81,7 +87,7 @@ impl PathTraces {
             }
         }
         if undefined > 0 {
-            ds.problems.push(FileProblem {
+            problems.push(FileProblem {
                 path: path.to_path_buf(),
                 problem: format!("{undefined} path traces name ids its dictionary does not define: left out"),
                 skipped: false,
@@ -89,7 +95,7 @@ impl PathTraces {
         }
         if to_unresolved > 0 {
             let addrs: Vec<String> = unresolved_addrs.into_iter().collect();
-            ds.problems.push(FileProblem {
+            problems.push(FileProblem {
                 path: path.to_path_buf(),
                 problem: format!(
                     "{to_unresolved} path traces end at a peer address that no RNIC's dictionary entry and no inventory RNIC declares ({}): left out (fix: read the probers' segments too, or give an inventory that lists the address)",

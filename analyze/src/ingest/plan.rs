@@ -235,23 +235,9 @@ pub fn plan(files: &[PathBuf], fields: Fields, inventory: Option<&Inventory>, wi
 }
 
 impl Plan {
-    /// Says once what opening file `i` ([`Planned::open`]) found: why its frame index failed
-    /// (it is not used again), and the damage a partial read `r` found that was not said of it
-    /// yet (a group whose zstd frame does not inflate, found when a range first reads it). A
-    /// whole read's damage is the plan's (an open segment's torn tail moves as its writer
-    /// appends: not said again).
+    /// [`say_opened`] of file `i`.
     pub(super) fn say_opened(&mut self, i: usize, r: &SegmentReader, index_failed: Option<String>) {
-        let f = &mut self.files[i];
-        if let Some(why) = index_failed {
-            f.frames.clear();
-            self.ds.problems.push(FileProblem { path: f.path.clone(), problem: why, skipped: false });
-        }
-        for d in r.damage().iter().filter(|_| r.is_partial()) {
-            if !f.damage_said.contains(&d.offset) {
-                f.damage_said.push(d.offset);
-                self.ds.problems.push(damage_problem(&f.path, d));
-            }
-        }
+        say_opened(&mut self.files[i], &mut self.ds.problems, r, index_failed);
     }
 
     /// Whether ranges read from now on carry each record's position in the whole input
@@ -330,8 +316,123 @@ impl Plan {
     /// inflated whole, and its reader kept for the next range while the file goes on past this
     /// one, so that it is not inflated again for each range.
     pub fn read(&mut self, from: u64, to: u64) -> Probes {
+        let (mut reader, ds) = self.split();
+        let probes = reader.read(from, to);
+        ds.problems.append(&mut reader.problems);
+        probes
+    }
+
+    /// `each` with every range's records in turn, as [`Plan::read`] reads them, while the next
+    /// range is read on the other cores: a pass's stages run on one thread, and reading
+    /// (inflating, decoding) is most of a range's work, so the two overlap instead of taking
+    /// turns. Two ranges are held at a time. What reading finds wrong with a file is added to
+    /// the dataset's problems after the stages are done with the range before, in the order
+    /// a read of one range at a time adds it.
+    pub fn each_range(&mut self, ranges: &[(u64, u64)], each: &mut dyn FnMut(&Dataset, &Probes)) {
+        let (mut reader, ds) = self.split();
+        let mut next = ranges.first().map(|&(from, to)| reader.read(from, to));
+        ds.problems.append(&mut reader.problems);
+        for i in 0..ranges.len() {
+            let Some(probes) = next.take() else { break };
+            std::thread::scope(|s| {
+                let ahead = ranges.get(i + 1).map(|&(from, to)| {
+                    let reader = &mut reader;
+                    s.spawn(move || reader.read(from, to))
+                });
+                each(ds, &probes);
+                drop(probes);
+                next = ahead.map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            });
+            ds.problems.append(&mut reader.problems);
+        }
+    }
+
+    /// The plan as what reads a range and the dataset the stages read meanwhile.
+    fn split(&mut self) -> (RangeReader<'_>, &mut Dataset) {
+        let Plan { ds, files, fields, unknown_ids, carried, read_records, indexed, traces, .. } = self;
+        let services = !ds.services.is_empty();
+        let reader = RangeReader {
+            files,
+            fields: *fields,
+            unknown_ids,
+            carried,
+            read_records,
+            indexed: *indexed,
+            traces,
+            services,
+            problems: Vec::new(),
+        };
+        (reader, ds)
+    }
+
+    /// Leaves file `i` out of every range from now on, said once.
+    pub(super) fn left_out(&mut self, i: usize, problem: FileProblem) {
+        left_out(&mut self.files[i], &mut self.ds.problems, problem);
+    }
+
+    /// The dataset, with the problems only the ranges read could tell (taken: the plan is
+    /// spent).
+    pub fn finish(&mut self) -> Dataset {
+        for (f, &u) in self.files.iter().zip(&self.unknown_ids) {
+            self.ds.problems.extend(unknown_ids_problem(&f.path, u));
+        }
+        self.files.clear();
+        self.carried.clear();
+        std::mem::take(&mut self.ds)
+    }
+}
+
+/// Says once what opening file `f` ([`Planned::open`]) found: why its frame index failed (it
+/// is not used again), and the damage a partial read `r` found that was not said of it yet (a
+/// group whose zstd frame does not inflate, found when a range first reads it). A whole read's
+/// damage is the plan's (an open segment's torn tail moves as its writer appends: not said
+/// again).
+fn say_opened(f: &mut Planned, problems: &mut Vec<FileProblem>, r: &SegmentReader, index_failed: Option<String>) {
+    if let Some(why) = index_failed {
+        f.frames.clear();
+        problems.push(FileProblem { path: f.path.clone(), problem: why, skipped: false });
+    }
+    for d in r.damage().iter().filter(|_| r.is_partial()) {
+        if !f.damage_said.contains(&d.offset) {
+            f.damage_said.push(d.offset);
+            problems.push(damage_problem(&f.path, d));
+        }
+    }
+}
+
+/// Leaves file `f` out of every range from now on, said once.
+fn left_out(f: &mut Planned, problems: &mut Vec<FileProblem>, problem: FileProblem) {
+    f.left_out = true;
+    problems.push(problem);
+}
+
+/// Planned records of a file (see [`planned_chunks`]) with T1 in `[from, to)`.
+pub(super) fn records_in(reader: &SegmentReader, from: u64, to: u64, planned: usize) -> usize {
+    planned_chunks(reader, planned)
+        .map(|(_, c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
+        .sum()
+}
+
+/// What reading a range needs of a [`Plan`]: all of it but the dataset (see
+/// [`Plan::each_range`]), with the problems it finds until they go to the dataset.
+struct RangeReader<'a> {
+    files: &'a mut Vec<Planned>,
+    fields: Fields,
+    unknown_ids: &'a mut Vec<u64>,
+    carried: &'a mut Vec<(usize, SegmentReader)>,
+    read_records: &'a mut usize,
+    indexed: bool,
+    traces: &'a mut Option<PathTraces>,
+    /// Whether the dataset has traced services (the records then carry their service column).
+    services: bool,
+    problems: Vec<FileProblem>,
+}
+
+impl RangeReader<'_> {
+    /// See [`Plan::read`].
+    fn read(&mut self, from: u64, to: u64) -> Probes {
         let mut readers: Vec<(usize, SegmentReader)> =
-            std::mem::take(&mut self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
+            std::mem::take(self.carried).into_iter().filter(|(i, _)| self.files[*i].last_ns >= from).collect();
         let chosen: Vec<usize> = (0..self.files.len())
             .filter(|&i| self.files[i].first_ns < to && self.files[i].last_ns >= from && !self.files[i].left_out)
             .filter(|i| !readers.iter().any(|(c, _)| c == i))
@@ -347,53 +448,50 @@ impl Plan {
             .collect();
         for (&i, r) in chosen.iter().zip(opened) {
             let r = r.map(|(r, why)| {
-                self.say_opened(i, &r, why);
+                say_opened(&mut self.files[i], &mut self.problems, &r, why);
                 r
             });
             let f = &self.files[i];
-            match r {
-                Ok(r) if as_planned(&r, f) => readers.push((i, r)),
+            let problem = match r {
+                Ok(r) if as_planned(&r, f) => {
+                    readers.push((i, r));
+                    continue;
+                }
                 // Not what the first pass planned from: a summary that lied (a sealed file's
                 // plan comes from it), or another file put in its place since.
-                Ok(r) => self.left_out(i, FileProblem {
-                    path: f.path.clone(),
-                    problem: format!(
-                        "{READ_AGAIN_FAILED}: it holds {} records and {} dictionary entries where the first pass (its summary, when sealed) said {} and {}{}: left out",
-                        r.file_records(),
-                        r.dictionary().len(),
-                        f.records,
-                        f.dictionary.0,
-                        if r.dictionary().len() == f.dictionary.0 { " with other entries" } else { "" }
-                    ),
-                    skipped: false,
-                }),
+                Ok(r) => format!(
+                    "{READ_AGAIN_FAILED}: it holds {} records and {} dictionary entries where the first pass (its summary, when sealed) said {} and {}{}: left out",
+                    r.file_records(),
+                    r.dictionary().len(),
+                    f.records,
+                    f.dictionary.0,
+                    if r.dictionary().len() == f.dictionary.0 { " with other entries" } else { "" }
+                ),
                 // Read in the first pass, gone or changed since: its records of this range
                 // are not counted, and the outputs say so.
-                Err(problem) => self.left_out(i, FileProblem {
-                    path: f.path.clone(),
-                    problem: format!("{READ_AGAIN_FAILED}: {problem}"),
-                    skipped: false,
-                }),
-            }
+                Err(problem) => format!("{READ_AGAIN_FAILED}: {problem}"),
+            };
+            let problem = FileProblem { path: f.path.clone(), problem, skipped: false };
+            left_out(&mut self.files[i], &mut self.problems, problem);
         }
-        if let Some(traces) = &mut self.traces {
+        if let Some(traces) = self.traces.as_mut() {
             for (i, r) in &readers {
                 let f = &mut self.files[*i];
                 if !f.traced {
                     f.traced = true;
-                    traces.add(&mut self.ds, &f.path, r, &f.remap);
+                    traces.add(&mut self.problems, &f.path, r, &f.remap);
                 }
             }
         }
-        let files = &self.files;
+        let files = &*self.files;
         let counts: Vec<usize> = readers.par_iter().map(|(i, r)| records_in(r, from, to, files[*i].records)).collect();
-        self.read_records += counts.iter().sum::<usize>();
-        let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, !self.ds.services.is_empty());
+        *self.read_records += counts.iter().sum::<usize>();
+        let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, self.services);
         if self.indexed {
             probes.index = vec![0; probes.len()];
         }
         let mut slices = split(&mut probes, &counts);
-        let (files, fields) = (&self.files, self.fields);
+        let (files, fields) = (&*self.files, self.fields);
         let unknown: Vec<u64> = readers
             .par_iter()
             .zip(slices.par_iter_mut())
@@ -407,31 +505,7 @@ impl Plan {
         }
         // At most one file per writer goes on past a range: what is kept is bounded by the
         // fleet, not by the input. A partial reader holds this range's frames only.
-        self.carried = readers.into_iter().filter(|(i, r)| !r.is_partial() && self.files[*i].last_ns >= to).collect();
+        *self.carried = readers.into_iter().filter(|(i, r)| !r.is_partial() && self.files[*i].last_ns >= to).collect();
         probes
     }
-
-    /// Leaves file `i` out of every range from now on, said once.
-    pub(super) fn left_out(&mut self, i: usize, problem: FileProblem) {
-        self.files[i].left_out = true;
-        self.ds.problems.push(problem);
-    }
-
-    /// The dataset, with the problems only the ranges read could tell (taken: the plan is
-    /// spent).
-    pub fn finish(&mut self) -> Dataset {
-        for (f, &u) in self.files.iter().zip(&self.unknown_ids) {
-            self.ds.problems.extend(unknown_ids_problem(&f.path, u));
-        }
-        self.files.clear();
-        self.carried.clear();
-        std::mem::take(&mut self.ds)
-    }
-}
-
-/// Planned records of a file (see [`planned_chunks`]) with T1 in `[from, to)`.
-pub(super) fn records_in(reader: &SegmentReader, from: u64, to: u64, planned: usize) -> usize {
-    planned_chunks(reader, planned)
-        .map(|(_, c, keep)| c.t1_unix_ns[..keep].iter().filter(|t| within(t.to_native(), from, to)).count())
-        .sum()
 }

@@ -14,13 +14,74 @@ use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::record::{EndpointRole, ProbeColumns};
 use rocemesh_formats::segment::{LONG_GAP_FACTOR, LONG_GAP_MIN_NS};
 use rocemesh_formats::segment::{Pick, SegmentReader};
-use rocemesh_formats::window::{ArchivedWindowSummary, Cell, STALL_NS, Summariser, WindowSummary};
+use rocemesh_formats::window::{ArchivedWindowSummary, BUCKETS, Measure, STALL_NS, Summariser, WindowSummary};
 use std::path::PathBuf;
 
 /// Summary windows of folded files are this long where it divides the analysis window (the
 /// agent's default), else the analysis window: short enough that a stall leaves out seconds of
 /// a host's probes, not a whole analysis window.
 const FOLD_WINDOW_S: u64 = rocemesh_formats::window::DEFAULT_WINDOW_S;
+
+/// One histogram cell of a key as analysis keeps it: 4 bytes where the file's
+/// (`formats::window::Cell`) takes 8, since the cells are most of what a summarised input
+/// holds in memory (the bench's 10^8 probes: 2·10^8 cells) and every stage reads them all.
+/// The bucket takes 11 bits ([`BUCKETS`] is 1,920), the measure 2, the timestamp source's code
+/// 3 (`crate::probe::ts_code`: every stage reads a source through that code, so a source this
+/// build does not know keeps its meaning), the count 16: a larger count is kept as several
+/// cells of the same bucket, which every stage sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyCell(u32);
+
+impl KeyCell {
+    /// The largest count one cell holds.
+    const MAX_COUNT: u32 = u16::MAX as u32;
+
+    /// Probes.
+    #[inline]
+    pub fn count(self) -> u32 {
+        self.0 >> 16
+    }
+
+    /// `formats::window::bucket_of` the value.
+    #[inline]
+    pub fn bucket(self) -> u16 {
+        (self.0 & 0x7FF) as u16
+    }
+
+    /// What the cell measures.
+    #[inline]
+    pub fn measure(self) -> Measure {
+        match (self.0 >> 11) & 3 {
+            0 => Measure::NetworkRtt,
+            1 => Measure::ProberDelay,
+            _ => Measure::ResponderDelay,
+        }
+    }
+
+    /// The timestamp source's code (`crate::probe::ts_code`), which every stage reads a source
+    /// through.
+    #[inline]
+    pub fn ts_source(self) -> u8 {
+        ((self.0 >> 13) & 7) as u8
+    }
+
+    /// Appends the cells of `count` probes in `bucket` of `measure` (a byte this build does not
+    /// know, or a bucket past the last, adds none: no stage reads those), as many cells as the
+    /// count needs.
+    pub fn push(out: &mut Vec<KeyCell>, count: u32, bucket: u16, measure: u8, ts_source: u8) {
+        let Some(m) = Measure::from_u8(measure) else { return };
+        if bucket >= BUCKETS {
+            return;
+        }
+        let base = u32::from(bucket) | (m as u32) << 11 | u32::from(crate::probe::ts_code(ts_source)) << 13;
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(Self::MAX_COUNT);
+            out.push(KeyCell(base | n << 16));
+            left -= n;
+        }
+    }
+}
 
 /// One (summary window, prober, target, label)'s probes, ids fleet-wide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +115,7 @@ pub struct WindowKey {
 pub struct Windows {
     /// One file's keys (in window and key order) and their cells, per file in file order: kept
     /// apart, so that a wide input is never copied into one growing table.
-    parts: Vec<(Vec<WindowKey>, Vec<Cell>)>,
+    parts: Vec<(Vec<WindowKey>, Vec<KeyCell>)>,
     /// Files read from their summaries, and files whose records were folded here.
     pub files_summarised: usize,
     pub files_folded: usize,
@@ -73,7 +134,7 @@ impl Windows {
     }
 
     /// Every key with its cells, in file order.
-    pub fn iter(&self) -> impl Iterator<Item = (&WindowKey, &[Cell])> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&WindowKey, &[KeyCell])> + '_ {
         self.parts
             .iter()
             .flat_map(|(keys, cells)| keys.iter().map(move |k| (k, &cells[k.cells.0 as usize..k.cells.1 as usize])))
@@ -83,13 +144,13 @@ impl Windows {
 impl Windows {
     /// Windows of these parts, each a table of keys (in window and key order) with the cells
     /// their ranges index (the live analyzer's windows).
-    pub fn from_parts(parts: Vec<(Vec<WindowKey>, Vec<Cell>)>) -> Windows {
+    pub fn from_parts(parts: Vec<(Vec<WindowKey>, Vec<KeyCell>)>) -> Windows {
         let probes = parts.iter().flat_map(|(k, _)| k).map(WindowKey::probes).sum();
         Windows { parts, files_summarised: 0, files_folded: 0, probes }
     }
 
     /// The parts, as given to [`Windows::from_parts`].
-    pub fn into_parts(self) -> Vec<(Vec<WindowKey>, Vec<Cell>)> {
+    pub fn into_parts(self) -> Vec<(Vec<WindowKey>, Vec<KeyCell>)> {
         self.parts
     }
 }
@@ -105,7 +166,7 @@ impl WindowKey {
 #[derive(Default)]
 struct FileWindows {
     keys: Vec<WindowKey>,
-    cells: Vec<Cell>,
+    cells: Vec<KeyCell>,
     /// The shard's own stalls: (due, late), ns.
     stalls: Vec<(u64, u64)>,
     /// Probes whose prober or target id the file's dictionary does not define.
@@ -172,7 +233,7 @@ impl Plan {
                 match r {
                     Ok((r, fw)) if as_planned(&r, &self.files[i]) => {
                         if let Some(traces) = &mut self.traces {
-                            traces.add(&mut self.ds, &path, &r, &self.files[i].remap);
+                            traces.add(&mut self.ds.problems, &path, &r, &self.files[i].remap);
                         }
                         // A shard's slip counts as a frozen host by the rule its records' send
                         // gaps are held to (`send_gaps`): beyond twice the usual spacing plus
@@ -294,12 +355,9 @@ fn add_summary(f: &mut FileWindows, s: &ArchivedWindowSummary, m: &Remap) {
             f.unknown_ids += counts.iter().map(|&c| u64::from(c)).sum::<u64>();
         }
         let from = f.cells.len() as u32;
-        f.cells.extend(s.cells_of(i).iter().map(|c| Cell {
-            count: c.count.to_native(),
-            bucket: c.bucket.to_native(),
-            measure: c.measure,
-            ts_source: c.ts_source,
-        }));
+        for c in s.cells_of(i) {
+            KeyCell::push(&mut f.cells, c.count.to_native(), c.bucket.to_native(), c.measure, c.ts_source);
+        }
         f.keys.push(WindowKey {
             start_ns,
             prober,
@@ -353,4 +411,39 @@ fn fold(
     s.close_all();
     out.extend(s.ready().iter().cloned());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocemesh_formats::window::bucket_of;
+
+    #[test]
+    fn a_packed_cell_reads_back_what_was_counted() {
+        let mut cells = Vec::new();
+        let bucket = bucket_of(123_456);
+        KeyCell::push(&mut cells, 7, bucket, Measure::ResponderDelay as u8, 3);
+        KeyCell::push(&mut cells, 1, BUCKETS - 1, Measure::NetworkRtt as u8, 0);
+        let got: Vec<_> = cells.iter().map(|c| (c.count(), c.bucket(), c.measure(), c.ts_source())).collect();
+        assert_eq!(got, vec![(7, bucket, Measure::ResponderDelay, 3), (1, BUCKETS - 1, Measure::NetworkRtt, 0)]);
+    }
+
+    /// A count past 16 bits is kept whole over several cells; a source this build does not
+    /// know reads as `ts_code` reads it; a measure or bucket no stage reads adds nothing.
+    #[test]
+    fn a_packed_cell_keeps_every_probe_and_every_sources_meaning() {
+        let mut cells = Vec::new();
+        KeyCell::push(&mut cells, 200_000, 100, Measure::ProberDelay as u8, 1);
+        assert_eq!(cells.len(), 4);
+        assert_eq!(cells.iter().map(|c| c.count()).sum::<u32>(), 200_000);
+        assert!(cells.iter().all(|c| c.bucket() == 100 && c.measure() == Measure::ProberDelay && c.ts_source() == 1));
+        cells.clear();
+        KeyCell::push(&mut cells, 1, 100, Measure::NetworkRtt as u8, 200);
+        assert_eq!(cells[0].ts_source(), crate::probe::ts_code(200));
+        let before = cells.len();
+        KeyCell::push(&mut cells, 5, 100, 3, 0);
+        KeyCell::push(&mut cells, 5, BUCKETS, Measure::NetworkRtt as u8, 0);
+        KeyCell::push(&mut cells, 0, 100, Measure::NetworkRtt as u8, 0);
+        assert_eq!(cells.len(), before);
+    }
 }

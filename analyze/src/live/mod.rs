@@ -56,10 +56,10 @@ use rocemesh_formats::inventory::Inventory;
 use rocemesh_formats::live::Received;
 use rocemesh_formats::record::{EndpointRole, MAX_HOPS};
 use rocemesh_formats::segment::{LONG_GAP_FACTOR, LONG_GAP_MIN_NS};
-use rocemesh_formats::window::{Cell, STALL_NS};
+use rocemesh_formats::window::STALL_NS;
 use serde::Serialize;
 
-use crate::ingest::{AgentFile, Dataset, NO_SERVICE, Rnic, WindowKey, Windows};
+use crate::ingest::{AgentFile, Dataset, KeyCell, NO_SERVICE, Rnic, WindowKey, Windows};
 use crate::localize::{self, BaselineCounts, Options, Tests};
 use rocemesh_formats::record::Class;
 
@@ -171,7 +171,7 @@ struct Heard {
 struct Win {
     /// Its keys and their cells, until it is localised.
     keys: Vec<WindowKey>,
-    cells: Vec<Cell>,
+    cells: Vec<KeyCell>,
     heard: HashMap<u32, Heard>,
     seqs: HashSet<(u32, u32, u64)>,
     /// Once localised: its baselines' counts (late pushes added) and its tests.
@@ -490,6 +490,7 @@ impl Live {
             heard.first_ns = heard.first_ns.min(k.first_t1_ns);
             heard.last_ns = heard.last_ns.max(k.last_t1_ns);
         }
+        let mut scratch = Vec::new();
         for k in &s.keys {
             let (prober, _) = ids.get(&k.prober).copied().unwrap_or((u32::MAX, false));
             let (target, service) = ids.get(&k.target).copied().unwrap_or((u32::MAX, false));
@@ -497,7 +498,14 @@ impl Live {
                 self.counts.service_keys += 1;
                 continue;
             }
-            let cells = &s.cells[k.cells_start as usize..(k.cells_start + k.cells_len) as usize];
+            let cells =
+                s.cells.get(k.cells_start as usize..(k.cells_start as usize).saturating_add(k.cells_len as usize));
+            // The window's own table when its keys are kept, else a scratch one for the counts.
+            let table = if keep_keys { &mut w.cells } else { &mut scratch };
+            let from = table.len();
+            for c in cells.into_iter().flatten() {
+                KeyCell::push(table, c.count, c.bucket, c.measure, c.ts_source);
+            }
             let key = WindowKey {
                 start_ns: start,
                 prober,
@@ -510,15 +518,16 @@ impl Live {
                 last_ns: k.last_t1_ns,
                 first_ok_ns: k.first_ok_t1_ns,
                 epoch_changes: k.epoch_changes,
-                cells: (w.cells.len() as u32, (w.cells.len() + cells.len()) as u32),
+                cells: (from as u32, table.len() as u32),
             };
             if let Some(c) = &mut w.counts {
-                c.add(&key, cells, tor_of, window_ns);
+                c.add(&key, &table[from..], tor_of, window_ns);
                 c.probes += key.probes();
             }
             if keep_keys {
-                w.cells.extend_from_slice(cells);
                 w.keys.push(key);
+            } else {
+                scratch.clear();
             }
         }
         self.counts.taken += 1;

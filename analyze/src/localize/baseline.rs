@@ -46,7 +46,8 @@ pub struct Baselines {
     pub(super) by_code: [[Option<Baseline>; 2]; TS_CODES],
     /// (window, source code) -> how far the window's ToR-mesh RTT lower quartile lies above the
     /// baseline's, where it does ([`Baselines::measure_shifts`]).
-    pub(super) shifts: HashMap<(u32, usize), f64>,
+    /// Looked up for every ok probe: foldhash, not SipHash (`shift`).
+    pub(super) shifts: HashMap<(u32, usize), f64, foldhash::fast::RandomState>,
     /// What a source without a baseline gets (an empty sample: no ok probe of it exists).
     pub(super) slow_default_ns: f64,
     pub(super) noise_default_ns: i64,
@@ -124,7 +125,7 @@ impl Baselines {
                 factors.entry((w, c)).or_default().push(lower_quartile(&mut v) / base);
             }
         }
-        let mut shifts = HashMap::new();
+        let mut shifts = HashMap::default();
         for (key, (mut all, most)) in pooled {
             let voted = factors.remove(&key).filter(|f| f.len() >= SHIFT_MIN_TORS);
             let factor = match voted {
@@ -319,7 +320,7 @@ impl Baselines {
     pub(super) fn empty(opts: &Options) -> Baselines {
         Baselines {
             by_code: Default::default(),
-            shifts: HashMap::new(),
+            shifts: HashMap::default(),
             slow_default_ns: opts.slow_margin_ns,
             noise_default_ns: opts.host_delay_noise_ns,
             late_share: [None; TS_CODES],

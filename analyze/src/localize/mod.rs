@@ -478,10 +478,10 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
     run(&mut Input::Whole(ds), opts)
 }
 
-/// Runs localisation over a plan's ranges of whole windows ([`Plan::ranges`]), reading them
-/// four times, so that memory follows a range (and the fleet), not the hours read: the same
-/// [`Localization`] as [`localize`] over the same files, exactly (`analyze/tests/localize_ranges.rs`
-/// holds the two to it). What grows with the input is small and said where it is kept: each
+/// Runs localisation over a plan's ranges of whole windows ([`ranges`]), reading them four
+/// times (the next range while the stages count one), so that memory follows two ranges and the
+/// fleet, not the hours read: the same [`Localization`] as [`localize`] over the same files,
+/// exactly (`analyze/tests/localize_ranges.rs` holds the two to it). What grows with the input is small and said where it is kept: each
 /// traced service's ok RTTs (for its exact p99), the log-likelihood ratios that could pass the
 /// false-discovery cut, the windows held as findings, host-noise spans. The plan's path traces
 /// are placed by the first pass; after the last, [`Plan::records_read`] and the unknown-id
@@ -526,10 +526,7 @@ impl Input<'_> {
             Input::Whole(ds) => each(ds, &ds.probes),
             Input::Ranges { plan, ranges } => {
                 plan.rewind();
-                for &(from, to) in ranges.iter() {
-                    let probes = plan.read(from, to);
-                    each(&plan.ds, &probes);
-                }
+                plan.each_range(ranges, each);
                 plan.place_paths();
             }
         }
@@ -637,8 +634,7 @@ pub fn localize_files(
     if let Some(inv) = inventory {
         plan.ds.add_single_paths(inv);
     }
-    let ranges: Vec<(u64, u64)> = plan
-        .ranges(range_records)
+    let ranges: Vec<(u64, u64)> = ranges(&plan, range_records)
         .into_iter()
         .map(|(a, b)| (a.max(from_ns), b.min(to_ns)))
         .filter(|(a, b)| a < b)
@@ -646,6 +642,13 @@ pub fn localize_files(
     let l = localize_ranges(&mut plan, ranges, opts);
     let read = plan.records_read() as u64;
     (l, plan.finish(), read)
+}
+
+/// `plan`'s ranges as [`localize_ranges`] reads them under a budget of `range_records` held at
+/// once: half of it each, since it holds two ranges at a time (it reads the next while its
+/// stages count one, `Plan::each_range`).
+pub fn ranges(plan: &Plan, range_records: usize) -> Vec<(u64, u64)> {
+    plan.ranges((range_records / 2).max(1))
 }
 
 /// Runs localisation over window summaries ([`crate::ingest::ingest_windows`]) instead of

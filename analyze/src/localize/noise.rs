@@ -180,15 +180,19 @@ pub(super) struct NoiseScan {
     /// (host, start, end, RNIC, answering, late legs), ns; few (late probes only). A record
     /// is one late leg; a window summary's cell as many as it counts, over its key's span.
     pub(super) events: Vec<(u32, u64, u64, u32, bool, u32)>,
-    /// By host: (host-delay legs, first T1, last T1).
-    pub(super) legs: HashMap<u32, (u64, u64, u64)>,
+    /// By host: (host-delay legs, first T1, last T1). Foldhash, not SipHash: two lookups per
+    /// ok probe.
+    pub(super) legs: HashMap<u32, (u64, u64, u64), foldhash::fast::RandomState>,
     /// (host, window) where the host was busy ([`busy_host`]) and its host-stamped RTTs no
     /// slowness evidence (not those slowed beyond it, [`slowed_beyond_busy`]: evidence kept).
     pub(super) busy: BTreeSet<(u32, u32)>,
 }
 
+/// [`Own`] by (host, window), one range's: foldhash, two lookups per host-stamped ok probe.
+pub(super) type OwnMap = HashMap<(u32, u32), Own, foldhash::fast::RandomState>;
+
 /// One (host, window)'s host-stamped ok probes, for [`busy_host`].
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Own {
     /// Its host-delay legs above the fleet's p99, and all of them.
     pub(super) delayed: u32,
@@ -196,6 +200,16 @@ pub(super) struct Own {
     /// Their RTTs above the slow threshold, and all of them.
     pub(super) slow: u32,
     pub(super) rtts: u32,
+}
+
+impl Own {
+    /// Adds another's counts (saturating: summaries come from other machines).
+    pub(super) fn add(&mut self, o: &Own) {
+        self.delayed = self.delayed.saturating_add(o.delayed);
+        self.legs = self.legs.saturating_add(o.legs);
+        self.slow = self.slow.saturating_add(o.slow);
+        self.rtts = self.rtts.saturating_add(o.rtts);
+    }
 }
 
 impl NoiseScan {
@@ -213,7 +227,7 @@ impl NoiseScan {
     ) {
         let win = |t: u64| (t / window_ns) as u32;
         let events = &mut self.events;
-        let mut own: HashMap<(u32, u32), Own> = HashMap::new();
+        let mut own = OwnMap::default();
         for i in 0..p.len() {
             let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
             if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
@@ -255,7 +269,7 @@ impl NoiseScan {
     }
 
     /// The busy (host, window)s of `own` (one range's whole windows).
-    pub(super) fn decide_busy(&mut self, own: HashMap<(u32, u32), Own>, opts: &Options) {
+    pub(super) fn decide_busy(&mut self, own: OwnMap, opts: &Options) {
         // The null of each window: the late share of a typical host there, the lower quartile
         // over hosts with enough legs to say (as the loss and slowness nulls, over RNICs), at
         // least the 1% a host like the fleet has.
@@ -316,7 +330,9 @@ impl Noise {
         // share of them above the threshold, and the run's pad-long host-intervals.
         let pad = opts.stall_pad_ns.max(1);
         let span_of = |l: &(u64, u64, u64)| (l.2 - l.1).max(1_000_000_000);
-        let intervals: f64 = legs.values().map(|l| span_of(l) as f64 / pad as f64).sum();
+        // Summed as integers: a float sum would follow the table's order, which is seeded per
+        // process.
+        let intervals = legs.values().map(|l| u128::from(span_of(l))).sum::<u128>() as f64 / pad as f64;
         let alpha = opts.fdr / intervals.max(1.0);
         let p_late = base.late_share();
         // Events of one host closer than the pad are one cluster.

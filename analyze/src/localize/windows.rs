@@ -22,11 +22,11 @@
 
 use super::Options;
 use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET, ends_inter};
-use super::noise::{Agents, Hosts, NoiseScan, Own, host_in_rtt};
+use super::noise::{Agents, Hosts, NoiseScan, Own, OwnMap, host_in_rtt};
 use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric};
-use crate::ingest::{Dataset, WindowKey, Windows};
-use crate::probe::{Class, TS_CODES, TsSources, ts_code};
-use rocemesh_formats::window::{BUCKETS, Cell, Measure, bucket_value};
+use crate::ingest::{Dataset, KeyCell, WindowKey, Windows};
+use crate::probe::{Class, TS_CODES, TsSources};
+use rocemesh_formats::window::{BUCKETS, Measure, bucket_value};
 use std::collections::HashMap;
 
 /// A histogram of the whole input: a count per bucket, dense (a few of them, 15 KiB each).
@@ -135,23 +135,22 @@ impl BaselineCounts {
     /// Adds one key's cells. `tor_of` gives each RNIC id a ToR id (any numbering that gives
     /// one ToR one id: ToR-mesh and inter-ToR keys are told apart, and the RTT shift is voted,
     /// by it); `probes` is left to the caller.
-    pub fn add(&mut self, k: &WindowKey, cells: &[Cell], tor_of: &[u32], window_ns: u64) {
+    pub fn add(&mut self, k: &WindowKey, cells: &[KeyCell], tor_of: &[u32], window_ns: u64) {
         let inter = is_inter(k, tor_of);
         let win = window_of(k, window_ns);
         let tor = tor_of.get(k.prober as usize).copied().unwrap_or(u32::MAX);
-        for c in cells {
-            let code = usize::from(ts_code(c.ts_source));
-            let n = u64::from(c.count);
-            match Measure::from_u8(c.measure) {
-                Some(Measure::NetworkRtt) => {
-                    self.rtt[code][usize::from(inter)].add(c.bucket, n);
+        for &c in cells {
+            let code = usize::from(c.ts_source());
+            let n = u64::from(c.count());
+            match c.measure() {
+                Measure::NetworkRtt => {
+                    self.rtt[code][usize::from(inter)].add(c.bucket(), n);
                     if !inter {
-                        *self.shift.entry((win, code, tor, c.bucket)).or_default() += n;
+                        *self.shift.entry((win, code, tor, c.bucket())).or_default() += n;
                     }
                 }
-                Some(Measure::ProberDelay) => self.legs[code][0].add(c.bucket, n),
-                Some(Measure::ResponderDelay) => self.legs[code][1].add(c.bucket, n),
-                None => {}
+                Measure::ProberDelay => self.legs[code][0].add(c.bucket(), n),
+                Measure::ResponderDelay => self.legs[code][1].add(c.bucket(), n),
             }
         }
     }
@@ -215,7 +214,7 @@ pub(super) fn noise_scan(
     window_ns: u64,
 ) -> NoiseScan {
     let mut scan = NoiseScan::default();
-    let mut own: HashMap<(u32, u32), Own> = HashMap::new();
+    let mut own = OwnMap::default();
     let rnics = ds.rnics.len();
     for (k, cells) in w.iter() {
         let (pr, tg) = (k.prober as usize, k.target as usize);
@@ -230,32 +229,38 @@ pub(super) fn noise_scan(
         }
         let win = window_of(k, window_ns);
         let inter = is_inter(k, tor_of);
-        for c in cells {
-            let v = bucket_value(c.bucket);
-            let busy_test = host_in_rtt(c.ts_source).then(|| base.leg_late_ns(c.ts_source)).flatten();
-            match Measure::from_u8(c.measure) {
-                Some(Measure::NetworkRtt) if busy_test.is_some() => {
-                    let slow = v as f64 > base.slow_ns_in(c.ts_source, inter, win);
-                    for host in [hp, ht] {
-                        let o = own.entry((host, win)).or_default();
-                        o.slow = o.slow.saturating_add(if slow { c.count } else { 0 });
-                        o.rtts = o.rtts.saturating_add(c.count);
-                    }
+        // The key's share of its hosts' (host, window) counts, added once per key.
+        let (mut rtt, mut prober_legs, mut responder_legs) = (Own::default(), Own::default(), Own::default());
+        for &c in cells {
+            let (v, ts, n) = (bucket_value(c.bucket()), c.ts_source(), c.count());
+            let busy_test = host_in_rtt(ts).then(|| base.leg_late_ns(ts)).flatten();
+            match c.measure() {
+                Measure::NetworkRtt if busy_test.is_some() => {
+                    let slow = v as f64 > base.slow_ns_in(ts, inter, win);
+                    rtt.slow = rtt.slow.saturating_add(if slow { n } else { 0 });
+                    rtt.rtts = rtt.rtts.saturating_add(n);
                 }
-                Some(m @ (Measure::ProberDelay | Measure::ResponderDelay)) => {
-                    let (host, rnic, answering) =
-                        if m == Measure::ProberDelay { (hp, pr, false) } else { (ht, tg, true) };
+                m @ (Measure::ProberDelay | Measure::ResponderDelay) => {
+                    let (host, rnic, answering, o) = if m == Measure::ProberDelay {
+                        (hp, pr, false, &mut prober_legs)
+                    } else {
+                        (ht, tg, true, &mut responder_legs)
+                    };
                     if let Some(late_ns) = busy_test {
-                        let o = own.entry((host, win)).or_default();
-                        o.delayed += if v as f64 > late_ns { c.count } else { 0 };
-                        o.legs = o.legs.saturating_add(c.count);
+                        o.delayed = o.delayed.saturating_add(if v as f64 > late_ns { n } else { 0 });
+                        o.legs = o.legs.saturating_add(n);
                     }
-                    if i64::try_from(v).unwrap_or(i64::MAX) > base.noise_ns(c.ts_source) {
+                    if i64::try_from(v).unwrap_or(i64::MAX) > base.noise_ns(ts) {
                         let end = k.last_ns.saturating_add(v);
-                        scan.events.push((host, k.first_ns, end, rnic as u32, answering, c.count));
+                        scan.events.push((host, k.first_ns, end, rnic as u32, answering, n));
                     }
                 }
-                Some(Measure::NetworkRtt) | None => {}
+                Measure::NetworkRtt => {}
+            }
+        }
+        for (host, o) in [(hp, rtt), (ht, rtt), (hp, prober_legs), (ht, responder_legs)] {
+            if o != Own::default() {
+                own.entry((host, win)).or_default().add(&o);
             }
         }
     }
@@ -297,7 +302,7 @@ pub(super) fn tally(ds: &Dataset, w: &Windows, cx: &TallyContext, t: &mut Tally)
 fn key_acc(
     ds: &Dataset,
     k: &WindowKey,
-    cells: &[Cell],
+    cells: &[KeyCell],
     cx: &TallyContext,
     t: &mut Tally,
     win: u32,
@@ -325,15 +330,16 @@ fn key_acc(
     } else if count(Class::Ok) > 0 {
         a.valid = a.valid.saturating_add(count(Class::Ok));
         let inter = is_inter(k, tor_of);
-        for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
-            if host_in_rtt(c.ts_source) && (noise.busy(hp, win) || noise.busy(ht, win)) {
-                ne.busy_host_rtt += u64::from(c.count);
+        for c in cells.iter().filter(|c| c.measure() == Measure::NetworkRtt) {
+            let (ts, n) = (c.ts_source(), c.count());
+            if host_in_rtt(ts) && (noise.busy(hp, win) || noise.busy(ht, win)) {
+                ne.busy_host_rtt += u64::from(n);
                 continue;
             }
-            a.ok += c.count;
-            if bucket_value(c.bucket) as f64 > base.slow_ns_in(c.ts_source, inter, win) {
-                a.slow = a.slow.saturating_add(c.count);
-                a.slow_ts |= TsSources::of(c.ts_source).0;
+            a.ok = a.ok.saturating_add(n);
+            if bucket_value(c.bucket()) as f64 > base.slow_ns_in(ts, inter, win) {
+                a.slow = a.slow.saturating_add(n);
+                a.slow_ts |= TsSources::of(ts).0;
             }
         }
         heard(k, agents, t);
@@ -361,7 +367,7 @@ fn heard(k: &WindowKey, agents: &Agents, t: &mut Tally) {
 }
 
 /// A traced service's own figures from one of its keys (every probe counted, evidence or not).
-fn service(s: &mut super::tally::ServiceTally, k: &WindowKey, cells: &[Cell], cx: &TallyContext, win: u32) {
+fn service(s: &mut super::tally::ServiceTally, k: &WindowKey, cells: &[KeyCell], cx: &TallyContext, win: u32) {
     s.probes += k.probes();
     if (k.first_ns, k.prober) < (s.first_ns, s.prober) {
         s.prober = k.prober;
@@ -374,16 +380,16 @@ fn service(s: &mut super::tally::ServiceTally, k: &WindowKey, cells: &[Cell], cx
     a.lost = a.lost.saturating_add(lost);
     a.ok = a.ok.saturating_add(ok);
     let inter = is_inter(k, cx.tor_of);
-    for c in cells.iter().filter(|c| c.measure == Measure::NetworkRtt as u8) {
-        let v = bucket_value(c.bucket);
-        if v as f64 > cx.base.slow_ns_in(c.ts_source, inter, win) {
-            a.slow = a.slow.saturating_add(c.count);
-            a.slow_ts |= TsSources::of(c.ts_source).0;
+    for c in cells.iter().filter(|c| c.measure() == Measure::NetworkRtt) {
+        let (v, ts, n) = (bucket_value(c.bucket()), c.ts_source(), c.count());
+        if v as f64 > cx.base.slow_ns_in(ts, inter, win) {
+            a.slow = a.slow.saturating_add(n);
+            a.slow_ts |= TsSources::of(ts).0;
         }
         let rtt = i32::try_from(v).unwrap_or(i32::MAX);
-        let excess = i64::from(rtt) - cx.base.slow_ns(c.ts_source, inter).ceil() as i64;
-        s.rtt.extend(std::iter::repeat_n(rtt, c.count as usize));
-        s.excess.extend(std::iter::repeat_n(excess, c.count as usize));
+        let excess = i64::from(rtt) - cx.base.slow_ns(ts, inter).ceil() as i64;
+        s.rtt.extend(std::iter::repeat_n(rtt, n as usize));
+        s.excess.extend(std::iter::repeat_n(excess, n as usize));
     }
 }
 
