@@ -498,12 +498,11 @@ impl Live {
                 self.counts.service_keys += 1;
                 continue;
             }
-            let cells =
-                s.cells.get(k.cells_start as usize..(k.cells_start as usize).saturating_add(k.cells_len as usize));
+            let cells = &s.cells[k.cells_start as usize..(k.cells_start + k.cells_len) as usize];
             // The window's own table when its keys are kept, else a scratch one for the counts.
             let table = if keep_keys { &mut w.cells } else { &mut scratch };
             let from = table.len();
-            for c in cells.into_iter().flatten() {
+            for c in cells {
                 KeyCell::push(table, c.count, c.bucket, c.measure, c.ts_source);
             }
             let key = WindowKey {

@@ -481,9 +481,10 @@ pub fn localize(ds: &Dataset, opts: &Options) -> Localization {
 /// Runs localisation over a plan's ranges of whole windows ([`ranges`]), reading them four
 /// times (the next range while the stages count one), so that memory follows two ranges and the
 /// fleet, not the hours read: the same [`Localization`] as [`localize`] over the same files,
-/// exactly (`analyze/tests/localize_ranges.rs` holds the two to it). What grows with the input is small and said where it is kept: each
-/// traced service's ok RTTs (for its exact p99), the log-likelihood ratios that could pass the
-/// false-discovery cut, the windows held as findings, host-noise spans. The plan's path traces
+/// exactly (`analyze/tests/localize_ranges.rs` holds the two to it). What grows with the input
+/// is small and said where it is kept: each traced service's ok RTTs (for its exact p99), the
+/// log-likelihood ratios that could pass the false-discovery cut, the windows held as findings,
+/// host-noise spans. The plan's path traces
 /// are placed by the first pass; after the last, [`Plan::records_read`] and the unknown-id
 /// counts are that pass's (a file left out is said once, whichever pass found it).
 pub fn localize_ranges(plan: &mut Plan, ranges: Vec<(u64, u64)>, opts: &Options) -> Localization {
