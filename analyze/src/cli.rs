@@ -68,6 +68,10 @@ pub enum What {
     /// Write one self-contained HTML page: time charts, heatmaps, SLA violations, findings.
     Html(HtmlArgs),
     /// Validate segments and list what each holds and what a reader has to skip in it.
+    ///
+    /// The totals also say what the window summaries hold (keys, and histogram cells per probe
+    /// counted: what `localize` reads instead of the records) and, for sealed files, the zstd
+    /// bytes of their frames beside the records' (the summaries' cost on disk).
     Inspect {
         /// Segment files, or directories searched recursively for *.rseg and *.rseg.zst.
         #[arg(required = true)]

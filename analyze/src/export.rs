@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use polars::prelude::*;
 use polars_parquet::parquet::error::ParquetError;
 use polars_parquet::write::{
-    CompressedPage, Compressor, Encoding, ParquetType, StatisticsOptions, Version, WriteOptions, array_to_columns,
+    CompressedPage, Compressor, Encoding, ParquetType, StatisticsOptions, WriteOptions, array_to_columns,
 };
 use rayon::prelude::*;
 
@@ -180,9 +180,15 @@ impl Layout {
         let mut pages = Vec::with_capacity(self.fields.len());
         for ((col, ty), encoding) in columns.iter().zip(&self.fields).zip(&self.encodings) {
             for column in array_to_columns(&col.array, ty.clone(), self.options, encoding)? {
-                let column = column.map(|page| page.map_err(|e| ParquetError::FeatureNotSupported(e.to_string())));
+                // The compressor takes parquet's errors; an encoding error is kept as polars gave
+                // it (the pages stop there) and returned once the compressor is done.
+                let mut failed: Option<PolarsError> = None;
+                let column = column.map_while(|page| page.map_err(|e| failed = Some(e)).ok().map(Ok));
                 let compressed: Result<Vec<CompressedPage>, ParquetError> =
                     Compressor::new_from_vec(column, self.options.compression, Vec::new()).collect();
+                if let Some(e) = failed {
+                    return Err(e.into());
+                }
                 pages.push(compressed.map_err(PolarsError::from)?);
             }
         }
@@ -439,16 +445,15 @@ impl Names {
             .with_compression(compression.parquet())
             .with_statistics(StatisticsOptions::default())
             .batched(&schema)?;
+        // The writer's own options: row groups encoded here match those it would encode.
+        let options = match writer.get_writer().lock() {
+            Ok(w) => w.options(),
+            Err(poisoned) => poisoned.into_inner().options(),
+        };
         let layout = Layout {
             fields: writer.parquet_schema().fields().to_vec(),
             encodings: get_encodings(&schema.to_arrow(CompatLevel::newest())).to_vec(),
-            // What `ParquetWriter` gives its own writer for these settings.
-            options: WriteOptions {
-                statistics: StatisticsOptions::default(),
-                compression: compression.parquet().into(),
-                version: Version::V1,
-                data_page_size: None,
-            },
+            options,
         };
         Ok((writer, layout))
     }
@@ -460,11 +465,10 @@ impl Names {
     fn columns(&self, p: &Probes, rows: &Rows<'_>) -> PolarsResult<Vec<Col>> {
         let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> { rows.pick(ids).into_iter().map(|i| self.rnic_idx(i)).collect() };
         let (prober, target) = (rnic_idx(&p.prober), rnic_idx(&p.target));
-        let tor = |idx: &[IdxSize]| idx.iter().map(|&i| Some(self.tor_of_rnic[i as usize])).collect::<Vec<_>>();
-        let (prober_tor, target_tor) = (tor(&prober), tor(&target));
-        let some = |v: Vec<IdxSize>| v.into_iter().map(Some).collect::<Vec<_>>();
-        let (prober, target) = (some(prober), some(target));
-        let class: Vec<_> = rows.indices().map(|i| Some(Class::of(p.outcome[i], p.arrived[i]) as IdxSize)).collect();
+        let n = prober.len();
+        let some = |i: &IdxSize| Some(*i);
+        let tor = |i: &IdxSize| Some(self.tor_of_rnic[*i as usize]);
+        let class = rows.indices().map(|i| Some(Class::of(p.outcome[i], p.arrived[i]) as IdxSize));
         let service: Vec<_> = rows
             .indices()
             .map(|i| {
@@ -479,10 +483,10 @@ impl Names {
         let mut columns = vec![
             Col::plain("t1_unix_ns", DataType::UInt64, t1),
             window,
-            Col::names("prober", &rnic_names, &prober)?,
-            Col::names("prober_tor", &tor_names, &prober_tor)?,
-            Col::names("target", &rnic_names, &target)?,
-            Col::names("target_tor", &tor_names, &target_tor)?,
+            Col::names("prober", &rnic_names, prober.iter().map(some), n)?,
+            Col::names("prober_tor", &tor_names, prober.iter().map(tor), n)?,
+            Col::names("target", &rnic_names, target.iter().map(some), n)?,
+            Col::names("target_tor", &tor_names, target.iter().map(tor), n)?,
             Col::plain("prober_id", DataType::UInt32, rows.pick(&p.prober)),
             Col::plain("target_id", DataType::UInt32, rows.pick(&p.target)),
             Col::plain("kind", DataType::UInt8, rows.pick(&p.kind)),
@@ -494,11 +498,11 @@ impl Names {
             Col::plain("prober_delay_ns", DataType::Int32, rows.pick(&p.prober_delay_ns)),
             Col::plain("responder_delay_ns", DataType::Int32, rows.pick(&p.responder_delay_ns)),
             Col::plain("ts_source", DataType::UInt8, rows.pick(&p.ts_source)),
-            Col::names("class", &self.class_names.clone().into_series(), &class)?,
-            Col::names("service", &self.service_names.clone().into_series(), &service)?,
+            Col::names("class", &self.class_names.clone().into_series(), class, n)?,
+            Col::names("service", &self.service_names.clone().into_series(), service.iter().copied(), n)?,
         ];
         for (name, values) in SERVICE_COLUMNS.iter().zip(&self.service_columns) {
-            columns.push(Col::names(name, values.as_materialized_series(), &service)?);
+            columns.push(Col::names(name, values.as_materialized_series(), service.iter().copied(), n)?);
         }
         Ok(columns)
     }
@@ -524,8 +528,8 @@ fn windows(t1: &[u64], window_ns: u64) -> PolarsResult<Col> {
     }
     let starts =
         UInt64Chunked::from_iter_values("window_start_ns".into(), (0..span as u64).map(|i| (first + i) * window_ns));
-    let keys: Vec<_> = t1.iter().map(|t| Some((t / window_ns - first) as IdxSize)).collect();
-    Col::names("window_start_ns", &starts.into_series(), &keys)
+    let keys = t1.iter().map(|t| Some((t / window_ns - first) as IdxSize));
+    Col::names("window_start_ns", &starts.into_series(), keys, t1.len())
 }
 
 /// One column of a row group: its name and type in the schema, and the Arrow array its pages
@@ -541,19 +545,24 @@ impl Col {
         Col { name, dtype, array: polars_arrow::array::PrimitiveArray::from_vec(values).boxed() }
     }
 
-    /// `values` picked by `keys` (`None`: null), as a dictionary of the values the keys use,
-    /// each once, so that Parquet's dictionary page (and the min and max of the column chunk's
-    /// statistics, drawn from it) holds only what the row group has.
-    fn names(name: &'static str, values: &Series, keys: &[Option<IdxSize>]) -> PolarsResult<Col> {
+    /// `values` picked by the `rows` `keys` (`None`: null), as a dictionary of the values the
+    /// keys use, each once, so that Parquet's dictionary page (and the min and max of the column
+    /// chunk's statistics, drawn from it) holds only what the row group has.
+    fn names(
+        name: &'static str,
+        values: &Series,
+        keys: impl Iterator<Item = Option<IdxSize>>,
+        rows: usize,
+    ) -> PolarsResult<Col> {
         use polars_arrow::array::{DictionaryArray, PrimitiveArray};
         use polars_arrow::datatypes::{ArrowDataType, IntegerType};
         let dtype = values.dtype().clone();
         let mut slot = vec![IdxSize::MAX; values.len()];
         let mut used: Vec<IdxSize> = Vec::new();
-        let mut compact: Vec<u32> = Vec::with_capacity(keys.len());
-        let mut valid = polars_arrow::bitmap::MutableBitmap::with_capacity(keys.len());
+        let mut compact: Vec<u32> = Vec::with_capacity(rows);
+        let mut valid = polars_arrow::bitmap::MutableBitmap::with_capacity(rows);
         for k in keys {
-            let Some(k) = *k else {
+            let Some(k) = k else {
                 compact.push(0);
                 valid.push(false);
                 continue;

@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use rocemesh_formats::record::Class;
-use rocemesh_formats::segment::{DamageKind, OPEN_SUFFIX, SEALED_SUFFIX, SegmentReader};
+use rocemesh_formats::segment::{
+    Content, DamageKind, OPEN_SUFFIX, SEALED_SUFFIX, SegmentReader, SummaryRead, read_summary,
+};
 use rocemesh_formats::window::{ArchivedWindowSummary, Measure, bucket_value};
 
 /// One file's verdict.
@@ -42,6 +44,13 @@ pub struct Summary {
     /// Window summaries (parts of a window each count), and the probes they count.
     pub window_summaries: u64,
     pub summarized: u64,
+    /// The summaries' (prober, target, label) keys and histogram cells: what localisation from
+    /// summaries reads instead of the records.
+    pub summary_keys: u64,
+    pub summary_cells: u64,
+    /// zstd bytes of the probe chunks' frames and of the window summaries' frames, as a sealed
+    /// file's frame index gives them (both 0 for an open file or one sealed as one frame).
+    pub sealed_bytes: [u64; 2],
     /// Its window summaries as `analyze inspect --windows` prints them, a line per window after
     /// the file's name; empty unless asked for ([`inspect`]).
     pub windows: Vec<String>,
@@ -106,6 +115,9 @@ pub fn inspect(path: &Path, windows: bool) -> FileReport {
             records_lost: r.damage().iter().filter_map(|d| d.records_lost).map(u64::from).sum(),
             window_summaries: r.window_summaries().count() as u64,
             summarized: r.summarized_records(),
+            summary_keys: r.window_summaries().map(|w| w.keys.len() as u64).sum(),
+            summary_cells: r.window_summaries().map(|w| w.cells.len() as u64).sum(),
+            sealed_bytes: sealed_bytes(path),
             windows: if windows { r.window_summaries().map(window_line).collect() } else { Vec::new() },
         }
     });
@@ -121,6 +133,7 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
         "FILE", "FORMAT", "CLOSED", "WRITER (EPOCH)", "RECORDS", "FIRST (UTC)", "LAST (UTC)", "ENDPT", "WINDOWS"
     );
     let (mut records, mut lost, mut bad_files, mut damaged, mut summarized) = (0u64, 0u64, 0, 0, 0u64);
+    let (mut keys, mut cells, mut sealed) = (0u64, 0u64, [0u64; 2]);
     for r in reports {
         let name = r.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match &r.outcome {
@@ -128,6 +141,8 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
                 records += m.records;
                 lost += m.records_lost;
                 summarized += m.summarized;
+                (keys, cells) = (keys + m.summary_keys, cells + m.summary_cells);
+                sealed = [sealed[0] + m.sealed_bytes[0], sealed[1] + m.sealed_bytes[1]];
                 let (a, b) = m.time_range.map(|(a, b)| (utc(a), utc(b))).unwrap_or_default();
                 let _ = writeln!(
                     s,
@@ -165,7 +180,37 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
         lost,
         bad_files
     );
+    if summarized > 0 {
+        let _ = writeln!(
+            s,
+            "window summaries: {keys} keys, {cells} histogram cells ({:.2} per probe counted)",
+            cells as f64 / summarized as f64
+        );
+    }
+    if sealed[1] > 0 {
+        let _ = writeln!(
+            s,
+            "sealed frames: probe records {:.1} MB, window summaries {:.1} MB ({:.2}x the records')",
+            sealed[0] as f64 / 1e6,
+            sealed[1] as f64 / 1e6,
+            sealed[1] as f64 / sealed[0].max(1) as f64
+        );
+    }
     (s, bad_files > 0 || damaged > 0)
+}
+
+/// zstd bytes of `path`'s probe frames and window-summary frames, from its sealed frame index.
+fn sealed_bytes(path: &Path) -> [u64; 2] {
+    let Ok(SummaryRead::Found(found)) = read_summary(path) else { return [0; 2] };
+    let mut out = [0u64; 2];
+    for f in &found.facts.frames {
+        match f.content {
+            Content::Probes => out[0] += f.len,
+            Content::Windows => out[1] += f.len,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Every readable file's window summaries, a line per window (or part of one): what `analyze
@@ -321,8 +366,20 @@ mod tests {
             table.contains("1 files: 25 records readable (25 counted by window summaries), 0 with damage"),
             "{table}"
         );
+        // What localisation from summaries reads, and what the summaries cost on disk.
+        let r = SegmentReader::open(&sealed).expect("open");
+        let cells: usize = r.window_summaries().map(|w| w.cells.len()).sum();
+        assert!(cells > 0);
+        let line =
+            format!("window summaries: 3 keys, {cells} histogram cells ({:.2} per probe counted)", cells as f64 / 25.0);
+        assert!(table.contains(&line), "{table}");
+        let [probes, windows] = sealed_bytes(&sealed);
+        assert!(probes > 0 && windows > 0, "{probes} {windows}");
+        assert!(table.contains("sealed frames: probe records "), "{table}");
 
         std::fs::write(dir.path().join("junk.rseg"), b"GIF89a not a segment").expect("write");
+        // No frame index: nothing said of its frames.
+        assert_eq!(sealed_bytes(&dir.path().join("junk.rseg")), [0, 0]);
         let all = find_segments(&[dir.path().to_path_buf()]).expect("find");
         let (table, problems) = render(&all.iter().map(|p| inspect(p, false)).collect::<Vec<_>>());
         assert!(problems);
