@@ -477,6 +477,17 @@ fn an_open_segment_that_grew_since_the_plan_is_read() {
 /// pass is said once, in the dataset by the time the stages count the range that missed it.
 #[test]
 fn ranges_read_ahead_come_in_order_and_a_gone_file_is_said_once() {
+    ranges_in_order_and_a_gone_file_said_once();
+}
+
+/// Held to one thread, ranges are read and counted in turn: the same records and problems.
+#[test]
+fn ranges_read_in_turn_on_one_thread_come_as_read_ahead_gives_them() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+    pool.install(ranges_in_order_and_a_gone_file_said_once);
+}
+
+fn ranges_in_order_and_a_gone_file_said_once() {
     let (_dir, seg, _) = fleet();
     let files = find_segments(&[seg]).expect("list");
     let mut plan = rocemesh_analyze::ingest::plan(&files, Fields::Report, None, WINDOW_NS);

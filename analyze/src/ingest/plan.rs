@@ -327,15 +327,18 @@ impl Plan {
     /// (inflating, decoding) is most of a range's work, so the two overlap instead of taking
     /// turns. Two ranges are held at a time. What reading finds wrong with a file is added to
     /// the dataset's problems after the stages are done with the range before, in the order
-    /// a read of one range at a time adds it.
+    /// a read of one range at a time adds it. Held to one thread (`RAYON_NUM_THREADS=1`, as
+    /// an operator leaving a bastion's other cores alone sets it), it reads and counts in turn,
+    /// one range held: a thread of its own would be a second core the setting did not give.
     pub fn each_range(&mut self, ranges: &[(u64, u64)], each: &mut dyn FnMut(&Dataset, &Probes)) {
+        let overlap = rayon::current_num_threads() > 1;
         let (mut reader, ds) = self.split();
         let mut next = ranges.first().map(|&(from, to)| reader.read(from, to));
         ds.problems.append(&mut reader.problems);
         for i in 0..ranges.len() {
             let Some(probes) = next.take() else { break };
             std::thread::scope(|s| {
-                let ahead = ranges.get(i + 1).map(|&(from, to)| {
+                let ahead = ranges.get(i + 1).filter(|_| overlap).map(|&(from, to)| {
                     let reader = &mut reader;
                     s.spawn(move || reader.read(from, to))
                 });
@@ -343,6 +346,9 @@ impl Plan {
                 drop(probes);
                 next = ahead.map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
             });
+            if !overlap {
+                next = ranges.get(i + 1).map(|&(from, to)| reader.read(from, to));
+            }
             ds.problems.append(&mut reader.problems);
         }
     }
