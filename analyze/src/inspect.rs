@@ -49,8 +49,9 @@ pub struct Summary {
     pub summary_keys: u64,
     pub summary_cells: u64,
     /// zstd bytes of the probe chunks' frames and of the window summaries' frames, as a sealed
-    /// file's frame index gives them (both 0 for an open file or one sealed as one frame).
-    pub sealed_bytes: [u64; 2],
+    /// file's frame index gives them (both 0 for an open file); `None` for a sealed file without
+    /// a usable index (sealed as one frame, or its summary unreadable), which the totals count.
+    pub sealed_bytes: Option<[u64; 2]>,
     /// Its window summaries as `analyze inspect --windows` prints them, a line per window after
     /// the file's name; empty unless asked for ([`inspect`]).
     pub windows: Vec<String>,
@@ -117,7 +118,7 @@ pub fn inspect(path: &Path, windows: bool) -> FileReport {
             summarized: r.summarized_records(),
             summary_keys: r.window_summaries().map(|w| w.keys.len() as u64).sum(),
             summary_cells: r.window_summaries().map(|w| w.cells.len() as u64).sum(),
-            sealed_bytes: sealed_bytes(path),
+            sealed_bytes: if r.is_sealed() { sealed_bytes(path) } else { Some([0; 2]) },
             windows: if windows { r.window_summaries().map(window_line).collect() } else { Vec::new() },
         }
     });
@@ -133,7 +134,7 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
         "FILE", "FORMAT", "CLOSED", "WRITER (EPOCH)", "RECORDS", "FIRST (UTC)", "LAST (UTC)", "ENDPT", "WINDOWS"
     );
     let (mut records, mut lost, mut bad_files, mut damaged, mut summarized) = (0u64, 0u64, 0, 0, 0u64);
-    let (mut keys, mut cells, mut sealed) = (0u64, 0u64, [0u64; 2]);
+    let (mut keys, mut cells, mut sealed, mut unindexed) = (0u64, 0u64, [0u64; 2], 0usize);
     for r in reports {
         let name = r.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match &r.outcome {
@@ -142,7 +143,10 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
                 lost += m.records_lost;
                 summarized += m.summarized;
                 (keys, cells) = (keys + m.summary_keys, cells + m.summary_cells);
-                sealed = [sealed[0] + m.sealed_bytes[0], sealed[1] + m.sealed_bytes[1]];
+                match m.sealed_bytes {
+                    Some(b) => sealed = [sealed[0] + b[0], sealed[1] + b[1]],
+                    None => unindexed += 1,
+                }
                 let (a, b) = m.time_range.map(|(a, b)| (utc(a), utc(b))).unwrap_or_default();
                 let _ = writeln!(
                     s,
@@ -187,10 +191,10 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
             cells as f64 / summarized as f64
         );
     }
-    if sealed[1] > 0 {
+    if sealed[1] > 0 || unindexed > 0 {
         let _ = writeln!(
             s,
-            "sealed frames: probe records {:.1} MB, window summaries {:.1} MB ({:.2}x the records')",
+            "sealed frames: probe records {:.1} MB, window summaries {:.1} MB ({:.2}x the records'); {unindexed} sealed files without a usable frame index not counted",
             sealed[0] as f64 / 1e6,
             sealed[1] as f64 / 1e6,
             sealed[1] as f64 / sealed[0].max(1) as f64
@@ -199,9 +203,13 @@ pub fn render(reports: &[FileReport]) -> (String, bool) {
     (s, bad_files > 0 || damaged > 0)
 }
 
-/// zstd bytes of `path`'s probe frames and window-summary frames, from its sealed frame index.
-fn sealed_bytes(path: &Path) -> [u64; 2] {
-    let Ok(SummaryRead::Found(found)) = read_summary(path) else { return [0; 2] };
+/// zstd bytes of `path`'s probe frames and window-summary frames, from its sealed frame index;
+/// `None` without one (sealed as one frame, or a summary that does not read).
+fn sealed_bytes(path: &Path) -> Option<[u64; 2]> {
+    let Ok(SummaryRead::Found(found)) = read_summary(path) else { return None };
+    if found.facts.frames.is_empty() {
+        return None;
+    }
     let mut out = [0u64; 2];
     for f in &found.facts.frames {
         match f.content {
@@ -210,7 +218,7 @@ fn sealed_bytes(path: &Path) -> [u64; 2] {
             _ => {}
         }
     }
-    out
+    Some(out)
 }
 
 /// Every readable file's window summaries, a line per window (or part of one): what `analyze
@@ -373,13 +381,28 @@ mod tests {
         let line =
             format!("window summaries: 3 keys, {cells} histogram cells ({:.2} per probe counted)", cells as f64 / 25.0);
         assert!(table.contains(&line), "{table}");
-        let [probes, windows] = sealed_bytes(&sealed);
+        let [probes, windows] = sealed_bytes(&sealed).expect("a frame index");
         assert!(probes > 0 && windows > 0, "{probes} {windows}");
         assert!(table.contains("sealed frames: probe records "), "{table}");
+        assert!(table.contains("; 0 sealed files without a usable frame index not counted"), "{table}");
+        // A summary whose checksum fails: the file still reads whole, its frames are not
+        // counted, and the totals say so.
+        let bad = dir.path().join("bad").join(sealed.file_name().expect("name"));
+        std::fs::create_dir_all(bad.parent().expect("dir")).expect("mkdir");
+        let mut bytes = std::fs::read(&sealed).expect("read");
+        // The summary's 16-byte tail ends the file: length, CRC32C, version, magic.
+        let crc_at = bytes.len() - 16 + 4;
+        bytes[crc_at] ^= 0xFF;
+        std::fs::write(&bad, &bytes).expect("write");
+        let report = inspect(&bad, false);
+        assert_eq!(report.outcome.as_ref().expect("reads whole").sealed_bytes, None);
+        let (table, _) = render(&[report]);
+        assert!(table.contains("; 1 sealed files without a usable frame index not counted"), "{table}");
+        std::fs::remove_dir_all(dir.path().join("bad")).expect("rm");
 
         std::fs::write(dir.path().join("junk.rseg"), b"GIF89a not a segment").expect("write");
         // No frame index: nothing said of its frames.
-        assert_eq!(sealed_bytes(&dir.path().join("junk.rseg")), [0, 0]);
+        assert_eq!(sealed_bytes(&dir.path().join("junk.rseg")), None);
         let all = find_segments(&[dir.path().to_path_buf()]).expect("find");
         let (table, problems) = render(&all.iter().map(|p| inspect(p, false)).collect::<Vec<_>>());
         assert!(problems);
