@@ -43,6 +43,7 @@
 
 mod pairs;
 mod render;
+mod samples;
 #[cfg(test)]
 mod tests;
 
@@ -50,10 +51,11 @@ use crate::ingest::{Fields, NO_SERVICE, NO_TOR, Probes, Rnic, Service, UNKNOWN_R
 use crate::inspect::utc;
 use crate::probe::{Class, SlaError, TsSources};
 use crate::quantile::select_ranks;
-use pairs::{JUNK_KEY, KeySpace, LAYOUT_KEYS_MAX, PairTable, TS_SLOT, counts_of, packed, pair_counts};
+use pairs::{KeySpace, PairTable, TS_SLOT, counts_of, packed, pair_counts};
 use polars::prelude::*;
 use rayon::prelude::*;
 pub use render::{Format, Meta, frame, table, write};
+use samples::PairSamples;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -467,6 +469,16 @@ pub fn prepare_with(
     })
 }
 
+/// How [`Prepared::rows_with`] computes the quantile columns.
+#[derive(Clone, Copy)]
+enum QuantilesBy {
+    /// Selected from the samples laid out by pair ([`PairSamples`]): what ships.
+    PairLayout,
+    /// polars' own quantile over a hashed group-by: the reference the tests hold it to.
+    #[cfg(test)]
+    Hashed,
+}
+
 /// Whether rows are per window or over the whole range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Span {
@@ -482,8 +494,6 @@ struct Columns<'a> {
     d: &'a [u32],
     prober: &'a [u32],
     target: &'a [u32],
-    /// ToR id by RNIC id.
-    tor: &'a [u32],
     delays: [&'a [i32]; 3],
 }
 
@@ -492,17 +502,11 @@ const DELAYS: [&str; 3] = ["network_rtt_ns", "prober_delay_ns", "responder_delay
 impl Prepared {
     /// The rows of `scopes` over `span`, SLA violations first, then by window, scope and entity.
     pub fn rows(&self, scopes: &[Scope], span: Span, sla: &Sla) -> Result<Vec<Row>, ReportError> {
-        self.rows_with(scopes, span, sla, LAYOUT_KEYS_MAX)
+        self.rows_with(scopes, span, sla, QuantilesBy::PairLayout)
     }
 
-    /// [`Prepared::rows`], laying samples out by key up to `layout_keys_max` possible keys.
-    fn rows_with(
-        &self,
-        scopes: &[Scope],
-        span: Span,
-        sla: &Sla,
-        layout_keys_max: u64,
-    ) -> Result<Vec<Row>, ReportError> {
+    /// [`Prepared::rows`], with the quantiles computed `by`.
+    fn rows_with(&self, scopes: &[Scope], span: Span, sla: &Sla, by: QuantilesBy) -> Result<Vec<Row>, ReportError> {
         if self.window_list.is_empty() {
             return Ok(Vec::new());
         }
@@ -511,6 +515,8 @@ impl Prepared {
         scopes.sort();
         scopes.dedup();
         let mut rows = Vec::new();
+        // Laid out once, for the first scope that needs it: every scope selects from it.
+        let mut laid_out: Option<PairSamples> = None;
         for scope in scopes {
             if scope == Scope::Service {
                 self.service_rows(whole, sla, &mut rows)?;
@@ -519,25 +525,16 @@ impl Prepared {
             let (counts, ts_masks) = self.count_input(scope, whole)?;
             let counts =
                 counts.lazy().group_by([col("key")]).agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
-            let windows = if whole { 1 } else { self.window_list.len() as u64 };
-            let quantiles = if self.keys.bound(scope, windows) <= layout_keys_max {
-                self.quantiles_by_key(scope, whole)?
-            } else {
-                self.samples_hashed(scope, whole)?
-                    .group_by([col("key")])
-                    .agg(
-                        QUANTILES
-                            .iter()
-                            .map(|(c, name, q)| {
-                                col(*c)
-                                    .quantile(lit(*q), QuantileMethod::Equiprobable)
-                                    .strict_cast(DataType::Int64)
-                                    .alias(*name)
-                            })
-                            .collect::<Vec<_>>(),
-                    )
-                    .with_column(col("key").strict_cast(DataType::UInt64))
-                    .collect()?
+            let quantiles = match by {
+                QuantilesBy::PairLayout => {
+                    let samples = match laid_out {
+                        Some(ref s) => s,
+                        None => laid_out.insert(self.lay_out()?),
+                    };
+                    quantile_frame(samples.quantiles(&self.pair_scope_keys(scope, whole)?))?
+                }
+                #[cfg(test)]
+                QuantilesBy::Hashed => tests::quantiles_hashed(self, scope, whole)?,
             };
             let df =
                 counts.join(quantiles.lazy(), [col("key")], [col("key")], JoinArgs::new(JoinType::Left)).collect()?;
@@ -547,15 +544,40 @@ impl Prepared {
         Ok(rows)
     }
 
+    /// The (window, prober, target) of every pair of the pair-count table, in its order.
+    fn pair_ids(&self) -> PolarsResult<[Vec<u32>; 3]> {
+        let ids = |name: &str| -> PolarsResult<Vec<u32>> {
+            Ok(self.pair_counts.column(name)?.u32()?.iter().map(|v| v.unwrap_or(0)).collect())
+        };
+        Ok([ids("d")?, ids("prober")?, ids("target")?])
+    }
+
+    /// The ok samples laid out by pair ([`PairSamples`]).
+    fn lay_out(&self) -> PolarsResult<PairSamples> {
+        let r = self.keys.rnics;
+        let [d, p, g] = self.pair_ids()?;
+        let pair_keys: Vec<u64> =
+            (0..d.len()).map(|i| (u64::from(d[i]) * r + u64::from(p[i])) * r + u64::from(g[i])).collect();
+        Ok(PairSamples::lay_out(&self.columns()?, &pair_keys, r))
+    }
+
+    /// Each pair's keys in `scope` ([`KeySpace::keys`]), in the pair-count table's order.
+    fn pair_scope_keys(&self, scope: Scope, whole: bool) -> PolarsResult<Vec<(u64, Option<u64>)>> {
+        let [d, p, g] = self.pair_ids()?;
+        Ok((0..d.len())
+            .map(|i| {
+                let w = if whole { 0 } else { u64::from(d[i]) };
+                self.keys.keys(scope, w, p[i], g[i], &self.rnic_tor)
+            })
+            .collect())
+    }
+
     /// The per-window pair counts keyed for `scope` (small: one row per pair, window and end),
     /// and the timestamp sources of each key's ok samples, ascending by key. polars sums the
     /// counts; the sources are ORed here, as this build of polars has no bitwise aggregation.
     fn count_input(&self, scope: Scope, whole: bool) -> PolarsResult<(DataFrame, Vec<(u64, TsSources)>)> {
         let pc = &self.pair_counts;
-        let ids = |name: &str| -> PolarsResult<Vec<u32>> {
-            Ok(pc.column(name)?.u32()?.iter().map(|v| v.unwrap_or(0)).collect())
-        };
-        let (d, p, g) = (ids("d")?, ids("prober")?, ids("target")?);
+        let [d, p, g] = self.pair_ids()?;
         let ts_mask: Vec<u8> = pc.column("ts_mask")?.u8()?.iter().map(|v| v.unwrap_or(0)).collect();
         let mut masks: Vec<(u64, TsSources)> = Vec::new();
         let counts: Vec<Vec<u64>> = COUNTS
@@ -599,185 +621,8 @@ impl Prepared {
             d: u32s("d")?,
             prober: u32s("prober")?,
             target: u32s("target")?,
-            tor: &self.rnic_tor,
             delays: [i32s(DELAYS[0])?, i32s(DELAYS[1])?, i32s(DELAYS[2])?],
         })
-    }
-
-    /// The quantile columns of `scope` (`key` and [`QUANTILES`]), one row per key with ok
-    /// records, computed without polars. The records are cut into one range per thread; each
-    /// counts its samples per key, then lays their delays out by key in its own region of the
-    /// buffers (a counting sort, reading the table once); then each key's pieces, one per region,
-    /// are selected where they lie ([`crate::quantile`]). Hashing 10^8 keys and gathering every
-    /// group's values from all over the table is what this avoids (a target's records are spread
-    /// over every prober's file: one value per cache line gathered); polars' own quantile on
-    /// laid-out groups copied each group once per quantile.
-    fn quantiles_by_key(&self, scope: Scope, whole: bool) -> PolarsResult<DataFrame> {
-        let c = self.columns()?;
-        let keys = self.keys;
-        let windows = if whole { 1 } else { self.window_list.len() as u64 };
-        let nkeys = keys.bound(scope, windows) as usize;
-        let n = c.class.len();
-        // A record's sample keys: none unless ok; in the either-end scopes, a second one for the
-        // other end when it differs.
-        let key_of = |i: usize| -> Option<(usize, Option<usize>)> {
-            if !packed::is_ok(c.class[i]) {
-                return None;
-            }
-            let d = if whole { 0 } else { u64::from(c.d[i]) };
-            let (a, b) = keys.keys(scope, d, c.prober[i], c.target[i], c.tor);
-            Some((a as usize, b.map(|b| b as usize)))
-        };
-        const BLOCK: usize = 1 << 16;
-        let threads = rayon::current_num_threads().max(1);
-        let per = n.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
-        let ranges: Vec<std::ops::Range<usize>> = (0..n).step_by(per).map(|s| s..(s + per).min(n)).collect();
-        // Pass 1: each range's samples per key, as region offsets (key k's part of range t's
-        // region is starts[t][k]..starts[t][k + 1]).
-        let starts: Vec<Vec<usize>> = ranges
-            .par_iter()
-            .map(|r| {
-                let mut h = vec![0usize; nkeys + 1];
-                for i in r.clone() {
-                    if let Some((a, b)) = key_of(i) {
-                        h[a] += 1;
-                        if let Some(b) = b {
-                            h[b] += 1;
-                        }
-                    }
-                }
-                let mut total = 0;
-                for x in h.iter_mut() {
-                    (*x, total) = (total, total + *x);
-                }
-                h
-            })
-            .collect();
-        let total: usize = starts.iter().map(|s| s[nkeys]).sum();
-        let mut delays = [vec![0i32; total], vec![0i32; total], vec![0i32; total]];
-        // Pass 2: each range places its samples in its region.
-        {
-            let mut regions = Vec::with_capacity(ranges.len());
-            let [mut r0, mut r1, mut r2] = delays.each_mut().map(|v| v.as_mut_slice());
-            for s in &starts {
-                let len = s[nkeys];
-                let (a, ar) = std::mem::take(&mut r0).split_at_mut(len);
-                let (b, br) = std::mem::take(&mut r1).split_at_mut(len);
-                let (e, er) = std::mem::take(&mut r2).split_at_mut(len);
-                (r0, r1, r2) = (ar, br, er);
-                regions.push([a, b, e]);
-            }
-            ranges.par_iter().zip(regions).zip(&starts).for_each(|((r, [o0, o1, o2]), s)| {
-                let mut cursor = s[..nkeys].to_vec();
-                for i in r.clone() {
-                    if let Some((a, b)) = key_of(i) {
-                        let v = [c.delays[0][i], c.delays[1][i], c.delays[2][i]];
-                        for k in std::iter::once(a).chain(b) {
-                            let at = &mut cursor[k];
-                            (o0[*at], o1[*at], o2[*at]) = (v[0], v[1], v[2]);
-                            *at += 1;
-                        }
-                    }
-                }
-                // Pass 2 found the samples pass 1 counted: every key's part is filled exactly.
-                assert!(cursor.iter().zip(&s[1..]).all(|(c, end)| c == end), "a key's samples changed between passes");
-            });
-        }
-        // Selection: key ranges of about equal sample counts, one per thread.
-        let samples = |k: usize| starts.iter().map(|s| s[k + 1] - s[k]).sum::<usize>();
-        let mut bounds = vec![0usize];
-        let mut seen = 0usize;
-        for k in 0..nkeys {
-            if seen * threads >= total * bounds.len() && bounds.len() < threads {
-                bounds.push(k);
-            }
-            seen += samples(k);
-        }
-        bounds.push(nkeys);
-        let mut offset = 0;
-        let regions: Vec<[&[i32]; 3]> = starts
-            .iter()
-            .map(|s| {
-                let r = offset..offset + s[nkeys];
-                offset = r.end;
-                delays.each_ref().map(|v| &v[r.clone()])
-            })
-            .collect();
-        let parts: Vec<(Vec<u64>, Vec<[i32; QUANTILES.len()]>)> = bounds
-            .windows(2)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|w| {
-                let (mut key, mut q) = (Vec::new(), Vec::new());
-                let mut pieces: [Vec<&[i32]>; 3] = Default::default();
-                for k in w[0]..w[1] {
-                    if samples(k) == 0 {
-                        continue;
-                    }
-                    for (col, p) in pieces.iter_mut().enumerate() {
-                        p.clear();
-                        p.extend(regions.iter().zip(&starts).map(|(r, s)| &r[col][s[k]..s[k + 1]]));
-                    }
-                    key.push(k as u64);
-                    q.push(select_quantiles(pieces.each_ref().map(Vec::as_slice)));
-                }
-                (key, q)
-            })
-            .collect();
-        quantile_frame(parts)
-    }
-
-    /// The ok records' delays of `scope` with a key column, for polars to group by hashing: the
-    /// path for key spaces too large to lay out. Records that must not count get [`JUNK_KEY`] rather than being filtered out, so the
-    /// delay columns are shared with the table, not copied. The second ends of either-end
-    /// scopes are a second part: compact (gathered) when few records have one, as in the `tor`
-    /// scope where most probes stay under one ToR.
-    fn samples_hashed(&self, scope: Scope, whole: bool) -> PolarsResult<LazyFrame> {
-        let c = self.columns()?;
-        let keys = self.keys;
-        let n = c.class.len();
-        let key_of = |i: usize| {
-            let d = if whole { 0 } else { u64::from(c.d[i]) };
-            keys.keys(scope, d, c.prober[i], c.target[i], c.tor)
-        };
-        // u32 keys where they fit (the junk key then is u32::MAX): half the memory, and polars
-        // hashes them faster.
-        let windows = if whole { 1 } else { self.window_list.len() as u64 };
-        let narrow = keys.bound(scope, windows) < u64::from(u32::MAX);
-        let column = |len: usize, key: &(dyn Fn(usize) -> Option<u64> + Sync)| -> Column {
-            if narrow {
-                let v: Vec<u32> = (0..len).into_par_iter().map(|i| key(i).map_or(u32::MAX, |k| k as u32)).collect();
-                UInt32Chunked::from_vec("key".into(), v).into_column()
-            } else {
-                let v: Vec<u64> = (0..len).into_par_iter().map(|i| key(i).unwrap_or(JUNK_KEY)).collect();
-                UInt64Chunked::from_vec("key".into(), v).into_column()
-            }
-        };
-        let shared = |key: Column| -> PolarsResult<LazyFrame> {
-            let mut columns = vec![key];
-            for name in DELAYS {
-                columns.push(self.base.column(name)?.clone());
-            }
-            Ok(DataFrame::new(n, columns)?.lazy())
-        };
-        let first = shared(column(n, &|i| packed::is_ok(c.class[i]).then(|| key_of(i).0)))?;
-        if !matches!(scope, Scope::Rnic | Scope::Tor) {
-            return Ok(first);
-        }
-        let second_of = |i: usize| packed::is_ok(c.class[i]).then(|| key_of(i).1).flatten();
-        let rows: Vec<IdxSize> =
-            (0..n).into_par_iter().filter(|&i| second_of(i).is_some()).map(|i| i as IdxSize).collect();
-        let second = if rows.len() > n / 2 {
-            shared(column(n, &second_of))?
-        } else {
-            let mut columns = vec![column(rows.len(), &|j| second_of(rows[j] as usize))];
-            let rows = IdxCa::from_vec("rows".into(), rows);
-            for name in DELAYS {
-                columns.push(self.base.column(name)?.take(&rows)?);
-            }
-            DataFrame::new(rows.len(), columns)?.lazy()
-        };
-        concat([first, second], UnionArgs { rechunk: true, ..UnionArgs::default() })
     }
 
     fn rnic_name(&self, id: u64) -> &str {

@@ -1,6 +1,6 @@
-//! Pair counting: the per-(window, prober, target) table every scope rolls up from, laid out
-//! flat where the key space is small and hashed where it is not ([`KeySpace`], [`PairTable`]),
-//! with the class and timestamp-source bits packed in one byte per record ([`packed`]).
+//! Pair counting: the per-(window, prober, target) table every scope rolls up from
+//! ([`PairTable`]), the keys that pack a window and ids into one integer ([`KeySpace`]), and the
+//! class and timestamp-source bits packed in one byte per record ([`packed`]).
 
 use super::{C_INVALID, C_LOCAL_DROP, C_LOST, C_OK, C_PARTIAL, C_PROBES, C_REFUSED, C_UNREACHABLE, COUNTS};
 use crate::probe::Scope;
@@ -180,32 +180,7 @@ pub(super) fn counts_of(c: &[u64; 8]) -> [u64; COUNTS.len()] {
     row
 }
 
-/// Above this many possible keys a scope's samples are grouped by hashing instead of being laid
-/// out by key (the layout needs a counter per possible key and thread): 4 Mi keys is 32 MiB of
-/// counters per thread, beyond any cluster, ToR or RNIC scope; only the `pair` scope of a large
-/// fleet over many windows gets there.
-pub(super) const LAYOUT_KEYS_MAX: u64 = 1 << 22;
-
-/// The key of samples that must not count, on the hashing path: their group is dropped by the
-/// join with the counts, which never produce it ([`prepare`] keeps real keys below 2^61).
-pub(super) const JUNK_KEY: u64 = u64::MAX;
-
 impl KeySpace {
-    /// The number of keys `scope` can produce over `windows` windows.
-    pub(super) fn bound(self, scope: Scope, windows: u64) -> u64 {
-        let (r, t) = (self.rnics, self.tors);
-        windows.max(1)
-            * match scope {
-                Scope::Cluster => 1,
-                Scope::Pair => r * r,
-                Scope::TorPair => t * t,
-                Scope::Rnic => r,
-                Scope::Tor => t,
-                // Not keyed here: `Prepared::service_rows` counts it (nothing is laid out).
-                Scope::Service => 0,
-            }
-    }
-
     /// The group key of a record (window index `d`, RNICs `p` -> `g`, whose ToRs `tor` gives)
     /// in `scope`, and for the either-end scopes the key of its second end when the ends differ
     /// (so that a self-probe or a ToR-local record counts once).

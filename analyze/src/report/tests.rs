@@ -55,8 +55,42 @@ fn pair_table_counts_like_a_map() {
     assert_eq!(got, want.into_iter().collect::<Vec<_>>());
 }
 
-/// Both ways of grouping samples (laid out by key, hashed) give the same rows, on records
-/// with every outcome, an unknown RNIC id, an RNIC without a ToR and a self-probe.
+/// The ok delays of `scope` keyed for polars to group by hashing, and polars' own quantiles of
+/// each group: an implementation apart from [`PairSamples`] to hold it to.
+pub(super) fn quantiles_hashed(p: &Prepared, scope: Scope, whole: bool) -> PolarsResult<DataFrame> {
+    let c = p.columns()?;
+    let (mut key, mut delays) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
+    for i in (0..c.class.len()).filter(|&i| packed::is_ok(c.class[i])) {
+        let d = if whole { 0 } else { u64::from(c.d[i]) };
+        let (a, b) = p.keys.keys(scope, d, c.prober[i], c.target[i], &p.rnic_tor);
+        for k in std::iter::once(a).chain(b) {
+            key.push(k);
+            for (v, col) in delays.iter_mut().zip(c.delays) {
+                v.push(col[i]);
+            }
+        }
+    }
+    let mut columns = vec![UInt64Chunked::from_vec("key".into(), key).into_column()];
+    for (name, v) in DELAYS.iter().zip(delays) {
+        columns.push(Int32Chunked::from_vec((*name).into(), v).into_column());
+    }
+    DataFrame::new(columns[0].len(), columns)?
+        .lazy()
+        .group_by([col("key")])
+        .agg(
+            QUANTILES
+                .iter()
+                .map(|(c, name, q)| {
+                    col(*c).quantile(lit(*q), QuantileMethod::Equiprobable).strict_cast(DataType::Int64).alias(*name)
+                })
+                .collect::<Vec<_>>(),
+        )
+        .collect()
+}
+
+/// Both ways of selecting quantiles (from the pair layout, polars' over a hashed group-by) give
+/// the same rows, on records with every outcome, an unknown RNIC id, an RNIC without a ToR and
+/// a self-probe.
 #[test]
 fn laid_out_and_hashed_agree() {
     let rnics: Vec<Rnic> = (0..7)
@@ -92,15 +126,23 @@ fn laid_out_and_hashed_agree() {
     }
     let prepared = prepare(p, &rnics, 30_000_000_000).expect("prepare");
     let scopes = [Scope::Cluster, Scope::TorPair, Scope::Tor, Scope::Rnic, Scope::Pair];
-    for span in [Span::PerWindow, Span::WholeRange] {
-        let laid_out = prepared.rows(&scopes, span, &Sla::default()).expect("laid out");
-        let hashed = prepared.rows_with(&scopes, span, &Sla::default(), 0).expect("hashed");
-        assert!(laid_out.len() > 50, "{}", laid_out.len());
-        assert_eq!(laid_out, hashed);
-        assert!(laid_out.iter().any(|r| r.entity == UNKNOWN_RNIC));
-        assert!(laid_out.iter().any(|r| r.entity == NO_TOR));
-        assert!(laid_out.iter().any(|r| r.local_drop > 0));
-        assert!(laid_out.iter().any(|r| r.ts_source.as_deref() == Some("mixed(host_poll+kernel_software+unknown)")));
+    let check = || {
+        for span in [Span::PerWindow, Span::WholeRange] {
+            let laid_out = prepared.rows(&scopes, span, &Sla::default()).expect("laid out");
+            let hashed = prepared.rows_with(&scopes, span, &Sla::default(), QuantilesBy::Hashed).expect("hashed");
+            assert!(laid_out.len() > 50, "{}", laid_out.len());
+            assert_eq!(laid_out, hashed);
+            assert!(laid_out.iter().any(|r| r.entity == UNKNOWN_RNIC));
+            assert!(laid_out.iter().any(|r| r.entity == NO_TOR));
+            assert!(laid_out.iter().any(|r| r.local_drop > 0));
+            assert!(
+                laid_out.iter().any(|r| r.ts_source.as_deref() == Some("mixed(host_poll+kernel_software+unknown)"))
+            );
+        }
+    };
+    // One part, and the records cut into parts whose samples of one pair lie apart.
+    for threads in [1, 3] {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool").install(check);
     }
 }
 
