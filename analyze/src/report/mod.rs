@@ -515,9 +515,11 @@ impl Prepared {
         scopes.sort();
         scopes.dedup();
         let mut rows = Vec::new();
-        // Laid out once, for the first scope that needs it: every scope selects from it.
+        // Laid out once, for the first scope that needs it: every scope selects from it, and the
+        // last one lets it go before its join.
         let mut laid_out: Option<PairSamples> = None;
-        for scope in scopes {
+        let last = scopes.iter().rposition(|s| *s != Scope::Service);
+        for (i, scope) in scopes.into_iter().enumerate() {
             if scope == Scope::Service {
                 self.service_rows(whole, sla, &mut rows)?;
                 continue;
@@ -531,7 +533,11 @@ impl Prepared {
                         Some(ref s) => s,
                         None => laid_out.insert(self.lay_out()?),
                     };
-                    quantile_frame(samples.quantiles(&self.pair_scope_keys(scope, whole)?))?
+                    let parts = samples.quantiles(&self.pair_scope_keys(scope, whole)?);
+                    if Some(i) == last {
+                        laid_out = None;
+                    }
+                    quantile_frame(parts)?
                 }
                 #[cfg(test)]
                 QuantilesBy::Hashed => tests::quantiles_hashed(self, scope, whole)?,

@@ -13,18 +13,19 @@ use super::{Columns, QUANTILES, select_quantiles};
 use rayon::prelude::*;
 
 /// Records per block when cutting the table into parts (whole blocks, as the other passes cut);
-/// the tests' few thousand records are cut into several parts too.
+/// the tests' twenty thousand records are cut into several parts too.
 const BLOCK: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
-/// Most pair counters held at once over all parts (8 bytes each): at this many pairs or more a
-/// range is laid out in fewer parts than threads, so memory stays within 128 MiB of counters
-/// however wide the fleet.
+/// Most pair counters over all parts (8 bytes each, and as many cursors while samples are
+/// placed): a range of more than this many pairs over the threads is cut into fewer parts than
+/// threads, down to one, so the counters stay within 256 MiB up to 2^24 pairs and at 16 bytes
+/// a pair past that (a pair has at least one record: a range's pairs are at most its records).
 const COUNTERS_MAX: usize = 1 << 24;
 /// A record that is not an ok sample, in the per-record pair index.
 const NO_PAIR: u32 = u32::MAX;
 
 /// The three delay columns of every ok sample, by part then pair.
 pub(super) struct PairSamples {
-    /// Per part (a range of records, one per thread), pair `k`'s samples are
+    /// Per part (a range of records, at most one per thread), pair `k`'s samples are
     /// `delays[c][at[part][k]..at[part][k + 1]]`: within a part, pairs follow each other.
     at: Vec<Vec<usize>>,
     delays: [Vec<i32>; 3],
@@ -39,6 +40,7 @@ impl PairSamples {
     pub(super) fn lay_out(c: &Columns<'_>, pair_keys: &[u64], rnics: u64) -> PairSamples {
         let n = c.class.len();
         let pairs = pair_keys.len();
+        assert!(pairs < NO_PAIR as usize, "{pairs} pairs in one range: a smaller --range-records reads them");
         let parts = rayon::current_num_threads().clamp(1, (COUNTERS_MAX / (pairs + 1)).max(1));
         let per = n.div_ceil(parts).div_ceil(BLOCK).max(1) * BLOCK;
         let ranges: Vec<std::ops::Range<usize>> = (0..n).step_by(per).map(|s| s..(s + per).min(n)).collect();
@@ -118,6 +120,7 @@ impl PairSamples {
     pub(super) fn quantiles(&self, keys: &[(u64, Option<u64>)]) -> Vec<(Vec<u64>, Vec<[i32; QUANTILES.len()]>)> {
         let mut entries: Vec<(u64, u32)> = Vec::with_capacity(keys.len() * 2);
         for (k, &(a, b)) in keys.iter().enumerate() {
+            debug_assert!(b != Some(a), "a pair counts once per key");
             if self.ok[k] > 0 {
                 entries.extend(std::iter::once(a).chain(b).map(|key| (key, k as u32)));
             }

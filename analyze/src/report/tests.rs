@@ -135,13 +135,18 @@ fn laid_out_and_hashed_agree() {
             assert!(laid_out.iter().any(|r| r.entity == UNKNOWN_RNIC));
             assert!(laid_out.iter().any(|r| r.entity == NO_TOR));
             assert!(laid_out.iter().any(|r| r.local_drop > 0));
+            // A key with probes but no ok sample: counted, without quantiles.
+            if span == Span::PerWindow {
+                assert!(laid_out.iter().any(|r| r.probes > 0 && r.ok == 0 && r.rtt_ns_p50.is_none()));
+            }
             assert!(
                 laid_out.iter().any(|r| r.ts_source.as_deref() == Some("mixed(host_poll+kernel_software+unknown)"))
             );
         }
     };
-    // One part, and the records cut into parts whose samples of one pair lie apart.
-    for threads in [1, 3] {
+    // One part; the records cut into parts whose samples of one pair lie apart; more threads
+    // than the records' blocks.
+    for threads in [1, 3, 32] {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool").install(check);
     }
 }
