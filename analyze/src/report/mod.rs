@@ -417,7 +417,7 @@ pub fn prepare_with(
                     at = window_list.binary_search(&last).unwrap_or(0) as u64;
                 }
                 d[i] = at as u32;
-                let key = (at * r + u64::from(p[i])) * r + u64::from(g[i]);
+                let key = keys.pair(at, p[i], g[i]);
                 let slot = &mut recent[(key & 63) as usize];
                 if slot.0 != key {
                     if slot.0 != PairTable::EMPTY {
@@ -524,7 +524,8 @@ impl Prepared {
                 self.service_rows(whole, sla, &mut rows)?;
                 continue;
             }
-            let (counts, ts_masks) = self.count_input(scope, whole)?;
+            let keys = self.pair_scope_keys(scope, whole)?;
+            let (counts, ts_masks) = self.count_input(&keys)?;
             let counts =
                 counts.lazy().group_by([col("key")]).agg(COUNTS.iter().map(|c| col(*c).sum()).collect::<Vec<_>>());
             let quantiles = match by {
@@ -533,7 +534,7 @@ impl Prepared {
                         Some(ref s) => s,
                         None => laid_out.insert(self.lay_out()?),
                     };
-                    let parts = samples.quantiles(&self.pair_scope_keys(scope, whole)?);
+                    let parts = samples.quantiles(&keys);
                     if Some(i) == last {
                         laid_out = None;
                     }
@@ -560,11 +561,9 @@ impl Prepared {
 
     /// The ok samples laid out by pair ([`PairSamples`]).
     fn lay_out(&self) -> PolarsResult<PairSamples> {
-        let r = self.keys.rnics;
         let [d, p, g] = self.pair_ids()?;
-        let pair_keys: Vec<u64> =
-            (0..d.len()).map(|i| (u64::from(d[i]) * r + u64::from(p[i])) * r + u64::from(g[i])).collect();
-        Ok(PairSamples::lay_out(&self.columns()?, &pair_keys, r))
+        let pair_keys: Vec<u64> = (0..d.len()).map(|i| self.keys.pair(u64::from(d[i]), p[i], g[i])).collect();
+        Ok(PairSamples::lay_out(&self.columns()?, &pair_keys, self.keys))
     }
 
     /// Each pair's keys in `scope` ([`KeySpace::keys`]), in the pair-count table's order.
@@ -578,12 +577,12 @@ impl Prepared {
             .collect())
     }
 
-    /// The per-window pair counts keyed for `scope` (small: one row per pair, window and end),
-    /// and the timestamp sources of each key's ok samples, ascending by key. polars sums the
-    /// counts; the sources are ORed here, as this build of polars has no bitwise aggregation.
-    fn count_input(&self, scope: Scope, whole: bool) -> PolarsResult<(DataFrame, Vec<(u64, TsSources)>)> {
+    /// The per-window pair counts under each pair's `keys` in a scope ([`Prepared::pair_scope_keys`];
+    /// small: one row per pair, window and end), and the timestamp sources of each key's ok
+    /// samples, ascending by key. polars sums the counts; the sources are ORed here, as this
+    /// build of polars has no bitwise aggregation.
+    fn count_input(&self, keys: &[(u64, Option<u64>)]) -> PolarsResult<(DataFrame, Vec<(u64, TsSources)>)> {
         let pc = &self.pair_counts;
-        let [d, p, g] = self.pair_ids()?;
         let ts_mask: Vec<u8> = pc.column("ts_mask")?.u8()?.iter().map(|v| v.unwrap_or(0)).collect();
         let mut masks: Vec<(u64, TsSources)> = Vec::new();
         let counts: Vec<Vec<u64>> = COUNTS
@@ -591,9 +590,7 @@ impl Prepared {
             .map(|c| Ok(pc.column(c)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect()))
             .collect::<PolarsResult<_>>()?;
         let (mut key, mut rows) = (Vec::with_capacity(pc.height()), Vec::with_capacity(pc.height()));
-        for i in 0..pc.height() {
-            let w = if whole { 0 } else { u64::from(d[i]) };
-            let (a, b) = self.keys.keys(scope, w, p[i], g[i], &self.rnic_tor);
+        for (i, &(a, b)) in keys.iter().enumerate() {
             for k in std::iter::once(a).chain(b) {
                 key.push(k);
                 rows.push(i as IdxSize);

@@ -133,15 +133,15 @@ pub(super) fn pair_counts(table: PairTable, keys: KeySpace) -> PolarsResult<(Dat
     let mut pairs: Vec<(u64, [u64; 8])> =
         table.keys.into_iter().zip(table.counts).filter(|(k, _)| *k != PairTable::EMPTY).collect();
     pairs.sort_unstable_by_key(|p| p.0);
-    let r = keys.rnics;
     let m = pairs.len();
     let (mut d, mut p, mut t) = (Vec::with_capacity(m), Vec::with_capacity(m), Vec::with_capacity(m));
     let mut ts_mask = Vec::with_capacity(m);
     let mut counts: [Vec<u64>; COUNTS.len()] = Default::default();
     let mut unknown_outcomes = 0;
     for (k, c) in pairs {
-        let (prober, target) = ((k / r % r) as u32, (k % r) as u32);
-        d.push((k / r / r) as u32);
+        let (window, prober, target) = keys.decode(Scope::Pair, k);
+        let (prober, target) = (prober as u32, target as u32);
+        d.push(window as u32);
         p.push(prober);
         t.push(target);
         // Only the low bits are ever set (one per timestamp-source code).
@@ -181,18 +181,24 @@ pub(super) fn counts_of(c: &[u64; 8]) -> [u64; COUNTS.len()] {
 }
 
 impl KeySpace {
+    /// The key of the pair (window index `d`, RNICs `p` -> `g`): what the pair table counts by,
+    /// in its order, and the `pair` scope's key.
+    #[inline]
+    pub(super) fn pair(self, d: u64, p: u32, g: u32) -> u64 {
+        (d * self.rnics + u64::from(p)) * self.rnics + u64::from(g)
+    }
+
     /// The group key of a record (window index `d`, RNICs `p` -> `g`, whose ToRs `tor` gives)
     /// in `scope`, and for the either-end scopes the key of its second end when the ends differ
     /// (so that a self-probe or a ToR-local record counts once).
     pub(super) fn keys(self, scope: Scope, d: u64, p: u32, g: u32, tor: &[u32]) -> (u64, Option<u64>) {
         let (r, t) = (self.rnics, self.tors);
         let (pt, gt) = (u64::from(tor[p as usize]), u64::from(tor[g as usize]));
-        let (p, g) = (u64::from(p), u64::from(g));
         match scope {
             Scope::Cluster => (d, None),
-            Scope::Pair => ((d * r + p) * r + g, None),
+            Scope::Pair => (self.pair(d, p, g), None),
             Scope::TorPair => ((d * t + pt) * t + gt, None),
-            Scope::Rnic => (d * r + p, (g != p).then_some(d * r + g)),
+            Scope::Rnic => (d * r + u64::from(p), (g != p).then_some(d * r + u64::from(g))),
             Scope::Tor => (d * t + pt, (gt != pt).then_some(d * t + gt)),
             Scope::Service => unreachable!("the service scope is not keyed by RNIC ids"),
         }

@@ -8,7 +8,7 @@
 //! prober, target), so the pairs of one key mostly sit side by side (a window's, one prober's
 //! targets) and a run of them is a single slice.
 
-use super::pairs::packed;
+use super::pairs::{KeySpace, packed};
 use super::{Columns, QUANTILES, select_quantiles};
 use rayon::prelude::*;
 
@@ -34,10 +34,10 @@ pub(super) struct PairSamples {
 }
 
 impl PairSamples {
-    /// Lays out the ok samples of `c` by pair. `pair_keys` are the pair table's keys,
-    /// `(d * rnics + prober) * rnics + target`, ascending, one per pair that has records; a
-    /// pair's index is its position there.
-    pub(super) fn lay_out(c: &Columns<'_>, pair_keys: &[u64], rnics: u64) -> PairSamples {
+    /// Lays out the ok samples of `c` by pair. `pair_keys` are the pair table's keys
+    /// ([`KeySpace::pair`]), ascending, one per pair that has records; a pair's index is its
+    /// position there.
+    pub(super) fn lay_out(c: &Columns<'_>, pair_keys: &[u64], keys: KeySpace) -> PairSamples {
         let n = c.class.len();
         let pairs = pair_keys.len();
         assert!(pairs < NO_PAIR as usize, "{pairs} pairs in one range: a smaller --range-records reads them");
@@ -58,7 +58,7 @@ impl PairSamples {
                     if !packed::is_ok(c.class[i]) {
                         continue;
                     }
-                    let key = (u64::from(c.d[i]) * rnics + u64::from(c.prober[i])) * rnics + u64::from(c.target[i]);
+                    let key = keys.pair(u64::from(c.d[i]), c.prober[i], c.target[i]);
                     let slot = &mut recent[(key & 63) as usize];
                     if slot.0 != key {
                         let k = pair_keys.binary_search(&key).expect("prepare counted every record's pair");
