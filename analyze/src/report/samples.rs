@@ -5,8 +5,9 @@
 //! are the union of its pairs' samples: one counting sort by pair serves every scope, where a
 //! counting sort per scope read the whole table twice for each (those passes were half of
 //! `report`'s CPU on the bench's data). Pairs are laid out in the pair table's order (window,
-//! prober, target), so the pairs of one key mostly sit side by side (a window's, one prober's
-//! targets) and a run of them is a single slice.
+//! prober, target), so the pairs of a key taken from the prober's end sit side by side (a
+//! window's, one prober's targets) and a key taken from the target's end has a run per prober:
+//! a run of consecutive pairs is a single slice.
 
 use super::pairs::{KeySpace, packed};
 use super::{Columns, QUANTILES, select_quantiles};
