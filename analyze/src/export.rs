@@ -113,23 +113,90 @@ pub fn write_parquet(
 
 /// Writes the probes `parts` yields, one part after the other (ranges of an
 /// [`crate::ingest::Plan`], each dropped before the next is read), to `path`; `rnics` and
-/// `services` name their ids. Returns the rows written.
+/// `services` name their ids. Returns the rows written. An export that fails once the file is
+/// created removes it: a file cut short would have no footer, and no reader could use it.
 pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     rnics: &[Rnic],
     services: &[Service],
     path: &Path,
     window_ns: u64,
     compression: Compression,
-    mut parts: impl FnMut() -> Option<P>,
+    parts: impl FnMut() -> Option<P>,
 ) -> Result<usize, ExportError> {
     let names = Names::new(rnics, services, window_ns)?;
     let file = std::fs::File::create(path).map_err(io(path, "create the Parquet file"))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let (mut writer, layout) = names.writer(&mut out, compression)?;
-    // A batch of two row groups per core is encoded, then written in order: what waits to be
-    // written is bounded by the cores, not the range. (Writing is a copy into the page cache,
-    // short beside encoding, so the cores idle little while it runs.)
-    let batch = 2 * rayon::current_num_threads().max(1);
+    let written = write_to(&names, &mut out, compression, parts)
+        .and_then(|n| out.flush().map(|()| n).map_err(io(path, "write the Parquet file")));
+    if written.is_err() {
+        drop(out);
+        // What is left is no Parquet file; the error says why.
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+/// [`write_parquet_parts`] into `out`, unflushed.
+fn write_to<P: std::borrow::Borrow<Probes>>(
+    names: &Names,
+    out: &mut std::io::BufWriter<std::fs::File>,
+    compression: Compression,
+    mut parts: impl FnMut() -> Option<P>,
+) -> Result<usize, ExportError> {
+    let (mut writer, layout) = names.writer(out, compression)?;
+    let threads = rayon::current_num_threads().max(1);
+    // Held to one thread (`RAYON_NUM_THREADS=1`), the row groups are written where they are
+    // encoded, in turn: a writing thread would be a second core the setting did not give.
+    // Otherwise a thread of its own writes them in order while the cores encode the next ones:
+    // written between batches, every core but the writing one waited for the writes.
+    let n = if threads == 1 {
+        let n = encode_parts(names, &layout, 2, &mut parts, &mut |g| Ok(writer.write_row_group(g.rows, &g.pages)?))?;
+        writer.finish()?;
+        n
+    } else {
+        // Two row groups per core encoded at a time, and as many waiting to be written: what is
+        // held is bounded by the cores, not the range.
+        let batch = 2 * threads;
+        std::thread::scope(|s| {
+            // `None` once every row group is sent: only then does the footer go out, so an
+            // export that failed half way leaves no file that reads as a whole one.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Option<Encoded>>(batch);
+            let writing = s.spawn(move || -> Result<(), ExportError> {
+                while let Ok(g) = rx.recv() {
+                    match g {
+                        Some(g) => writer.write_row_group(g.rows, &g.pages)?,
+                        None => {
+                            writer.finish()?;
+                            break;
+                        }
+                    }
+                }
+                Ok(())
+            });
+            // A send fails only once the writing thread has stopped on an error: its join
+            // gives that error, so what the send returns is never the one reported.
+            let send = |g: Option<Encoded>| {
+                tx.send(g).map_err(|_| ExportError::Usage("the thread writing the Parquet file stopped".into()))
+            };
+            let encoded = encode_parts(names, &layout, batch, &mut parts, &mut |g| send(Some(g)))
+                .and_then(|n| send(None).map(|()| n));
+            drop(tx);
+            writing.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            encoded
+        })?
+    };
+    Ok(n)
+}
+
+/// Encodes the row groups of every part `parts` yields, `batch` at a time on every core, and
+/// hands them to `put` in order; returns the rows.
+fn encode_parts<P: std::borrow::Borrow<Probes>>(
+    names: &Names,
+    layout: &Layout,
+    batch: usize,
+    parts: &mut impl FnMut() -> Option<P>,
+    put: &mut dyn FnMut(Encoded) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
     let mut n = 0;
     while let Some(part) = parts() {
         let p = part.borrow();
@@ -140,15 +207,11 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
             let groups: Vec<Result<Encoded, ExportError>> =
                 spans.par_iter().map(|&(a, b)| layout.encode(names.columns(p, &Rows::Span(a, b))?)).collect();
             for g in groups {
-                let g = g?;
-                writer.write_row_group(g.rows, &g.pages)?;
+                put(g?)?;
             }
         }
         n += p.len();
     }
-    // With no record at all, the footer still holds the columns: a file with no row group.
-    writer.finish()?;
-    out.flush().map_err(io(path, "write the Parquet file"))?;
     Ok(n)
 }
 
@@ -671,6 +734,56 @@ mod tests {
     use polars_arrow::datatypes::{ArrowDataType, Field as ArrowField};
     use polars_parquet::parquet::page::Page;
     use polars_parquet::write::to_parquet_type;
+
+    /// `n` ok probes from h0 to h1, a millisecond apart.
+    fn probes(n: usize) -> Probes {
+        Probes {
+            t1_unix_ns: (0..n as u64).map(|i| 1_700_000_000_000_000_000 + i * 1_000_000).collect(),
+            network_rtt_ns: vec![4_000; n],
+            prober_delay_ns: vec![2_000; n],
+            responder_delay_ns: vec![1_000; n],
+            prober: vec![0; n],
+            target: vec![1; n],
+            flow_label: vec![7; n],
+            responder_epoch: vec![1; n],
+            kind: vec![0; n],
+            outcome: vec![0; n],
+            arrived: vec![0b1111; n],
+            ts_source: vec![0; n],
+            service: Vec::new(),
+            index: Vec::new(),
+        }
+    }
+
+    /// An export that fails half way, on a range whose columns differ in length after a good
+    /// range went to the writer, leaves no file behind that could pass for a whole export,
+    /// whether the row groups are written inline (one thread) or by a thread of their own; the
+    /// same parts without the bad one make a file.
+    #[test]
+    fn a_failed_export_leaves_no_file() {
+        let rnics: Vec<Rnic> =
+            (0..2).map(|i| Rnic { name: format!("h{i}/d0"), tor: "t0".into(), host: format!("h{i}") }).collect();
+        let dir = tempfile::tempdir().unwrap();
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let path = dir.path().join(format!("probes-{threads}.parquet"));
+            let export = |bad: bool| {
+                let mut parts = vec![probes(3_000), probes(2_000)];
+                if bad {
+                    parts[1].network_rtt_ns.pop();
+                }
+                let mut parts = parts.into_iter();
+                pool.install(|| {
+                    write_parquet_parts(&rnics, &[], &path, 30_000_000_000, Compression::Zstd, || parts.next())
+                })
+            };
+            assert_eq!(export(false).unwrap(), 5_000, "{threads} threads");
+            assert!(path.exists());
+            let e = export(true).expect_err("uneven columns");
+            assert!(e.to_string().contains("network_rtt_ns"), "{threads} threads: {e}");
+            assert!(!path.exists(), "{threads} threads: a cut-short file was left at {}", path.display());
+        }
+    }
 
     /// The pages polars' writer makes of `array` as a column of `dtype`: dictionary page
     /// first, if any, then data pages, each as (is a dictionary, bytes).

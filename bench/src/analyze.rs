@@ -408,12 +408,15 @@ fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Res
                 value: t.wall_s,
                 unit: "s",
                 note: format!(
-                    "median of {} runs ({}), {:.2} s CPU, {:.2} GB peak RSS; {:.2}x as fast as with {n0} thread(s)",
+                    "median of {} runs ({}), {:.2} s CPU, {:.2} GB peak RSS; {:.2}x as fast as with {n0} thread(s){}",
                     opt.runs,
                     t.spread,
                     t.cpu_s,
                     rss_gb(t),
-                    b / t.wall_s
+                    b / t.wall_s,
+                    t.projected_s.map_or(String::new(), |(p, serial)| format!(
+                        "; more threads than cores: {p:.2} s on {n} cores, projected from its runnable threads ({serial:.2} s with one runnable)"
+                    ))
                 ),
             });
         }
@@ -654,6 +657,10 @@ pub(crate) struct Timed {
     process_s: f64,
     /// "min-max s" over the runs the median was taken from.
     spread: String,
+    /// Held to more threads than this machine has cores: the wall time on as many cores,
+    /// projected from its runnable threads ([`projected_wall_s`]), and the seconds it had one
+    /// thread runnable (serial, or waiting on one).
+    projected_s: Option<(f64, f64)>,
 }
 
 /// The run with the median wall time of `runs` (at least one).
@@ -671,10 +678,21 @@ fn median_of(runs: usize, mut run: impl FnMut() -> Result<Timed>) -> Result<Time
 
 /// Runs `cmd` to completion; fails with its stderr unless it exits 0.
 pub(crate) fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let oversubscribed = cmd
+        .get_envs()
+        .find(|(k, _)| *k == "RAYON_NUM_THREADS")
+        .and_then(|(_, v)| v?.to_str()?.parse::<usize>().ok())
+        .filter(|&n| n > cores);
     let t = Instant::now();
     let child =
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {what}"))?;
     let pid = child.id() as libc::pid_t;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = oversubscribed.map(|_| {
+        let done = done.clone();
+        std::thread::spawn(move || sample_runnable(pid, &done))
+    });
     // Read the pipes on threads so a chatty child cannot block on a full pipe while we wait.
     let mut child = child;
     let mut so = child.stdout.take().context("stdout")?;
@@ -694,6 +712,8 @@ pub(crate) fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
     // rather than Child::wait because it also returns the child's own CPU time and peak RSS.
     let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     let wall_s = t.elapsed().as_secs_f64();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let profile = sampler.map(|h| h.join().map_err(|_| anyhow::anyhow!("sampler thread"))).transpose()?;
     ensure!(rc == pid, "waiting for {what}: {}", std::io::Error::last_os_error());
     let stdout = out_t.join().map_err(|_| anyhow::anyhow!("reader thread"))??;
     let stderr = err_t.join().map_err(|_| anyhow::anyhow!("reader thread"))??;
@@ -707,7 +727,75 @@ pub(crate) fn run_timed(cmd: &mut Command, what: &str) -> Result<Timed> {
         stdout,
         process_s: wall_s,
         spread: String::new(),
+        // A profile that missed most of the run (schedstat unreadable: no CONFIG_SCHEDSTATS or
+        // /proc hidden) projects nothing rather than a figure of what it missed.
+        projected_s: oversubscribed
+            .zip(
+                profile
+                    .filter(|p| p.iter().map(|i| i.s).sum::<f64>() > 0.5 * wall_s && p.iter().any(|i| i.cpu_s > 0.0)),
+            )
+            .map(|(n, p)| {
+                (projected_wall_s(&p, n), p.iter().filter(|i| (0.5..1.5).contains(&i.runnable)).map(|i| i.s).sum())
+            }),
     })
+}
+
+/// One interval of [`sample_runnable`]: its length, the CPU time its threads ran, and how
+/// many threads could run on average (on a CPU or waiting for one), all in seconds or threads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Interval {
+    s: f64,
+    cpu_s: f64,
+    runnable: f64,
+}
+
+/// Every 10 ms until `done`, each thread's time on a CPU and waiting for one
+/// (`/proc/PID/task/*/schedstat`, nanoseconds), summed over the process's threads: an
+/// interval's runnable threads are that sum's growth over its length. A process held to more
+/// threads than the machine has cores keeps them all runnable where its work is parallel, and
+/// one where it is serial, so its profile tells what more cores would do for it.
+fn sample_runnable(pid: libc::pid_t, done: &std::sync::atomic::AtomicBool) -> Vec<Interval> {
+    let tasks = format!("/proc/{pid}/task");
+    let snapshot = || -> std::collections::HashMap<String, (u64, u64)> {
+        let Ok(dir) = std::fs::read_dir(&tasks) else { return Default::default() };
+        dir.flatten()
+            .filter_map(|e| {
+                let text = std::fs::read_to_string(e.path().join("schedstat")).ok()?;
+                let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+                Some((e.file_name().to_string_lossy().into_owned(), (f.next()??, f.next()??)))
+            })
+            .collect()
+    };
+    let (mut before, mut at) = (snapshot(), Instant::now());
+    let mut out = Vec::new();
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let now = snapshot();
+        let s = at.elapsed().as_secs_f64();
+        at = Instant::now();
+        if now.is_empty() {
+            break;
+        }
+        let (mut run_ns, mut wait_ns) = (0u64, 0u64);
+        for (tid, &(run, wait)) in &now {
+            let (r0, w0) = before.get(tid).copied().unwrap_or((0, 0));
+            run_ns += run.saturating_sub(r0);
+            wait_ns += wait.saturating_sub(w0);
+        }
+        out.push(Interval { s, cpu_s: run_ns as f64 / 1e9, runnable: (run_ns + wait_ns) as f64 / 1e9 / s });
+        before = now;
+    }
+    out
+}
+
+/// The wall time on `cores` cores of a process profiled by [`sample_runnable`], if each
+/// interval's CPU time were spread over as many of its runnable threads as there are cores (an
+/// interval with none runnable, waiting on I/O, takes what it took). A model, not a
+/// measurement: it leaves out memory bandwidth and caches, and threads spinning for work count
+/// as runnable, which makes a serial stretch look parallel (the projection errs fast); a
+/// 16-core machine's own run is the figure.
+fn projected_wall_s(profile: &[Interval], cores: usize) -> f64 {
+    profile.iter().map(|i| if i.runnable < 0.05 { i.s } else { i.cpu_s / i.runnable.min(cores as f64) }).sum()
 }
 
 /// `query_s=<seconds> duckdb=<version>` from the script.
@@ -830,3 +918,21 @@ if __name__ == "__main__":
     else:
         compare(sys.argv[2], sys.argv[3])
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::{Interval, projected_wall_s};
+
+    #[test]
+    fn a_projection_spreads_each_intervals_cpu_over_its_runnable_threads() {
+        // One serial second, one second of 2 s CPU with 16 threads runnable, one second idle.
+        let profile = [
+            Interval { s: 1.0, cpu_s: 1.0, runnable: 1.0 },
+            Interval { s: 1.0, cpu_s: 2.0, runnable: 16.0 },
+            Interval { s: 1.0, cpu_s: 0.0, runnable: 0.0 },
+        ];
+        assert_eq!(projected_wall_s(&profile, 16), 1.0 + 2.0 / 16.0 + 1.0);
+        assert_eq!(projected_wall_s(&profile, 4), 1.0 + 2.0 / 4.0 + 1.0);
+        assert_eq!(projected_wall_s(&profile, 2), 3.0, "the machine it ran on: its own wall time");
+    }
+}

@@ -48,6 +48,7 @@ mod windows;
 use columns::{fill, split};
 use dict::{Merger, Remap, agent_file, claim_services, unknown_ids_problem};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+pub(crate) use model::filled;
 pub use model::{
     AgentFile, Dataset, Fields, FileProblem, NO_SERVICE, NO_TOR, PathKey, Probes, Resolution, Rnic, Service, TimedPath,
     UNKNOWN_RNIC, UnmappedHop,

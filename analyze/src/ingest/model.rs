@@ -48,6 +48,17 @@ pub struct Probes {
     pub index: Vec<u64>,
 }
 
+/// `n` copies of `v`, written on every core of rayon's pool. A range's columns are hundreds of
+/// megabytes, and filling them on the calling thread (mimalloc clears the memory it hands out
+/// again; the kernel clears each page at first touch) was the longest stretch of a range's read
+/// with one core busy (docs/PERFORMANCE.md, "Serial stretches").
+pub(crate) fn filled<T: Copy + Send + Sync>(n: usize, v: T) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(n);
+    out.par_extend(rayon::iter::repeat_n(v, n));
+    out
+}
+
 impl Probes {
     /// Records held.
     pub fn len(&self) -> usize {
@@ -101,19 +112,19 @@ impl Probes {
     pub(super) fn zeroed(n: usize, fields: Fields, services: bool) -> Probes {
         let all = if fields == Fields::All { n } else { 0 };
         Probes {
-            t1_unix_ns: vec![0; n],
-            network_rtt_ns: vec![0; n],
-            prober_delay_ns: vec![0; n],
-            responder_delay_ns: vec![0; n],
-            prober: vec![0; n],
-            target: vec![0; n],
-            flow_label: vec![0; all],
-            responder_epoch: vec![0; all],
-            kind: vec![0; all],
-            outcome: vec![0; n],
-            arrived: vec![0; n],
-            ts_source: vec![0; n],
-            service: if services { vec![NO_SERVICE; n] } else { Vec::new() },
+            t1_unix_ns: filled(n, 0),
+            network_rtt_ns: filled(n, 0),
+            prober_delay_ns: filled(n, 0),
+            responder_delay_ns: filled(n, 0),
+            prober: filled(n, 0),
+            target: filled(n, 0),
+            flow_label: filled(all, 0),
+            responder_epoch: filled(all, 0),
+            kind: filled(all, 0),
+            outcome: filled(n, 0),
+            arrived: filled(n, 0),
+            ts_source: filled(n, 0),
+            service: if services { filled(n, NO_SERVICE) } else { Vec::new() },
             index: Vec::new(),
         }
     }

@@ -494,7 +494,7 @@ impl RangeReader<'_> {
         *self.read_records += counts.iter().sum::<usize>();
         let mut probes = Probes::zeroed(counts.iter().sum(), self.fields, self.services);
         if self.indexed {
-            probes.index = vec![0; probes.len()];
+            probes.index = super::filled(probes.len(), 0);
         }
         let mut slices = split(&mut probes, &counts);
         let (files, fields) = (&*self.files, self.fields);

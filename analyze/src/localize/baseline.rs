@@ -228,6 +228,20 @@ pub(super) fn ends_inter(tor_of: &[u32], prober: u32, target: u32, kind: u8) -> 
 /// One sampled ok probe: (RTT, prober delay, responder delay, inter-ToR).
 pub(super) type Sample = (i32, i32, i32, bool);
 
+/// Record `i` of `p` as a [`Sample`].
+fn sample(p: &Probes, i: usize, inter: bool) -> Sample {
+    (p.network_rtt_ns[i], p.prober_delay_ns[i], p.responder_delay_ns[i], inter)
+}
+
+/// What [`Sampler::add`] takes from one block of a range.
+#[derive(Default)]
+struct SampledBlock {
+    /// Ok probes by source code.
+    ok: [usize; TS_CODES],
+    samples: [Vec<Sample>; TS_CODES],
+    shift: HashMap<(u32, usize, u32), Vec<f64>>,
+}
+
 /// Stage 1: the fleet's usual RTT and host delays per timestamp source (and, for RTT, per
 /// scope), from a strided sample of ok probes. Host noise is judged against the fleet's own host
 /// delays: a fleet whose healthy hosts take milliseconds to turn a probe around (soft-RoCE, a
@@ -263,26 +277,68 @@ impl Sampler {
         }
     }
 
+    /// One range: its strided samples in blocks on every core ([`super::in_blocks`]), appended
+    /// in record order, and, for a source whose strided sample is still thinner than
+    /// [`SAMPLE_MIN`] after them, every ok probe of the range (a second pass, made only then):
+    /// what one pass in order keeps.
     pub(super) fn add(&mut self, p: &Probes, tor_of: &[u32], window_ns: u64) {
-        for i in 0..p.len() {
-            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
-                continue;
-            }
-            let (at, c, inter) = (p.index_of(i), usize::from(ts_code(p.ts_source[i])), is_inter(p, tor_of, i));
-            let x = (p.network_rtt_ns[i], p.prober_delay_ns[i], p.responder_delay_ns[i], inter);
-            if at.is_multiple_of(self.stride) {
-                self.samples[c].push(x);
-                if self.samples[c].len() >= SAMPLE_MIN {
-                    self.whole[c] = None;
+        let (stride, shift_stride) = (self.stride, self.shift_stride);
+        let parts = super::in_blocks(p.len(), |_, r| {
+            let mut part = SampledBlock::default();
+            for i in r {
+                if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
+                    continue;
+                }
+                let (at, c, inter) = (p.index_of(i), usize::from(ts_code(p.ts_source[i])), is_inter(p, tor_of, i));
+                part.ok[c] += 1;
+                if at.is_multiple_of(stride) {
+                    part.samples[c].push(sample(p, i, inter));
+                }
+                if at.is_multiple_of(shift_stride) && !inter {
+                    let tor = tor_of.get(p.prober[i] as usize).copied().unwrap_or(u32::MAX);
+                    let key = ((p.t1_unix_ns[i] / window_ns) as u32, c, tor);
+                    part.shift.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
                 }
             }
-            if let Some(v) = &mut self.whole[c] {
-                v.push(x);
+            part
+        });
+        let mut ok = [0usize; TS_CODES];
+        for part in parts {
+            for (mine, theirs) in self.samples.iter_mut().zip(&part.samples) {
+                mine.extend_from_slice(theirs);
             }
-            if at.is_multiple_of(self.shift_stride) && !inter {
-                let tor = tor_of.get(p.prober[i] as usize).copied().unwrap_or(u32::MAX);
-                let key = ((p.t1_unix_ns[i] / window_ns) as u32, c, tor);
-                self.shift.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
+            for (n, m) in ok.iter_mut().zip(part.ok) {
+                *n += m;
+            }
+            for (key, v) in part.shift {
+                self.shift.entry(key).or_default().extend(v);
+            }
+        }
+        let mut thin = [false; TS_CODES];
+        for c in 0..TS_CODES {
+            if self.samples[c].len() >= SAMPLE_MIN {
+                self.whole[c] = None;
+            }
+            thin[c] = self.whole[c].is_some() && ok[c] > 0;
+        }
+        if !thin.contains(&true) {
+            return;
+        }
+        let parts = super::in_blocks(p.len(), |_, r| {
+            let mut whole: [Vec<Sample>; TS_CODES] = Default::default();
+            for i in r {
+                let c = usize::from(ts_code(p.ts_source[i]));
+                if thin[c] && Class::of(p.outcome[i], p.arrived[i]) == Class::Ok {
+                    whole[c].push(sample(p, i, is_inter(p, tor_of, i)));
+                }
+            }
+            whole
+        });
+        for part in parts {
+            for (w, v) in self.whole.iter_mut().zip(part) {
+                if let Some(w) = w {
+                    w.extend(v);
+                }
             }
         }
     }

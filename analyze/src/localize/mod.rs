@@ -534,6 +534,22 @@ impl Input<'_> {
     }
 }
 
+/// Records per block of [`in_blocks`] at least: a block's table of keys stays worth its setup
+/// (the unit tests' few thousand records are cut into many blocks too).
+const BLOCK_MIN: usize = if cfg!(test) { 1 << 4 } else { 1 << 14 };
+
+/// `each` over blocks of `0..n` on every core of rayon's pool, told how many blocks there are;
+/// the results in block order, for a stage to merge as one pass in record order would have
+/// counted. Four blocks a thread, so a slow block leaves the others little to wait for; one
+/// block held to one thread.
+pub(super) fn in_blocks<T: Send>(n: usize, each: impl Fn(usize, std::ops::Range<usize>) -> T + Sync) -> Vec<T> {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    let blocks = if threads == 1 { 1 } else { (4 * threads).min(n.div_ceil(BLOCK_MIN)).max(1) };
+    let per = n.div_ceil(blocks).max(1);
+    (0..blocks).into_par_iter().map(|b| each(blocks, (b * per).min(n)..((b + 1) * per).min(n))).collect()
+}
+
 /// The stages over an input, pass by pass:
 /// 1. the baselines' and the windows' RTT-shift samples (strided by position in the input);
 /// 2. host noise and busy hosts (judged against the baselines);

@@ -188,6 +188,66 @@ pub(super) struct NoiseScan {
     pub(super) busy: BTreeSet<(u32, u32)>,
 }
 
+/// What one block of a range adds to a [`NoiseScan`].
+struct ScannedBlock {
+    /// By host id: (host-delay legs, first T1, last T1), legs 0 where none.
+    legs: Vec<(u64, u64, u64)>,
+    own: OwnMap,
+    events: Vec<(u32, u64, u64, u32, bool, u32)>,
+}
+
+/// [`NoiseScan::add`] over records `r` of `p`.
+fn scan_block(
+    ds: &Dataset,
+    p: &Probes,
+    r: std::ops::Range<usize>,
+    hosts: &Hosts,
+    tor_of: &[u32],
+    base: &Baselines,
+    window_ns: u64,
+) -> ScannedBlock {
+    let win = |t: u64| (t / window_ns) as u32;
+    let mut b = ScannedBlock { legs: vec![(0, 0, 0); hosts.names.len()], own: OwnMap::default(), events: Vec::new() };
+    for i in r {
+        let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
+        if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
+            continue;
+        }
+        let noise_ns = base.noise_ns(p.ts_source[i]);
+        let (pd, rd) = (i64::from(p.prober_delay_ns[i]), i64::from(p.responder_delay_ns[i]));
+        let t1 = p.t1_unix_ns[i];
+        for host in [hosts.of_rnic[pr], hosts.of_rnic[tg]] {
+            let l = &mut b.legs[host as usize];
+            *l = if l.0 == 0 { (1, t1, t1) } else { (l.0 + 1, l.1.min(t1), l.2.max(t1)) };
+        }
+        if host_in_rtt(p.ts_source[i])
+            && let Some(late_ns) = base.leg_late_ns(p.ts_source[i])
+        {
+            let w = win(t1);
+            let slow = f64::from(p.network_rtt_ns[i]) > base.slow_ns_in(p.ts_source[i], is_inter(p, tor_of, i), w);
+            for (host, delay_ns) in [(hosts.of_rnic[pr], pd), (hosts.of_rnic[tg], rd)] {
+                let c = b.own.entry((host, w)).or_default();
+                c.delayed += u32::from(delay_ns as f64 > late_ns);
+                c.legs += 1;
+                c.slow += u32::from(slow);
+                c.rtts += 1;
+            }
+        }
+        if pd <= noise_ns && rd <= noise_ns {
+            continue;
+        }
+        // Saturating: T1 and the delays are what the files say.
+        let end = t1.saturating_add((i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64);
+        if pd > noise_ns {
+            b.events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, 1));
+        }
+        if rd > noise_ns {
+            b.events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, 1));
+        }
+    }
+    b
+}
+
 /// [`Own`] by (host, window), one range's: foldhash, two lookups per host-stamped ok probe.
 pub(super) type OwnMap = HashMap<(u32, u32), Own, foldhash::fast::RandomState>;
 
@@ -213,7 +273,9 @@ impl Own {
 }
 
 impl NoiseScan {
-    /// One range of whole windows: a window's busy hosts are decided within it.
+    /// One range of whole windows: a window's busy hosts are decided within it. The range is
+    /// scanned in blocks on every core ([`super::in_blocks`]) and the blocks merged in order:
+    /// counts add, spans widen, late legs keep record order.
     #[allow(clippy::too_many_arguments, reason = "one pass's context, as the tally's")]
     pub(super) fn add(
         &mut self,
@@ -225,45 +287,17 @@ impl NoiseScan {
         opts: &Options,
         window_ns: u64,
     ) {
-        let win = |t: u64| (t / window_ns) as u32;
-        let events = &mut self.events;
+        let parts = super::in_blocks(p.len(), |_, r| scan_block(ds, p, r, hosts, tor_of, base, window_ns));
         let mut own = OwnMap::default();
-        for i in 0..p.len() {
-            let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
-            if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
-                continue;
+        for part in parts {
+            for (host, &(n, first, last)) in part.legs.iter().enumerate().filter(|(_, l)| l.0 > 0) {
+                let l = self.legs.entry(host as u32).or_insert((0, first, last));
+                *l = (l.0 + n, l.1.min(first), l.2.max(last));
             }
-            let noise_ns = base.noise_ns(p.ts_source[i]);
-            let (pd, rd) = (i64::from(p.prober_delay_ns[i]), i64::from(p.responder_delay_ns[i]));
-            let t1 = p.t1_unix_ns[i];
-            for host in [hosts.of_rnic[pr], hosts.of_rnic[tg]] {
-                let l = self.legs.entry(host).or_insert((0, t1, t1));
-                *l = (l.0 + 1, l.1.min(t1), l.2.max(t1));
+            for (key, c) in part.own {
+                own.entry(key).or_default().add(&c);
             }
-            if host_in_rtt(p.ts_source[i])
-                && let Some(late_ns) = base.leg_late_ns(p.ts_source[i])
-            {
-                let w = win(t1);
-                let slow = f64::from(p.network_rtt_ns[i]) > base.slow_ns_in(p.ts_source[i], is_inter(p, tor_of, i), w);
-                for (host, delay_ns) in [(hosts.of_rnic[pr], pd), (hosts.of_rnic[tg], rd)] {
-                    let c = own.entry((host, w)).or_default();
-                    c.delayed += u32::from(delay_ns as f64 > late_ns);
-                    c.legs += 1;
-                    c.slow += u32::from(slow);
-                    c.rtts += 1;
-                }
-            }
-            if pd <= noise_ns && rd <= noise_ns {
-                continue;
-            }
-            // Saturating: T1 and the delays are what the files say.
-            let end = t1.saturating_add((i64::from(p.network_rtt_ns[i]).max(0) + pd.max(0) + rd.max(0)) as u64);
-            if pd > noise_ns {
-                events.push((hosts.of_rnic[pr], t1, end, pr as u32, false, 1));
-            }
-            if rd > noise_ns {
-                events.push((hosts.of_rnic[tg], t1, end, tg as u32, true, 1));
-            }
+            self.events.extend(part.events);
         }
         self.decide_busy(own, opts);
     }

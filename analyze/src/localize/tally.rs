@@ -9,7 +9,9 @@ use super::baseline::{Baselines, is_inter};
 use super::noise::{Agents, Hosts, Noise, host_in_rtt};
 use crate::ingest::{Dataset, NO_SERVICE, Probes};
 use crate::probe::{Class, TsSources};
+use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 
 /// Counters of one (window, prober, target, label).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,18 +147,117 @@ pub(super) struct TallyContext<'a> {
 }
 
 /// Stage 3, one range of whole windows: counters per key, leaving out probes that met a host's
-/// stall, and when each prober first heard a restarted target.
+/// stall, and when each prober first heard a restarted target. The range is tallied in blocks
+/// on every core ([`super::in_blocks`]) and the blocks merged in order: counts add, spans and
+/// firsts take their minimum, a service's RTTs follow record order, so the tally is the one a
+/// single pass in order makes.
 pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut Tally) -> RangeTally {
+    t.records += p.len() as u64;
+    let parts = super::in_blocks(p.len(), |blocks, r| tally_block(ds, p, cx, r, t.last_range_keys / blocks));
+    let mut acc: Vec<(Key, Acc, bool)> = Vec::with_capacity(parts.iter().map(|b| b.acc.len()).sum());
+    for part in parts {
+        acc.extend(part.acc.into_iter().map(|(k, (a, inter))| (k, a, inter)));
+        t.add(part.rest);
+    }
+    // A key can be in several blocks, so blocks merge by sorting. A range's records come file by
+    // file, so a key's are mostly in one block and the blocks' tables hold about the range's
+    // keys once; a table interleaved in time would hold them up to once per block until here.
+    acc.par_sort_unstable_by_key(|e| e.0);
+    acc.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1.add(&next.1);
+            kept.2 |= next.2;
+        }
+        same
+    });
+    t.last_range_keys = acc.len();
+    RangeTally { acc }
+}
+
+/// What one block of a range adds to a [`Tally`] besides its counters by key.
+#[derive(Default)]
+struct BlockTally {
+    heard_again: HashMap<(u32, u32, u64), u64>,
+    /// Windows holding records, ascending.
+    windows: Vec<u32>,
+    not_evidence: NotEvidence,
+    /// Local drops by prober id (empty when none).
+    local_drops: Vec<u64>,
+    services: Vec<ServiceTally>,
+}
+
+/// One block's counters by key (foldhash, seeded per process as hashbrown's own default,
+/// instead of SipHash, which took a quarter of localize's time at 8,192 RNICs), and the rest.
+struct Block {
+    acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState>,
+    rest: BlockTally,
+}
+
+impl Tally {
+    /// Adds a block's figures, blocks in record order.
+    fn add(&mut self, b: BlockTally) {
+        for (k, heard) in b.heard_again {
+            let e = self.heard_again.entry(k).or_insert(u64::MAX);
+            *e = (*e).min(heard);
+        }
+        self.windows.extend(b.windows);
+        // Every field named, so that a counter added to NotEvidence must be merged here too.
+        let NotEvidence {
+            local_drop_by_prober,
+            invalid,
+            refused,
+            unknown_outcome,
+            unknown_rnic,
+            host_noise,
+            busy_host_rtt,
+            busy_host_windows,
+        } = b.not_evidence;
+        debug_assert!(local_drop_by_prober.is_empty() && busy_host_windows.is_empty(), "filled by Tally::finish");
+        let n = &mut self.not_evidence;
+        n.invalid += invalid;
+        n.refused += refused;
+        n.unknown_outcome += unknown_outcome;
+        n.unknown_rnic += unknown_rnic;
+        n.host_noise += host_noise;
+        n.busy_host_rtt += busy_host_rtt;
+        debug_assert!(b.local_drops.is_empty() || b.local_drops.len() == self.local_drops.len());
+        for (mine, theirs) in self.local_drops.iter_mut().zip(b.local_drops) {
+            *mine += theirs;
+        }
+        for (mine, theirs) in self.services.iter_mut().zip(b.services) {
+            mine.add(theirs);
+        }
+    }
+}
+
+impl ServiceTally {
+    /// Adds the figures of records that follow this one's.
+    fn add(&mut self, o: ServiceTally) {
+        self.probes += o.probes;
+        // The earliest record's prober, the smallest id among those of one instant.
+        if (o.first_ns, o.prober) < (self.first_ns, self.prober) {
+            self.prober = o.prober;
+        }
+        (self.first_ns, self.last_ns) = (self.first_ns.min(o.first_ns), self.last_ns.max(o.last_ns));
+        for (w, a) in o.windows {
+            self.windows.entry(w).or_default().add(&a);
+        }
+        self.rtt.extend(o.rtt);
+        self.excess.extend(o.excess);
+    }
+}
+
+/// [`tally_range`] over records `r` of `p`, its table sized for `keys`.
+fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, keys: usize) -> Block {
     let TallyContext { base, tor_of, noise, hosts, agents, window_ns } = *cx;
     let restarts = &agents.restarts;
     let rnics = ds.rnics.len();
-    // A wide fleet has millions of keys per range: foldhash (seeded per process, as hashbrown's
-    // own default) instead of SipHash, which took a quarter of localize's time at 8,192 RNICs.
     let mut acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(t.last_range_keys, Default::default());
+        HashMap::with_capacity_and_hasher(keys, Default::default());
+    let mut t = BlockTally { services: vec![ServiceTally::default(); ds.services.len()], ..BlockTally::default() };
     let mut last_w = None;
-    t.records += p.len() as u64;
-    for i in 0..p.len() {
+    for i in r {
         let (pr, tg) = (p.prober[i], p.target[i]);
         let class = Class::of(p.outcome[i], p.arrived[i]);
         let service = p.service_of(i);
@@ -198,7 +299,7 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
         let w = (p.t1_unix_ns[i] / window_ns) as u32;
         if last_w != Some(w) {
             last_w = Some(w);
-            t.windows.insert(w);
+            t.windows.push(w);
         }
         let (hp, ht) = (hosts.of_rnic[pr as usize], hosts.of_rnic[tg as usize]);
         let t1 = p.t1_unix_ns[i];
@@ -249,6 +350,9 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
             // Only ACK2 missing proves the forward path and the responder alive: not loss.
             Class::Partial => a.valid = 1,
             Class::LocalDrop => {
+                if t.local_drops.is_empty() {
+                    t.local_drops = vec![0; rnics];
+                }
                 t.local_drops[pr as usize] += 1;
                 continue;
             }
@@ -271,10 +375,9 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
         e.0.add(&a);
         e.1 |= inter;
     }
-    t.last_range_keys = acc.len();
-    let mut acc: Vec<(Key, Acc, bool)> = acc.into_iter().map(|(k, (a, inter))| (k, a, inter)).collect();
-    acc.sort_unstable_by_key(|e| e.0);
-    RangeTally { acc }
+    t.windows.sort_unstable();
+    t.windows.dedup();
+    Block { acc, rest: t }
 }
 
 /// Whether probes of `kind` (to traced connection `service`, or [`NO_SERVICE`]) from `pr` to
@@ -316,6 +419,7 @@ pub(super) fn excluded(
 #[cfg(test)]
 mod tests {
     use super::super::testkit::*;
+    use crate::probe::{Class, ts_code};
 
     #[test]
     fn tally_classifies_through_probe_semantics() {
@@ -341,6 +445,172 @@ mod tests {
         let drops: Vec<(&str, u64)> = ne.local_drop_by_prober.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         assert_eq!(drops, [("h0/d0", 1), ("h2/d0", 1)]);
         assert_eq!((ne.refused, ne.invalid, ne.unknown_outcome, ne.unknown_rnic), (1, 1, 1, 1));
+    }
+
+    /// The stages' per-record loops run in blocks on every core and merge in order: a pool of
+    /// one thread (one block) and pools of 3 and 32 threads (blocks of a few dozen records
+    /// here) must gather the same samples, noise, tally and findings, including what only some
+    /// blocks see (a restart heard again, a stall, local drops, unknown ids, services' RTTs in
+    /// record order, a timestamp source sampled whole).
+    #[test]
+    fn stages_in_blocks_on_any_number_of_threads_count_as_one_pass() {
+        let outcomes = [Outcome::Ok, Outcome::Ok, Outcome::Ok, Outcome::Lost, Outcome::Ok, Outcome::LocalDrop];
+        let recs: Vec<Rec> = (0..12_000u32)
+            .map(|k| {
+                let (pr, tg) = (k % 12, (k * 5 + 1) % 12);
+                let outcome = if k % 41 == 0 { Outcome::Refused } else { outcomes[(k / 7) as usize % outcomes.len()] };
+                let pd = if k % 97 == 0 { 5_000_000 } else { 1_000 + (k * 7_919 % 20) as i32 };
+                let rtt = 8_000 + (k * 104_729 % 20_000) as i32;
+                Rec(pr, tg, u64::from(k % 5), outcome, rtt, pd, if k % 60 == 0 { HP } else { KS })
+            })
+            .collect();
+        let mut ds = dataset(12, 5, &recs);
+        let n = ds.probes.len();
+        ds.probes.prober[n / 2] = 40;
+        // h0 stalls in window 1; h3's agent restarts (down at 10 s, back at 70 s).
+        for k in (0..n).filter(|k| k % 12 == 0 && k % 5 == 1).take(40) {
+            ds.probes.prober_delay_ns[k] = 150_000_000;
+        }
+        // h7 is late on a third of its probes in window 3: busy.
+        for k in (0..n).filter(|k| k % 12 == 7 && k % 5 == 3 && k / 60 % 3 == 0) {
+            ds.probes.prober_delay_ns[k] = 3_000_000;
+        }
+        ds.agents[3].last_ns = T0 + 10_000_000_000;
+        ds.agents.push(AgentFile { agent_epoch: 2, first_ns: T0 + 70_000_000_000, ..ds.agents[3].clone() });
+        ds.agents.last_mut().unwrap().last_ns = T0 + 5 * W - 1;
+        ds.services = (0..2)
+            .map(|i| crate::ingest::Service {
+                name: format!("s{i}"),
+                prober: i,
+                remote: 5 + i,
+                resolution: crate::ingest::Resolution::Agent,
+                addr: [0; 16],
+                conn: Default::default(),
+            })
+            .collect();
+        ds.probes.service =
+            (0..n as u32).map(|k| if k % 11 == 0 { k / 11 % 2 } else { crate::ingest::NO_SERVICE }).collect();
+        let opts = Options::default();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut sampler = Sampler { stride: 7, shift_stride: 3, ..Sampler::new(n) };
+                sampler.whole = std::array::from_fn(|_| Some(Vec::new()));
+                sampler.add(&ds.probes, &tor_ids(&ds), W);
+                let st = stages(&ds);
+                let mut scan = NoiseScan::default();
+                scan.add(&ds, &ds.probes, &st.hosts, &st.tor_of, &st.base, &opts, W);
+                let services: Vec<_> = st
+                    .tally
+                    .services
+                    .iter()
+                    .map(|s| {
+                        (s.probes, s.first_ns, s.last_ns, s.prober, s.windows.clone(), s.rtt.clone(), s.excess.clone())
+                    })
+                    .collect();
+                let t = &st.tally;
+                let tally = (t.heard_again.clone(), t.windows.clone(), t.not_evidence.clone(), t.local_drops.clone());
+                let json = serde_json::to_value(localize(&ds, &opts)).unwrap();
+                (
+                    sampler.samples,
+                    sampler.whole,
+                    sampler.shift,
+                    scan.events,
+                    scan.legs,
+                    scan.busy,
+                    st.range.acc,
+                    services,
+                    tally,
+                    json,
+                )
+            })
+        };
+        // The baselines' sample against the loop it replaced, over two ranges: at stride 5 the
+        // kernel-stamped sample is thin after the first and thick after the second, the
+        // host-poll one thin throughout (sampled whole).
+        let halves = [0..n / 2, n / 2..n].map(|r| part(&ds.probes, r));
+        for threads in [1, 3, 32] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let tor_of = tor_ids(&ds);
+            let mut sampler = Sampler { stride: 5, shift_stride: 3, ..Sampler::new(n) };
+            sampler.whole = std::array::from_fn(|_| Some(Vec::new()));
+            let mut reference = Sampler { stride: 5, shift_stride: 3, ..Sampler::new(n) };
+            reference.whole = std::array::from_fn(|_| Some(Vec::new()));
+            for half in &halves {
+                pool.install(|| sampler.add(half, &tor_of, W));
+                sample_in_order(&mut reference, half, &tor_of);
+                if threads == 1 && half.index[0] == 0 {
+                    let ks = usize::from(ts_code(KS));
+                    assert!(reference.samples[ks].len() < SAMPLE_MIN && reference.whole[ks].is_some());
+                }
+            }
+            let ks = usize::from(ts_code(KS));
+            assert!(reference.samples[ks].len() >= SAMPLE_MIN && reference.whole[ks].is_none());
+            assert!(reference.whole[usize::from(ts_code(HP))].as_ref().is_some_and(|w| !w.is_empty()));
+            assert!(sampler.samples == reference.samples, "strided samples on {threads} threads");
+            assert!(sampler.whole == reference.whole, "whole sources on {threads} threads");
+            assert!(sampler.shift == reference.shift, "shift samples on {threads} threads");
+        }
+        let one = run(1);
+        assert!(one.1[usize::from(ts_code(HP))].as_ref().is_some_and(|w| !w.is_empty()), "a source sampled whole");
+        assert!(one.0[usize::from(ts_code(KS))].len() >= SAMPLE_MIN && one.1[usize::from(ts_code(KS))].is_none());
+        assert!(!one.3.is_empty() && !one.5.is_empty(), "late legs and a busy host: {} {}", one.3.len(), one.5.len());
+        assert!(one.7.iter().all(|s| s.5.len() > 100), "services' RTTs");
+        assert!(!one.8.0.is_empty() && one.8.2.host_noise > 0 && one.8.2.unknown_rnic == 1 && one.8.2.refused > 0);
+        for threads in [3, 32] {
+            let many = run(threads);
+            assert!(one.0 == many.0 && one.1 == many.1 && one.2 == many.2, "samples on {threads} threads");
+            assert!(one.3 == many.3 && one.4 == many.4 && one.5 == many.5, "noise on {threads} threads");
+            assert!(one.6 == many.6, "the counters by key on {threads} threads");
+            assert!(one.7 == many.7 && one.8 == many.8, "the tally on {threads} threads");
+            assert_eq!(one.9, many.9, "the findings on {threads} threads");
+        }
+    }
+
+    /// Records `r` of `p` as a range a plan reads: their positions in the whole input kept.
+    fn part(p: &Probes, r: std::ops::Range<usize>) -> Probes {
+        Probes {
+            t1_unix_ns: p.t1_unix_ns[r.clone()].to_vec(),
+            network_rtt_ns: p.network_rtt_ns[r.clone()].to_vec(),
+            prober_delay_ns: p.prober_delay_ns[r.clone()].to_vec(),
+            responder_delay_ns: p.responder_delay_ns[r.clone()].to_vec(),
+            prober: p.prober[r.clone()].to_vec(),
+            target: p.target[r.clone()].to_vec(),
+            flow_label: p.flow_label[r.clone()].to_vec(),
+            responder_epoch: p.responder_epoch[r.clone()].to_vec(),
+            kind: p.kind[r.clone()].to_vec(),
+            outcome: p.outcome[r.clone()].to_vec(),
+            arrived: p.arrived[r.clone()].to_vec(),
+            ts_source: p.ts_source[r.clone()].to_vec(),
+            service: p.service.get(r.clone()).map_or_else(Vec::new, <[u32]>::to_vec),
+            index: r.map(|i| i as u64).collect(),
+        }
+    }
+
+    /// `Sampler::add` as one loop over the records in order (what it was before it ran in
+    /// blocks): the reference its blocks are held to.
+    fn sample_in_order(s: &mut Sampler, p: &Probes, tor_of: &[u32]) {
+        for i in 0..p.len() {
+            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
+                continue;
+            }
+            let (at, c, inter) = (p.index_of(i), usize::from(ts_code(p.ts_source[i])), is_inter(p, tor_of, i));
+            let x = (p.network_rtt_ns[i], p.prober_delay_ns[i], p.responder_delay_ns[i], inter);
+            if at.is_multiple_of(s.stride) {
+                s.samples[c].push(x);
+                if s.samples[c].len() >= SAMPLE_MIN {
+                    s.whole[c] = None;
+                }
+            }
+            if let Some(v) = &mut s.whole[c] {
+                v.push(x);
+            }
+            if at.is_multiple_of(s.shift_stride) && !inter {
+                let tor = tor_of.get(p.prober[i] as usize).copied().unwrap_or(u32::MAX);
+                let key = ((p.t1_unix_ns[i] / W) as u32, c, tor);
+                s.shift.entry(key).or_default().push(f64::from(p.network_rtt_ns[i].max(1)));
+            }
+        }
     }
 
     #[test]

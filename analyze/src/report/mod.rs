@@ -396,7 +396,7 @@ pub fn prepare_with(
     // counted in a table per block range: a block's records come from one or two files, so
     // from one prober and its few dozen targets, and the table's live entries stay in cache
     // (polars' group-by on a 64-bit key column took 4x as long and 8 bytes more per record).
-    let mut dense = vec![0u32; records];
+    let mut dense = crate::ingest::filled(records, 0u32);
     let blocks = records.div_ceil(BLOCK);
     let min_len = (blocks / (4 * rayon::current_num_threads().max(1))).max(1);
     let pair_table = dense

@@ -11,6 +11,7 @@
 
 use super::pairs::{KeySpace, packed};
 use super::{Columns, QUANTILES, select_quantiles};
+use crate::ingest::filled;
 use rayon::prelude::*;
 
 /// Records per block when cutting the table into parts (whole blocks, as the other passes cut);
@@ -46,7 +47,7 @@ impl PairSamples {
         let per = n.div_ceil(parts).div_ceil(BLOCK).max(1) * BLOCK;
         let ranges: Vec<std::ops::Range<usize>> = (0..n).step_by(per).map(|s| s..(s + per).min(n)).collect();
         // Pass 1: each record's pair index, and each part's samples per pair.
-        let mut pair_of = vec![NO_PAIR; n];
+        let mut pair_of = filled(n, NO_PAIR);
         let mut at: Vec<Vec<usize>> = pair_of
             .par_chunks_mut(per)
             .zip(ranges.par_iter())
@@ -78,7 +79,7 @@ impl PairSamples {
                 (*x, total) = (total, total + *x);
             }
         }
-        let mut delays = [vec![0i32; total], vec![0i32; total], vec![0i32; total]];
+        let mut delays = [filled(total, 0i32), filled(total, 0i32), filled(total, 0i32)];
         // Pass 2: each part places its samples in its region.
         {
             let mut regions = Vec::with_capacity(at.len());
