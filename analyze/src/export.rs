@@ -73,6 +73,16 @@ pub enum ExportError {
     /// An option is out of range.
     #[error("{0}")]
     Usage(String),
+    /// The export failed, and the file it had begun could not be removed.
+    #[error("{first}; {} could not be removed ({source}): delete it, it has no footer and no reader can use it", path.display())]
+    LeftBehind {
+        /// Why the export failed.
+        first: Box<ExportError>,
+        /// The file cut short.
+        path: PathBuf,
+        /// Why it could not be removed.
+        source: std::io::Error,
+    },
 }
 
 /// Parquet page compression.
@@ -128,12 +138,13 @@ pub fn write_parquet_parts<P: std::borrow::Borrow<Probes>>(
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let written = write_to(&names, &mut out, compression, parts)
         .and_then(|n| out.flush().map(|()| n).map_err(io(path, "write the Parquet file")));
-    if written.is_err() {
-        drop(out);
-        // What is left is no Parquet file; the error says why.
-        let _ = std::fs::remove_file(path);
+    let Err(first) = written else { return written };
+    drop(out);
+    match std::fs::remove_file(path) {
+        Ok(()) => Err(first),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(first),
+        Err(source) => Err(ExportError::LeftBehind { first: Box::new(first), path: path.to_owned(), source }),
     }
-    written
 }
 
 /// [`write_parquet_parts`] into `out`, unflushed.

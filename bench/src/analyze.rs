@@ -390,6 +390,7 @@ fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Res
     let dir = opt.dir.join("threads");
     std::fs::create_dir_all(&dir)?;
     let mut first: Option<(usize, [f64; 4])> = None;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     for &n in &opt.threads {
         let o = Options { pin_threads: Some(n), ..opt.clone() };
         let steps = [
@@ -414,9 +415,13 @@ fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Res
                     t.cpu_s,
                     rss_gb(t),
                     b / t.wall_s,
-                    t.projected_s.map_or(String::new(), |(p, serial)| format!(
-                        "; more threads than cores: {p:.2} s on {n} cores, projected from its runnable threads ({serial:.2} s with one runnable)"
-                    ))
+                    match t.projected_s {
+                        Some((p, serial)) => format!(
+                            "; more threads than cores: {p:.2} s on {n} cores, projected from its runnable threads ({serial:.2} s with one runnable)"
+                        ),
+                        None if n > cores => "; more threads than cores, but no projection: /proc/PID/task/*/schedstat gave no profile of the run (a kernel without CONFIG_SCHEDSTATS?)".into(),
+                        None => String::new(),
+                    }
                 ),
             });
         }

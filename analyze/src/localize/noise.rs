@@ -291,8 +291,7 @@ impl NoiseScan {
         let mut own = OwnMap::default();
         for part in parts {
             for (host, &(n, first, last)) in part.legs.iter().enumerate().filter(|(_, l)| l.0 > 0) {
-                let l = self.legs.entry(host as u32).or_insert((0, first, last));
-                *l = (l.0 + n, l.1.min(first), l.2.max(last));
+                self.add_legs(host as u32, n, first, last);
             }
             for (key, c) in part.own {
                 own.entry(key).or_default().add(&c);
@@ -300,6 +299,12 @@ impl NoiseScan {
             self.events.extend(part.events);
         }
         self.decide_busy(own, opts);
+    }
+
+    /// `legs` host-delay legs of `host` sent from `first_ns` to `last_ns`.
+    pub(super) fn add_legs(&mut self, host: u32, legs: u64, first_ns: u64, last_ns: u64) {
+        let l = self.legs.entry(host).or_insert((0, first_ns, last_ns));
+        *l = (l.0 + legs, l.1.min(first_ns), l.2.max(last_ns));
     }
 
     /// The busy (host, window)s of `own` (one range's whole windows).

@@ -187,6 +187,13 @@ struct BlockTally {
     services: Vec<ServiceTally>,
 }
 
+/// That the prober of `key` (prober, restarted target, restart's first record) heard the new
+/// instance at `at_ns`: the earliest time heard is kept ([`Tally::heard_again`]).
+pub(super) fn first_heard(heard_again: &mut HashMap<(u32, u32, u64), u64>, key: (u32, u32, u64), at_ns: u64) {
+    let e = heard_again.entry(key).or_insert(u64::MAX);
+    *e = (*e).min(at_ns);
+}
+
 /// One block's counters by key (foldhash, seeded per process as hashbrown's own default,
 /// instead of SipHash, which took a quarter of localize's time at 8,192 RNICs), and the rest.
 struct Block {
@@ -197,9 +204,8 @@ struct Block {
 impl Tally {
     /// Adds a block's figures, blocks in record order.
     fn add(&mut self, b: BlockTally) {
-        for (k, heard) in b.heard_again {
-            let e = self.heard_again.entry(k).or_insert(u64::MAX);
-            *e = (*e).min(heard);
+        for (k, at_ns) in b.heard_again {
+            first_heard(&mut self.heard_again, k, at_ns);
         }
         self.windows.extend(b.windows);
         // Every field named, so that a counter added to NotEvidence must be merged here too.
@@ -337,8 +343,7 @@ fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, key
                 if let Some(list) = restarts.get(&tg) {
                     for &(_, back) in list {
                         if p.t1_unix_ns[i] >= back {
-                            let e = t.heard_again.entry((pr, tg, back)).or_insert(u64::MAX);
-                            *e = (*e).min(p.t1_unix_ns[i]);
+                            first_heard(&mut t.heard_again, (pr, tg, back), p.t1_unix_ns[i]);
                         }
                     }
                 }

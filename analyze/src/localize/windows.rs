@@ -23,7 +23,7 @@
 use super::Options;
 use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET, ends_inter};
 use super::noise::{Agents, Hosts, NoiseScan, Own, OwnMap, host_in_rtt};
-use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric};
+use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric, first_heard};
 use crate::ingest::{Dataset, KeyCell, WindowKey, Windows};
 use crate::probe::{Class, TS_CODES, TsSources};
 use rocemesh_formats::window::{BUCKETS, Measure, bucket_value};
@@ -224,8 +224,7 @@ pub(super) fn noise_scan(
         }
         let (hp, ht) = (hosts.of_rnic[pr], hosts.of_rnic[tg]);
         for host in [hp, ht] {
-            let l = scan.legs.entry(host).or_insert((0, k.first_ns, k.last_ns));
-            *l = (l.0 + u64::from(ok), l.1.min(k.first_ns), l.2.max(k.last_ns));
+            scan.add_legs(host, u64::from(ok), k.first_ns, k.last_ns);
         }
         let win = window_of(k, window_ns);
         let inter = is_inter(k, tor_of);
@@ -361,8 +360,7 @@ fn heard(k: &WindowKey, agents: &Agents, t: &mut Tally) {
         } else {
             continue;
         };
-        let e = t.heard_again.entry((k.prober, k.target, back)).or_insert(u64::MAX);
-        *e = (*e).min(at);
+        first_heard(&mut t.heard_again, (k.prober, k.target, back), at);
     }
 }
 
