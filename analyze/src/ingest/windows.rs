@@ -135,9 +135,24 @@ impl Windows {
 
     /// Every key with its cells, in file order.
     pub fn iter(&self) -> impl Iterator<Item = (&WindowKey, &[KeyCell])> + '_ {
-        self.parts
-            .iter()
-            .flat_map(|(keys, cells)| keys.iter().map(move |k| (k, &cells[k.cells.0 as usize..k.cells.1 as usize])))
+        self.keys_in(0..usize::MAX)
+    }
+
+    /// Keys in all, the positions [`Windows::keys_in`] counts.
+    pub fn keys(&self) -> usize {
+        self.parts.iter().map(|(keys, _)| keys.len()).sum()
+    }
+
+    /// The keys at positions `r` of [`Windows::iter`]'s order, with their cells: a block of the
+    /// keys, for a stage to run over blocks on every core and merge them in order.
+    pub fn keys_in(&self, r: std::ops::Range<usize>) -> impl Iterator<Item = (&WindowKey, &[KeyCell])> + '_ {
+        let mut first = 0usize;
+        self.parts.iter().flat_map(move |(keys, cells)| {
+            let (from, to) = (r.start.saturating_sub(first), r.end.saturating_sub(first));
+            first += keys.len();
+            let part = &keys[from.min(keys.len())..to.min(keys.len())];
+            part.iter().map(move |k| (k, &cells[k.cells.0 as usize..k.cells.1 as usize]))
+        })
     }
 }
 

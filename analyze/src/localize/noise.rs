@@ -189,11 +189,23 @@ pub(super) struct NoiseScan {
 }
 
 /// What one block of a range adds to a [`NoiseScan`].
-struct ScannedBlock {
+pub(super) struct ScannedBlock {
     /// By host id: (host-delay legs, first T1, last T1), legs 0 where none.
     legs: Vec<(u64, u64, u64)>,
-    own: OwnMap,
-    events: Vec<(u32, u64, u64, u32, bool, u32)>,
+    pub(super) own: OwnMap,
+    pub(super) events: Vec<(u32, u64, u64, u32, bool, u32)>,
+}
+
+impl ScannedBlock {
+    pub(super) fn new(hosts: &Hosts) -> ScannedBlock {
+        ScannedBlock { legs: vec![(0, 0, 0); hosts.names.len()], own: OwnMap::default(), events: Vec::new() }
+    }
+
+    /// `n` (> 0) host-delay legs of `host` sent from `first_ns` to `last_ns`.
+    pub(super) fn add_legs(&mut self, host: u32, n: u64, first_ns: u64, last_ns: u64) {
+        let l = &mut self.legs[host as usize];
+        *l = if l.0 == 0 { (n, first_ns, last_ns) } else { (l.0 + n, l.1.min(first_ns), l.2.max(last_ns)) };
+    }
 }
 
 /// [`NoiseScan::add`] over records `r` of `p`.
@@ -207,7 +219,7 @@ fn scan_block(
     window_ns: u64,
 ) -> ScannedBlock {
     let win = |t: u64| (t / window_ns) as u32;
-    let mut b = ScannedBlock { legs: vec![(0, 0, 0); hosts.names.len()], own: OwnMap::default(), events: Vec::new() };
+    let mut b = ScannedBlock::new(hosts);
     for i in r {
         let (pr, tg) = (p.prober[i] as usize, p.target[i] as usize);
         if pr >= ds.rnics.len() || tg >= ds.rnics.len() || Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
@@ -217,8 +229,7 @@ fn scan_block(
         let (pd, rd) = (i64::from(p.prober_delay_ns[i]), i64::from(p.responder_delay_ns[i]));
         let t1 = p.t1_unix_ns[i];
         for host in [hosts.of_rnic[pr], hosts.of_rnic[tg]] {
-            let l = &mut b.legs[host as usize];
-            *l = if l.0 == 0 { (1, t1, t1) } else { (l.0 + 1, l.1.min(t1), l.2.max(t1)) };
+            b.add_legs(host, 1, t1, t1);
         }
         if host_in_rtt(p.ts_source[i])
             && let Some(late_ns) = base.leg_late_ns(p.ts_source[i])
@@ -288,10 +299,17 @@ impl NoiseScan {
         window_ns: u64,
     ) {
         let parts = super::in_blocks(p.len(), |_, r| scan_block(ds, p, r, hosts, tor_of, base, window_ns));
+        self.merge(parts, opts);
+    }
+
+    /// One range's blocks, in order: a host's legs add and its span widens, a (host, window)'s
+    /// counts add, late legs keep their order; then the range's busy (host, window)s.
+    pub(super) fn merge(&mut self, parts: Vec<ScannedBlock>, opts: &Options) {
         let mut own = OwnMap::default();
         for part in parts {
             for (host, &(n, first, last)) in part.legs.iter().enumerate().filter(|(_, l)| l.0 > 0) {
-                self.add_legs(host as u32, n, first, last);
+                let l = self.legs.entry(host as u32).or_insert((0, first, last));
+                *l = (l.0 + n, l.1.min(first), l.2.max(last));
             }
             for (key, c) in part.own {
                 own.entry(key).or_default().add(&c);
@@ -301,14 +319,8 @@ impl NoiseScan {
         self.decide_busy(own, opts);
     }
 
-    /// `legs` host-delay legs of `host` sent from `first_ns` to `last_ns`.
-    pub(super) fn add_legs(&mut self, host: u32, legs: u64, first_ns: u64, last_ns: u64) {
-        let l = self.legs.entry(host).or_insert((0, first_ns, last_ns));
-        *l = (l.0 + legs, l.1.min(first_ns), l.2.max(last_ns));
-    }
-
     /// The busy (host, window)s of `own` (one range's whole windows).
-    pub(super) fn decide_busy(&mut self, own: OwnMap, opts: &Options) {
+    fn decide_busy(&mut self, own: OwnMap, opts: &Options) {
         // The null of each window: the late share of a typical host there, the lower quartile
         // over hosts with enough legs to say (as the loss and slowness nulls, over RNICs), at
         // least the 1% a host like the fleet has.

@@ -152,39 +152,62 @@ pub(super) struct TallyContext<'a> {
 /// firsts take their minimum, a service's RTTs follow record order, so the tally is the one a
 /// single pass in order makes.
 pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut Tally) -> RangeTally {
-    t.records += p.len() as u64;
     let parts = super::in_blocks(p.len(), |blocks, r| tally_block(ds, p, cx, r, t.last_range_keys / blocks));
-    let mut acc: Vec<(Key, Acc, bool)> = Vec::with_capacity(parts.iter().map(|b| b.acc.len()).sum());
-    for part in parts {
-        acc.extend(part.acc.into_iter().map(|(k, (a, inter))| (k, a, inter)));
-        t.add(part.rest);
-    }
-    // A key can be in several blocks, so blocks merge by sorting. A range's records come file by
-    // file, so a key's are mostly in one block and the blocks' tables hold about the range's
-    // keys once; a table interleaved in time would hold them up to once per block until here.
-    acc.par_sort_unstable_by_key(|e| e.0);
-    acc.dedup_by(|next, kept| {
-        let same = next.0 == kept.0;
-        if same {
-            kept.1.add(&next.1);
-            kept.2 |= next.2;
+    t.merge(parts)
+}
+
+impl Tally {
+    /// One range's blocks, in record order, into its counters by key and this tally.
+    pub(super) fn merge(&mut self, parts: Vec<Block>) -> RangeTally {
+        let t = self;
+        let mut acc: Vec<(Key, Acc, bool)> = Vec::with_capacity(parts.iter().map(|b| b.acc.len()).sum());
+        for part in parts {
+            acc.extend(part.acc.into_iter().map(|(k, (a, inter))| (k, a, inter)));
+            t.add(part.rest);
         }
-        same
-    });
-    t.last_range_keys = acc.len();
-    RangeTally { acc }
+        // A key can be in several blocks, so blocks merge by sorting. A range's records come file by
+        // file, so a key's are mostly in one block and the blocks' tables hold about the range's
+        // keys once; a table interleaved in time would hold them up to once per block until here.
+        acc.par_sort_unstable_by_key(|e| e.0);
+        acc.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1.add(&next.1);
+                kept.2 |= next.2;
+            }
+            same
+        });
+        t.last_range_keys = acc.len();
+        RangeTally { acc }
+    }
 }
 
 /// What one block of a range adds to a [`Tally`] besides its counters by key.
 #[derive(Default)]
-struct BlockTally {
-    heard_again: HashMap<(u32, u32, u64), u64>,
+pub(super) struct BlockTally {
+    /// Records (probes) looked at.
+    pub(super) records: u64,
+    pub(super) heard_again: HashMap<(u32, u32, u64), u64>,
     /// Windows holding records, ascending.
-    windows: Vec<u32>,
-    not_evidence: NotEvidence,
+    pub(super) windows: Vec<u32>,
+    pub(super) not_evidence: NotEvidence,
     /// Local drops by prober id (empty when none).
-    local_drops: Vec<u64>,
-    services: Vec<ServiceTally>,
+    pub(super) local_drops: Vec<u64>,
+    pub(super) services: Vec<ServiceTally>,
+}
+
+impl BlockTally {
+    pub(super) fn new(ds: &Dataset) -> BlockTally {
+        BlockTally { services: vec![ServiceTally::default(); ds.services.len()], ..BlockTally::default() }
+    }
+
+    /// `n` local drops of prober `pr`, of a fleet of `rnics`.
+    pub(super) fn local_drops(&mut self, pr: u32, n: u64, rnics: usize) {
+        if self.local_drops.is_empty() {
+            self.local_drops = vec![0; rnics];
+        }
+        self.local_drops[pr as usize] += n;
+    }
 }
 
 /// That the prober of `key` (prober, restarted target, restart's first record) heard the new
@@ -196,14 +219,15 @@ pub(super) fn first_heard(heard_again: &mut HashMap<(u32, u32, u64), u64>, key: 
 
 /// One block's counters by key (foldhash, seeded per process as hashbrown's own default,
 /// instead of SipHash, which took a quarter of localize's time at 8,192 RNICs), and the rest.
-struct Block {
-    acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState>,
-    rest: BlockTally,
+pub(super) struct Block {
+    pub(super) acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState>,
+    pub(super) rest: BlockTally,
 }
 
 impl Tally {
     /// Adds a block's figures, blocks in record order.
     fn add(&mut self, b: BlockTally) {
+        self.records += b.records;
         for (k, at_ns) in b.heard_again {
             first_heard(&mut self.heard_again, k, at_ns);
         }
@@ -261,7 +285,7 @@ fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, key
     let rnics = ds.rnics.len();
     let mut acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(keys, Default::default());
-    let mut t = BlockTally { services: vec![ServiceTally::default(); ds.services.len()], ..BlockTally::default() };
+    let mut t = BlockTally { records: r.len() as u64, ..BlockTally::new(ds) };
     let mut last_w = None;
     for i in r {
         let (pr, tg) = (p.prober[i], p.target[i]);
@@ -355,10 +379,7 @@ fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, key
             // Only ACK2 missing proves the forward path and the responder alive: not loss.
             Class::Partial => a.valid = 1,
             Class::LocalDrop => {
-                if t.local_drops.is_empty() {
-                    t.local_drops = vec![0; rnics];
-                }
-                t.local_drops[pr as usize] += 1;
+                t.local_drops(pr, 1, rnics);
                 continue;
             }
             Class::Invalid => {
@@ -459,42 +480,8 @@ mod tests {
     /// record order, a timestamp source sampled whole).
     #[test]
     fn stages_in_blocks_on_any_number_of_threads_count_as_one_pass() {
-        let outcomes = [Outcome::Ok, Outcome::Ok, Outcome::Ok, Outcome::Lost, Outcome::Ok, Outcome::LocalDrop];
-        let recs: Vec<Rec> = (0..12_000u32)
-            .map(|k| {
-                let (pr, tg) = (k % 12, (k * 5 + 1) % 12);
-                let outcome = if k % 41 == 0 { Outcome::Refused } else { outcomes[(k / 7) as usize % outcomes.len()] };
-                let pd = if k % 97 == 0 { 5_000_000 } else { 1_000 + (k * 7_919 % 20) as i32 };
-                let rtt = 8_000 + (k * 104_729 % 20_000) as i32;
-                Rec(pr, tg, u64::from(k % 5), outcome, rtt, pd, if k % 60 == 0 { HP } else { KS })
-            })
-            .collect();
-        let mut ds = dataset(12, 5, &recs);
+        let ds = mixed_dataset();
         let n = ds.probes.len();
-        ds.probes.prober[n / 2] = 40;
-        // h0 stalls in window 1; h3's agent restarts (down at 10 s, back at 70 s).
-        for k in (0..n).filter(|k| k % 12 == 0 && k % 5 == 1).take(40) {
-            ds.probes.prober_delay_ns[k] = 150_000_000;
-        }
-        // h7 is late on a third of its probes in window 3: busy.
-        for k in (0..n).filter(|k| k % 12 == 7 && k % 5 == 3 && k / 60 % 3 == 0) {
-            ds.probes.prober_delay_ns[k] = 3_000_000;
-        }
-        ds.agents[3].last_ns = T0 + 10_000_000_000;
-        ds.agents.push(AgentFile { agent_epoch: 2, first_ns: T0 + 70_000_000_000, ..ds.agents[3].clone() });
-        ds.agents.last_mut().unwrap().last_ns = T0 + 5 * W - 1;
-        ds.services = (0..2)
-            .map(|i| crate::ingest::Service {
-                name: format!("s{i}"),
-                prober: i,
-                remote: 5 + i,
-                resolution: crate::ingest::Resolution::Agent,
-                addr: [0; 16],
-                conn: Default::default(),
-            })
-            .collect();
-        ds.probes.service =
-            (0..n as u32).map(|k| if k % 11 == 0 { k / 11 % 2 } else { crate::ingest::NO_SERVICE }).collect();
         let opts = Options::default();
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();

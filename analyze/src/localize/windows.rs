@@ -22,12 +22,15 @@
 
 use super::Options;
 use super::baseline::{Baselines, SAMPLE_MIN, SAMPLE_TARGET, SHIFT_SAMPLE_TARGET, ends_inter};
-use super::noise::{Agents, Hosts, NoiseScan, Own, OwnMap, host_in_rtt};
-use super::tally::{Acc, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric, first_heard};
+use super::noise::{Agents, Hosts, NoiseScan, Own, ScannedBlock, host_in_rtt};
+use super::tally::{
+    Acc, Block, BlockTally, Key, NO_LABEL, RangeTally, Tally, TallyContext, crosses_fabric, first_heard,
+};
 use crate::ingest::{Dataset, KeyCell, WindowKey, Windows};
 use crate::probe::{Class, TS_CODES, TsSources};
 use rocemesh_formats::window::{BUCKETS, Measure, bucket_value};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// A histogram of the whole input: a count per bucket, dense (a few of them, 15 KiB each).
 #[derive(Clone)]
@@ -101,10 +104,19 @@ fn max_p99(pd: &Hist, rd: &Hist) -> i64 {
 }
 
 /// Stage 1 from summaries: [`Baselines`] from the ok probes' histograms.
+/// The keys are counted in blocks on every core ([`super::in_blocks`]), whose counts add.
 pub(super) fn baselines(w: &Windows, tor_of: &[u32], opts: &Options, window_ns: u64) -> Baselines {
-    let mut counts = BaselineCounts::default();
-    for (k, cells) in w.iter() {
-        counts.add(k, cells, tor_of, window_ns);
+    let parts = super::in_blocks(w.keys(), |_, r| {
+        let mut c = BaselineCounts::default();
+        for (k, cells) in w.keys_in(r) {
+            c.add(k, cells, tor_of, window_ns);
+        }
+        c
+    });
+    let mut parts = parts.into_iter();
+    let mut counts = parts.next().unwrap_or_default();
+    for c in parts {
+        counts.merge(&c);
     }
     counts.probes = w.probes;
     counts.baselines(opts)
@@ -203,7 +215,8 @@ impl BaselineCounts {
 }
 
 /// Stage 2's scan from summaries: late host delays (dated to their key's span), each host's
-/// legs and span, and the busy (host, window)s, as [`NoiseScan::add`] gathers them from records.
+/// legs and span, and the busy (host, window)s, as [`NoiseScan::add`] gathers them from records
+/// (in blocks of keys on every core, merged in order as it merges blocks of records).
 pub(super) fn noise_scan(
     ds: &Dataset,
     w: &Windows,
@@ -213,10 +226,25 @@ pub(super) fn noise_scan(
     opts: &Options,
     window_ns: u64,
 ) -> NoiseScan {
+    let parts = super::in_blocks(w.keys(), |_, r| scan_keys(ds, w, r, hosts, tor_of, base, window_ns));
     let mut scan = NoiseScan::default();
-    let mut own = OwnMap::default();
+    scan.merge(parts, opts);
+    scan
+}
+
+/// [`noise_scan`] over keys `r` of `w`.
+fn scan_keys(
+    ds: &Dataset,
+    w: &Windows,
+    r: Range<usize>,
+    hosts: &Hosts,
+    tor_of: &[u32],
+    base: &Baselines,
+    window_ns: u64,
+) -> ScannedBlock {
+    let mut b = ScannedBlock::new(hosts);
     let rnics = ds.rnics.len();
-    for (k, cells) in w.iter() {
+    for (k, cells) in w.keys_in(r) {
         let (pr, tg) = (k.prober as usize, k.target as usize);
         let ok = k.counts[Class::Ok as usize];
         if pr >= rnics || tg >= rnics || ok == 0 {
@@ -224,7 +252,7 @@ pub(super) fn noise_scan(
         }
         let (hp, ht) = (hosts.of_rnic[pr], hosts.of_rnic[tg]);
         for host in [hp, ht] {
-            scan.add_legs(host, u64::from(ok), k.first_ns, k.last_ns);
+            b.add_legs(host, u64::from(ok), k.first_ns, k.last_ns);
         }
         let win = window_of(k, window_ns);
         let inter = is_inter(k, tor_of);
@@ -251,7 +279,7 @@ pub(super) fn noise_scan(
                     }
                     if i64::try_from(v).unwrap_or(i64::MAX) > base.noise_ns(ts) {
                         let end = k.last_ns.saturating_add(v);
-                        scan.events.push((host, k.first_ns, end, rnic as u32, answering, n));
+                        b.events.push((host, k.first_ns, end, rnic as u32, answering, n));
                     }
                 }
                 Measure::NetworkRtt => {}
@@ -259,20 +287,27 @@ pub(super) fn noise_scan(
         }
         for (host, o) in [(hp, rtt), (ht, rtt), (hp, prober_legs), (ht, responder_legs)] {
             if o != Own::default() {
-                own.entry((host, win)).or_default().add(&o);
+                b.own.entry((host, win)).or_default().add(&o);
             }
         }
     }
-    scan.decide_busy(own, opts);
-    scan
+    b
 }
 
 /// Stage 3 from summaries: the counters per (window, prober, target, label), leaving out the
-/// keys whose span met a stall, and when each prober first heard a restarted target.
+/// keys whose span met a stall, and when each prober first heard a restarted target (in blocks
+/// of keys on every core, merged in order as [`super::tally::tally_range`] merges its blocks).
 pub(super) fn tally(ds: &Dataset, w: &Windows, cx: &TallyContext, t: &mut Tally) -> RangeTally {
+    let parts = super::in_blocks(w.keys(), |_, r| tally_keys(ds, w, r, cx));
+    t.merge(parts)
+}
+
+/// [`tally`] over keys `r` of `w`.
+fn tally_keys(ds: &Dataset, w: &Windows, r: Range<usize>, cx: &TallyContext) -> Block {
     let rnics = ds.rnics.len();
-    let mut acc: HashMap<(u32, u32, u32, u32), (Acc, bool), foldhash::fast::RandomState> = HashMap::default();
-    for (k, cells) in w.iter() {
+    let mut acc: HashMap<Key, (Acc, bool), foldhash::fast::RandomState> = HashMap::default();
+    let mut t = BlockTally::new(ds);
+    for (k, cells) in w.keys_in(r) {
         let probes = k.probes();
         t.records += probes;
         let win = window_of(k, cx.window_ns);
@@ -283,17 +318,18 @@ pub(super) fn tally(ds: &Dataset, w: &Windows, cx: &TallyContext, t: &mut Tally)
             t.not_evidence.unknown_rnic += probes;
             continue;
         }
-        t.windows.insert(win);
-        let Some((a, inter)) = key_acc(ds, k, cells, cx, t, win) else { continue };
+        if t.windows.last() != Some(&win) {
+            t.windows.push(win);
+        }
+        let Some((a, inter)) = key_acc(ds, k, cells, cx, &mut t, win) else { continue };
         let label = if inter { k.flow_label } else { NO_LABEL };
         let e = acc.entry((win, k.prober, k.target, label)).or_default();
         e.0.add(&a);
         e.1 |= inter;
     }
-    t.last_range_keys = acc.len();
-    let mut acc: Vec<_> = acc.into_iter().map(|(k, (a, inter))| (k, a, inter)).collect();
-    acc.sort_unstable_by_key(|e| e.0);
-    RangeTally { acc }
+    t.windows.sort_unstable();
+    t.windows.dedup();
+    Block { acc, rest: t }
 }
 
 /// One key's counters, and whether its probes cross the fabric; `None` when nothing of it is
@@ -303,7 +339,7 @@ fn key_acc(
     k: &WindowKey,
     cells: &[KeyCell],
     cx: &TallyContext,
-    t: &mut Tally,
+    t: &mut BlockTally,
     win: u32,
 ) -> Option<(Acc, bool)> {
     let TallyContext { base, tor_of, noise, hosts, agents, .. } = *cx;
@@ -312,14 +348,16 @@ fn key_acc(
     let met =
         |pad: u64| noise.hit_span(hp, k.first_ns, k.last_ns, pad) || noise.hit_span(ht, k.first_ns, k.last_ns, pad);
     let (ok_met, lost_met) = (met(noise.pad_ns), met(noise.lost_pad_ns));
+    if count(Class::LocalDrop) > 0 {
+        t.local_drops(k.prober, u64::from(count(Class::LocalDrop)), ds.rnics.len());
+    }
     let ne = &mut t.not_evidence;
     ne.invalid += u64::from(count(Class::Invalid));
     ne.refused += u64::from(count(Class::Refused));
     ne.unknown_outcome += u64::from(count(Class::Unknown));
-    t.local_drops[k.prober as usize] += u64::from(count(Class::LocalDrop));
     let mut a = Acc::default();
     if lost_met {
-        ne.host_noise += u64::from(count(Class::Lost) + count(Class::Partial));
+        ne.host_noise += u64::from(count(Class::Lost)) + u64::from(count(Class::Partial));
     } else {
         a.valid = a.valid.saturating_add(count(Class::Lost).saturating_add(count(Class::Partial)));
         a.lost = a.lost.saturating_add(count(Class::Lost));
@@ -350,7 +388,7 @@ fn key_acc(
 }
 
 /// When `k`'s prober heard its restarted target again (see the module documentation).
-fn heard(k: &WindowKey, agents: &Agents, t: &mut Tally) {
+fn heard(k: &WindowKey, agents: &Agents, t: &mut BlockTally) {
     let Some(list) = agents.restarts.get(&k.target) else { return };
     for &(_, back) in list {
         let at = if k.first_ok_ns >= back && k.first_ok_ns != u64::MAX {
@@ -432,5 +470,95 @@ mod tests {
         let both = hist(&[(1_000, 994), (100_000, 6)]);
         assert!(near(max_p99(&both, &both), 100_000.0));
         assert_eq!(max_p99(&Hist::default(), &pd), 0, "no legs, no p99");
+    }
+
+    /// The stages from summaries run in blocks of keys on every core and merge in order: a pool
+    /// of one thread (one block: the single loop over the keys they replaced) and pools of 3 and
+    /// 32 threads (blocks of a few dozen keys here, cut across files) must give the same
+    /// baselines, noise, tally and findings, including what only some blocks see.
+    #[test]
+    fn stages_from_summaries_in_blocks_on_any_number_of_threads_count_as_one_pass() {
+        use crate::localize::testkit::{W, mixed_dataset, record_keys};
+        let ds = mixed_dataset();
+        let w = record_keys(&ds, 7);
+        assert_eq!(w.keys(), ds.probes.len());
+        assert_eq!(
+            w.keys_in(5_000..5_003).map(|(k, _)| k.first_ns).collect::<Vec<_>>(),
+            ds.probes.t1_unix_ns[5_000..5_003]
+        );
+        let opts = Options::default();
+        assert_eq!(opts.window_s * 1_000_000_000, W);
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let tor_of = super::super::tor_ids(&ds);
+                let base = baselines(&w, &tor_of, &opts, W);
+                let mut shifts: Vec<_> = base.shifts.iter().map(|(k, v)| (*k, v.to_bits())).collect();
+                shifts.sort_unstable();
+                let base_said =
+                    (format!("{:?} {:?} {:?}", base.by_code, base.late_share, base.leg_p99_robust_ns), shifts);
+                let hosts = Hosts::of(&ds);
+                let agents = Agents::of(&ds, W);
+                let scan = noise_scan(&ds, &w, &hosts, &tor_of, &base, &opts, W);
+                let mut events = scan.events.clone();
+                events.sort_unstable();
+                let mut legs: Vec<_> = scan.legs.iter().map(|(h, l)| (*h, *l)).collect();
+                legs.sort_unstable();
+                let noise_said = (events, legs, scan.busy.clone());
+                let noise = super::super::noise::Noise::new(&ds, &hosts, &base, &opts, W, scan);
+                let cx = TallyContext {
+                    base: &base,
+                    tor_of: &tor_of,
+                    noise: &noise,
+                    hosts: &hosts,
+                    agents: &agents,
+                    window_ns: W,
+                };
+                let mut t = Tally::new(&ds);
+                let range = tally(&ds, &w, &cx, &mut t);
+                let services: Vec<_> = t
+                    .services
+                    .iter()
+                    .map(|s| {
+                        (s.probes, s.first_ns, s.last_ns, s.prober, s.windows.clone(), s.rtt.clone(), s.excess.clone())
+                    })
+                    .collect();
+                let tally_said = (
+                    t.records,
+                    t.heard_again.clone(),
+                    t.windows.clone(),
+                    t.not_evidence.clone(),
+                    t.local_drops.clone(),
+                    services,
+                );
+                let json = serde_json::to_value(super::super::localize_windows(&ds, &w, &opts)).unwrap();
+                (base_said, noise_said, range.acc, tally_said, json)
+            })
+        };
+        let one = run(1);
+        let (noise, tally) = (&one.1, &one.3);
+        assert!(
+            !noise.0.is_empty() && !noise.2.is_empty(),
+            "late legs and a busy host: {} {}",
+            noise.0.len(),
+            noise.2.len()
+        );
+        assert!(tally.0 == ds.probes.len() as u64 && !tally.1.is_empty(), "every probe, and a restart heard again");
+        assert!(
+            tally.3.host_noise > 0
+                && tally.3.unknown_rnic == 1
+                && tally.3.refused > 0
+                && tally.4.iter().sum::<u64>() > 0
+        );
+        assert!(tally.5.iter().all(|s| s.5.len() > 100), "services' RTTs");
+        assert!(one.4["findings"].as_array().is_some_and(|f| !f.is_empty()), "{}", one.4);
+        for threads in [3, 32] {
+            let many = run(threads);
+            assert!(one.0 == many.0, "the baselines on {threads} threads");
+            assert!(one.1 == many.1, "the noise on {threads} threads");
+            assert!(one.2 == many.2, "the counters by key on {threads} threads");
+            assert!(one.3 == many.3, "the tally on {threads} threads");
+            assert_eq!(one.4, many.4, "the findings on {threads} threads");
+        }
     }
 }
