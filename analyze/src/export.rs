@@ -216,7 +216,7 @@ fn encode_parts<P: std::borrow::Borrow<Probes>>(
             (0..p.len()).step_by(ROW_GROUP_ROWS).map(|a| (a, (a + ROW_GROUP_ROWS).min(p.len()))).collect();
         for spans in spans.chunks(batch) {
             let groups: Vec<Result<Encoded, ExportError>> =
-                spans.par_iter().map(|&(a, b)| layout.encode(names.columns(p, &Rows::Span(a, b))?)).collect();
+                spans.par_iter().map(|&(a, b)| layout.encode(&names.columns(p, &Rows::Span(a, b)))).collect();
             for g in groups {
                 put(g?)?;
             }
@@ -243,16 +243,16 @@ struct Layout {
 
 impl Layout {
     /// Encodes and compresses a row group's `columns` on the calling thread.
-    fn encode(&self, columns: Vec<Col>) -> Result<Encoded, ExportError> {
+    fn encode(&self, columns: &GroupColumns) -> Result<Encoded, ExportError> {
         if columns.len() != self.fields.len() {
             return Err(
                 polars_err!(ShapeMismatch: "export: {} columns for a schema of {}", columns.len(), self.fields.len())
                     .into(),
             );
         }
-        let rows = columns.first().map_or(0, |c| c.array.len()) as u64;
         let mut pages = Vec::with_capacity(self.fields.len());
-        for ((col, ty), encoding) in columns.iter().zip(&self.fields).zip(&self.encodings) {
+        for (i, (ty, encoding)) in self.fields.iter().zip(&self.encodings).enumerate() {
+            let col = columns.column(i)?;
             for column in array_to_columns(&col.array, ty.clone(), self.options, encoding)? {
                 // The compressor takes parquet's errors; an encoding error is kept as polars gave
                 // it (the pages stop there) and returned once the compressor is done.
@@ -266,7 +266,7 @@ impl Layout {
                 pages.push(compressed.map_err(PolarsError::from)?);
             }
         }
-        Ok(Encoded { rows, pages })
+        Ok(Encoded { rows: columns.rows() as u64, pages })
     }
 }
 
@@ -341,7 +341,7 @@ pub fn write_partitioned_parts<P: std::borrow::Borrow<Probes>>(
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
                 let (mut w, layout) = names.writer(&mut out, compression)?;
                 for rows in group.chunks(ROW_GROUP_ROWS) {
-                    let g = layout.encode(names.columns(p, &Rows::Picked(rows))?)?;
+                    let g = layout.encode(&names.columns(p, &Rows::Picked(rows)))?;
                     w.write_row_group(g.rows, &g.pages)?;
                 }
                 w.finish()?;
@@ -535,59 +535,94 @@ impl Names {
         Ok((writer, layout))
     }
 
-    /// The columns of a row group holding `rows` of `p`, in the file's order. Names (of
-    /// RNICs, ToRs, classes, services) are dictionary arrays over the distinct names, keyed by
-    /// the ids the rows already carry: polars' writer would otherwise hash every string of a
-    /// row group to find the dictionary Parquet stores them by (about a quarter of an export's CPU).
-    fn columns(&self, p: &Probes, rows: &Rows<'_>) -> PolarsResult<Vec<Col>> {
+    /// The columns of a row group holding `rows` of `p`, in the file's order, each built when
+    /// [`GroupColumns::column`] is asked for it.
+    fn columns<'a>(&'a self, p: &'a Probes, rows: &'a Rows<'a>) -> GroupColumns<'a> {
         let rnic_idx = |ids: &[u32]| -> Vec<IdxSize> { rows.pick(ids).into_iter().map(|i| self.rnic_idx(i)).collect() };
-        let (prober, target) = (rnic_idx(&p.prober), rnic_idx(&p.target));
-        let n = prober.len();
-        let some = |i: &IdxSize| Some(*i);
-        let tor = |i: &IdxSize| Some(self.tor_of_rnic[*i as usize]);
-        let class = rows.indices().map(|i| Some(Class::of(p.outcome[i], p.arrived[i]) as IdxSize));
-        let service: Vec<_> = rows
+        let service = rows
             .indices()
             .map(|i| {
                 let s = p.service_of(i);
                 (s != NO_SERVICE && (s as usize) < self.services).then_some(s as IdxSize)
             })
             .collect();
-        let (rnic_names, tor_names) = (self.rnic_names.clone().into_series(), self.tor_names.clone().into_series());
-        let t1 = rows.pick(&p.t1_unix_ns);
-        let window_ns = self.window_ns;
-        let window = windows(&t1, window_ns)?;
-        let mut columns = vec![
-            Col::plain("t1_unix_ns", DataType::UInt64, t1),
-            window,
-            Col::names("prober", &rnic_names, prober.iter().map(some), n)?,
-            Col::names("prober_tor", &tor_names, prober.iter().map(tor), n)?,
-            Col::names("target", &rnic_names, target.iter().map(some), n)?,
-            Col::names("target_tor", &tor_names, target.iter().map(tor), n)?,
-            Col::ints("prober_id", DataType::UInt32, rows.pick(&p.prober))?,
-            Col::ints("target_id", DataType::UInt32, rows.pick(&p.target))?,
-            Col::plain("kind", DataType::UInt8, rows.pick(&p.kind)),
-            Col::plain("outcome", DataType::UInt8, rows.pick(&p.outcome)),
-            Col::plain("arrived", DataType::UInt8, rows.pick(&p.arrived)),
-            Col::ints("flow_label", DataType::UInt32, rows.pick(&p.flow_label))?,
-            Col::ints("responder_epoch", DataType::UInt32, rows.pick(&p.responder_epoch))?,
-            Col::ints("network_rtt_ns", DataType::Int32, rows.pick(&p.network_rtt_ns))?,
-            Col::ints("prober_delay_ns", DataType::Int32, rows.pick(&p.prober_delay_ns))?,
-            Col::ints("responder_delay_ns", DataType::Int32, rows.pick(&p.responder_delay_ns))?,
-            Col::plain("ts_source", DataType::UInt8, rows.pick(&p.ts_source)),
-            Col::names("class", &self.class_names.clone().into_series(), class, n)?,
-            Col::names("service", &self.service_names.clone().into_series(), service.iter().copied(), n)?,
-        ];
-        for (name, values) in SERVICE_COLUMNS.iter().zip(&self.service_columns) {
-            columns.push(Col::names(name, values.as_materialized_series(), service.iter().copied(), n)?);
-        }
-        Ok(columns)
+        GroupColumns { names: self, p, rows, prober: rnic_idx(&p.prober), target: rnic_idx(&p.target), service }
     }
 
     /// The schema of every row group: [`Names::columns`]' names and types.
     fn schema(&self) -> PolarsResult<Schema> {
-        let empty = self.columns(&Probes::default(), &Rows::Span(0, 0))?;
-        Ok(empty.into_iter().map(|c| Field::new(c.name.into(), c.dtype)).collect())
+        let (p, rows) = (Probes::default(), Rows::Span(0, 0));
+        let empty = self.columns(&p, &rows);
+        (0..empty.len()).map(|i| empty.column(i).map(|c| Field::new(c.name.into(), c.dtype))).collect()
+    }
+}
+
+/// A row group's columns, built one at a time as they are encoded: built all at once, a row
+/// group of [`ROW_GROUP_ROWS`] held 70-100 MiB on each core encoding one. What several columns
+/// read is kept: the rows' RNIC indexes and services.
+struct GroupColumns<'a> {
+    names: &'a Names,
+    p: &'a Probes,
+    rows: &'a Rows<'a>,
+    prober: Vec<IdxSize>,
+    target: Vec<IdxSize>,
+    service: Vec<Option<IdxSize>>,
+}
+
+impl GroupColumns<'_> {
+    /// Columns before the services' own ([`SERVICE_COLUMNS`]).
+    const PROBE_COLUMNS: usize = 19;
+
+    fn len(&self) -> usize {
+        Self::PROBE_COLUMNS + self.names.service_columns.len()
+    }
+
+    /// Rows.
+    fn rows(&self) -> usize {
+        self.prober.len()
+    }
+
+    /// Column `i` of the file's order. Names (of RNICs, ToRs, classes, services) are dictionary
+    /// arrays over the distinct names, keyed by the ids the rows already carry: polars' writer
+    /// would otherwise hash every string of a row group to find the dictionary Parquet stores
+    /// them by (about a quarter of an export's CPU).
+    fn column(&self, i: usize) -> PolarsResult<Col> {
+        let (names, p, rows, n) = (self.names, self.p, self.rows, self.rows());
+        let rnic = || names.rnic_names.clone().into_series();
+        let tor = || names.tor_names.clone().into_series();
+        let some = |i: &IdxSize| Some(*i);
+        let tor_of = |i: &IdxSize| Some(names.tor_of_rnic[*i as usize]);
+        Ok(match i {
+            0 => Col::plain("t1_unix_ns", DataType::UInt64, rows.pick(&p.t1_unix_ns)),
+            1 => windows(&rows.pick(&p.t1_unix_ns), names.window_ns)?,
+            2 => Col::names("prober", &rnic(), self.prober.iter().map(some), n)?,
+            3 => Col::names("prober_tor", &tor(), self.prober.iter().map(tor_of), n)?,
+            4 => Col::names("target", &rnic(), self.target.iter().map(some), n)?,
+            5 => Col::names("target_tor", &tor(), self.target.iter().map(tor_of), n)?,
+            6 => Col::ints("prober_id", DataType::UInt32, rows.pick(&p.prober))?,
+            7 => Col::ints("target_id", DataType::UInt32, rows.pick(&p.target))?,
+            8 => Col::plain("kind", DataType::UInt8, rows.pick(&p.kind)),
+            9 => Col::plain("outcome", DataType::UInt8, rows.pick(&p.outcome)),
+            10 => Col::plain("arrived", DataType::UInt8, rows.pick(&p.arrived)),
+            11 => Col::ints("flow_label", DataType::UInt32, rows.pick(&p.flow_label))?,
+            12 => Col::ints("responder_epoch", DataType::UInt32, rows.pick(&p.responder_epoch))?,
+            13 => Col::ints("network_rtt_ns", DataType::Int32, rows.pick(&p.network_rtt_ns))?,
+            14 => Col::ints("prober_delay_ns", DataType::Int32, rows.pick(&p.prober_delay_ns))?,
+            15 => Col::ints("responder_delay_ns", DataType::Int32, rows.pick(&p.responder_delay_ns))?,
+            16 => Col::plain("ts_source", DataType::UInt8, rows.pick(&p.ts_source)),
+            17 => {
+                let class = rows.indices().map(|i| Some(Class::of(p.outcome[i], p.arrived[i]) as IdxSize));
+                Col::names("class", &names.class_names.clone().into_series(), class, n)?
+            }
+            18 => Col::names("service", &names.service_names.clone().into_series(), self.service.iter().copied(), n)?,
+            i => {
+                let k = i - Self::PROBE_COLUMNS;
+                let (Some(name), Some(values)) = (SERVICE_COLUMNS.get(k), names.service_columns.get(k)) else {
+                    polars_bail!(OutOfBounds: "export: column {i} of {}", self.len());
+                };
+                Col::names(name, values.as_materialized_series(), self.service.iter().copied(), n)?
+            }
+        })
     }
 }
 

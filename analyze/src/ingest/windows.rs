@@ -148,7 +148,7 @@ impl Windows {
     pub fn keys_in(&self, r: std::ops::Range<usize>) -> impl Iterator<Item = (&WindowKey, &[KeyCell])> + '_ {
         let mut first = 0usize;
         self.parts.iter().flat_map(move |(keys, cells)| {
-            let (from, to) = (r.start.saturating_sub(first), r.end.saturating_sub(first));
+            let (from, to) = (r.start.saturating_sub(first), r.end.max(r.start).saturating_sub(first));
             first += keys.len();
             let part = &keys[from.min(keys.len())..to.min(keys.len())];
             part.iter().map(move |k| (k, &cells[k.cells.0 as usize..k.cells.1 as usize]))

@@ -534,8 +534,8 @@ impl Input<'_> {
     }
 }
 
-/// Records per block of [`in_blocks`] at least: a block's table of keys stays worth its setup
-/// (the unit tests' few thousand records are cut into many blocks too).
+/// Records (or window keys) per block of [`in_blocks`] at least: a block's table of keys stays
+/// worth its setup (the unit tests' few thousand records are cut into many blocks too).
 const BLOCK_MIN: usize = if cfg!(test) { 1 << 4 } else { 1 << 14 };
 
 /// `each` over blocks of `0..n` on every core of rayon's pool, told how many blocks there are;

@@ -156,32 +156,6 @@ pub(super) fn tally_range(ds: &Dataset, p: &Probes, cx: &TallyContext, t: &mut T
     t.merge(parts)
 }
 
-impl Tally {
-    /// One range's blocks, in record order, into its counters by key and this tally.
-    pub(super) fn merge(&mut self, parts: Vec<Block>) -> RangeTally {
-        let t = self;
-        let mut acc: Vec<(Key, Acc, bool)> = Vec::with_capacity(parts.iter().map(|b| b.acc.len()).sum());
-        for part in parts {
-            acc.extend(part.acc.into_iter().map(|(k, (a, inter))| (k, a, inter)));
-            t.add(part.rest);
-        }
-        // A key can be in several blocks, so blocks merge by sorting. A range's records come file by
-        // file, so a key's are mostly in one block and the blocks' tables hold about the range's
-        // keys once; a table interleaved in time would hold them up to once per block until here.
-        acc.par_sort_unstable_by_key(|e| e.0);
-        acc.dedup_by(|next, kept| {
-            let same = next.0 == kept.0;
-            if same {
-                kept.1.add(&next.1);
-                kept.2 |= next.2;
-            }
-            same
-        });
-        t.last_range_keys = acc.len();
-        RangeTally { acc }
-    }
-}
-
 /// What one block of a range adds to a [`Tally`] besides its counters by key.
 #[derive(Default)]
 pub(super) struct BlockTally {
@@ -202,7 +176,7 @@ impl BlockTally {
     }
 
     /// `n` local drops of prober `pr`, of a fleet of `rnics`.
-    pub(super) fn local_drops(&mut self, pr: u32, n: u64, rnics: usize) {
+    pub(super) fn add_local_drops(&mut self, pr: u32, n: u64, rnics: usize) {
         if self.local_drops.is_empty() {
             self.local_drops = vec![0; rnics];
         }
@@ -225,6 +199,30 @@ pub(super) struct Block {
 }
 
 impl Tally {
+    /// One range's blocks, in record order, into its counters by key and this tally.
+    pub(super) fn merge(&mut self, parts: Vec<Block>) -> RangeTally {
+        let mut acc: Vec<(Key, Acc, bool)> = Vec::with_capacity(parts.iter().map(|b| b.acc.len()).sum());
+        for part in parts {
+            acc.extend(part.acc.into_iter().map(|(k, (a, inter))| (k, a, inter)));
+            self.add(part.rest);
+        }
+        // A key can be in several blocks, so blocks merge by sorting. A range's records come file
+        // by file, so a key's are mostly in one block and the blocks' tables hold about the
+        // range's keys once; a table interleaved in time would hold them up to once per block
+        // until here.
+        acc.par_sort_unstable_by_key(|e| e.0);
+        acc.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1.add(&next.1);
+                kept.2 |= next.2;
+            }
+            same
+        });
+        self.last_range_keys = acc.len();
+        RangeTally { acc }
+    }
+
     /// Adds a block's figures, blocks in record order.
     fn add(&mut self, b: BlockTally) {
         self.records += b.records;
@@ -379,7 +377,7 @@ fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, key
             // Only ACK2 missing proves the forward path and the responder alive: not loss.
             Class::Partial => a.valid = 1,
             Class::LocalDrop => {
-                t.local_drops(pr, 1, rnics);
+                t.add_local_drops(pr, 1, rnics);
                 continue;
             }
             Class::Invalid => {

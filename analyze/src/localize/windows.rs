@@ -349,7 +349,7 @@ fn key_acc(
         |pad: u64| noise.hit_span(hp, k.first_ns, k.last_ns, pad) || noise.hit_span(ht, k.first_ns, k.last_ns, pad);
     let (ok_met, lost_met) = (met(noise.pad_ns), met(noise.lost_pad_ns));
     if count(Class::LocalDrop) > 0 {
-        t.local_drops(k.prober, u64::from(count(Class::LocalDrop)), ds.rnics.len());
+        t.add_local_drops(k.prober, u64::from(count(Class::LocalDrop)), ds.rnics.len());
     }
     let ne = &mut t.not_evidence;
     ne.invalid += u64::from(count(Class::Invalid));
@@ -474,18 +474,23 @@ mod tests {
 
     /// The stages from summaries run in blocks of keys on every core and merge in order: a pool
     /// of one thread (one block: the single loop over the keys they replaced) and pools of 3 and
-    /// 32 threads (blocks of a few dozen keys here, cut across files) must give the same
-    /// baselines, noise, tally and findings, including what only some blocks see.
+    /// 32 threads (blocks of 1,000 and 94 keys here, cut across files) must give the same
+    /// baselines, noise, tally and findings, including what only some blocks see. What does not
+    /// hang on a bucket's width is held to the records' own tally of the same probes.
     #[test]
     fn stages_from_summaries_in_blocks_on_any_number_of_threads_count_as_one_pass() {
-        use crate::localize::testkit::{W, mixed_dataset, record_keys};
+        use crate::localize::testkit::{W, mixed_dataset, record_keys, stages};
         let ds = mixed_dataset();
-        let w = record_keys(&ds, 7);
+        // Seven files of 1,715 keys, and an empty one among them.
+        let mut parts = record_keys(&ds, 7).into_parts();
+        parts.insert(3, (Vec::new(), Vec::new()));
+        let w = Windows::from_parts(parts);
         assert_eq!(w.keys(), ds.probes.len());
-        assert_eq!(
-            w.keys_in(5_000..5_003).map(|(k, _)| k.first_ns).collect::<Vec<_>>(),
-            ds.probes.t1_unix_ns[5_000..5_003]
-        );
+        let sent = |r: Range<usize>| w.keys_in(r).map(|(k, _)| k.first_ns).collect::<Vec<_>>();
+        assert_eq!(sent(1_713..5_200), ds.probes.t1_unix_ns[1_713..5_200], "across files");
+        assert_eq!(sent(11_990..20_000), ds.probes.t1_unix_ns[11_990..], "past the last key");
+        let (from, to) = (7, 3);
+        assert!(sent(from..to).is_empty(), "a reversed range holds no key");
         let opts = Options::default();
         assert_eq!(opts.window_s * 1_000_000_000, W);
         let run = |threads: usize| {
@@ -537,6 +542,19 @@ mod tests {
         };
         let one = run(1);
         let (noise, tally) = (&one.1, &one.3);
+        // Counted straight from the records, and by the records' own tally.
+        let p = &ds.probes;
+        let known = |i: &usize| (p.prober[*i] as usize) < ds.rnics.len() && (p.target[*i] as usize) < ds.rnics.len();
+        let of = |c: Class| (0..p.len()).filter(known).filter(|&i| Class::of(p.outcome[i], p.arrived[i]) == c).count();
+        let ne = &tally.3;
+        assert_eq!(tally.0, p.len() as u64);
+        assert_eq!((ne.unknown_rnic, ne.refused), (1, of(Class::Refused) as u64));
+        assert_eq!((ne.invalid, ne.unknown_outcome), (of(Class::Invalid) as u64, of(Class::Unknown) as u64));
+        assert_eq!(tally.4.iter().sum::<u64>(), of(Class::LocalDrop) as u64);
+        let records = stages(&ds).tally;
+        assert_eq!((&tally.2, &tally.4), (&records.windows, &records.local_drops));
+        let service = |s: &crate::localize::tally::ServiceTally| (s.probes, s.first_ns, s.last_ns, s.prober);
+        assert!(tally.5.iter().map(|s| (s.0, s.1, s.2, s.3)).eq(records.services.iter().map(service)), "services");
         assert!(
             !noise.0.is_empty() && !noise.2.is_empty(),
             "late legs and a busy host: {} {}",
