@@ -406,6 +406,14 @@ impl Rows<'_> {
         }
     }
 
+    /// [`Rows::pick`] for reading only: a span is borrowed, not copied.
+    fn read<'v, T: Copy>(&self, v: &'v [T]) -> std::borrow::Cow<'v, [T]> {
+        match self {
+            Rows::Span(a, b) => std::borrow::Cow::Borrowed(&v[*a..*b]),
+            Rows::Picked(_) => std::borrow::Cow::Owned(self.pick(v)),
+        }
+    }
+
     fn indices(&self) -> Box<dyn Iterator<Item = usize> + '_> {
         match self {
             Rows::Span(a, b) => Box::new(*a..*b),
@@ -594,7 +602,7 @@ impl GroupColumns<'_> {
         let tor_of = |i: &IdxSize| Some(names.tor_of_rnic[*i as usize]);
         Ok(match i {
             0 => Col::plain("t1_unix_ns", DataType::UInt64, rows.pick(&p.t1_unix_ns)),
-            1 => windows(&rows.pick(&p.t1_unix_ns), names.window_ns)?,
+            1 => windows(&rows.read(&p.t1_unix_ns), names.window_ns)?,
             2 => Col::names("prober", &rnic(), self.prober.iter().map(some), n)?,
             3 => Col::names("prober_tor", &tor(), self.prober.iter().map(tor_of), n)?,
             4 => Col::names("target", &rnic(), self.target.iter().map(some), n)?,

@@ -105,7 +105,7 @@ pub(super) struct RangeTally {
 }
 
 /// One traced service's own probes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct ServiceTally {
     /// Every record.
     pub(super) probes: u64,
@@ -162,7 +162,8 @@ pub(super) struct BlockTally {
     /// Records (probes) looked at.
     pub(super) records: u64,
     pub(super) heard_again: HashMap<(u32, u32, u64), u64>,
-    /// Windows holding records, ascending.
+    /// Windows holding records, once per run of records in one window (the tally's set keeps
+    /// each once).
     pub(super) windows: Vec<u32>,
     pub(super) not_evidence: NotEvidence,
     /// Local drops by prober id (empty when none).
@@ -399,8 +400,6 @@ fn tally_block(ds: &Dataset, p: &Probes, cx: &TallyContext, r: Range<usize>, key
         e.0.add(&a);
         e.1 |= inter;
     }
-    t.windows.sort_unstable();
-    t.windows.dedup();
     Block { acc, rest: t }
 }
 
@@ -490,14 +489,7 @@ mod tests {
                 let st = stages(&ds);
                 let mut scan = NoiseScan::default();
                 scan.add(&ds, &ds.probes, &st.hosts, &st.tor_of, &st.base, &opts, W);
-                let services: Vec<_> = st
-                    .tally
-                    .services
-                    .iter()
-                    .map(|s| {
-                        (s.probes, s.first_ns, s.last_ns, s.prober, s.windows.clone(), s.rtt.clone(), s.excess.clone())
-                    })
-                    .collect();
+                let services = st.tally.services.clone();
                 let t = &st.tally;
                 let tally = (t.heard_again.clone(), t.windows.clone(), t.not_evidence.clone(), t.local_drops.clone());
                 let json = serde_json::to_value(localize(&ds, &opts)).unwrap();
@@ -545,7 +537,7 @@ mod tests {
         assert!(one.1[usize::from(ts_code(HP))].as_ref().is_some_and(|w| !w.is_empty()), "a source sampled whole");
         assert!(one.0[usize::from(ts_code(KS))].len() >= SAMPLE_MIN && one.1[usize::from(ts_code(KS))].is_none());
         assert!(!one.3.is_empty() && !one.5.is_empty(), "late legs and a busy host: {} {}", one.3.len(), one.5.len());
-        assert!(one.7.iter().all(|s| s.5.len() > 100), "services' RTTs");
+        assert!(one.7.iter().all(|s| s.rtt.len() > 100), "services' RTTs");
         assert!(!one.8.0.is_empty() && one.8.2.host_noise > 0 && one.8.2.unknown_rnic == 1 && one.8.2.refused > 0);
         for threads in [3, 32] {
             let many = run(threads);
