@@ -871,15 +871,18 @@ pub fn html(args: &HtmlArgs) -> i32 {
         Err(code) => return code,
     };
     let prom_failed = learn_switch_addrs("html", &mut inv, switch_opts.as_ref());
-    let mut plan = ingest::plan(&files, Fields::All, inv.as_ref(), args.window_s * 1_000_000_000);
+    // From summaries, localisation reads each file once more on its own (its dataset's problems
+    // joined to the page's below), and the page's own reads need a report's columns only; from
+    // records, localisation reads the page's plan, every column.
+    let from_summaries = args.evidence.reads_summaries(&files);
+    let fields = if from_summaries { Fields::Report } else { Fields::All };
+    let mut plan = ingest::plan(&files, fields, inv.as_ref(), args.window_s * 1_000_000_000);
     if let Some(inv) = &inv {
         plan.ds.add_single_paths(inv);
     }
     let ranges = plan.ranges(args.ranges.range_records as usize);
     let opts = crate::localize::Options { window_s: args.window_s, sla, ..crate::localize::Options::default() };
-    // From summaries, localisation reads each file once more on its own (its dataset's problems
-    // joined to the page's below); from records, it reads the page's plan.
-    let (localization, summaries_ds) = if args.evidence.reads_summaries(&files) {
+    let (localization, summaries_ds) = if from_summaries {
         let (l, ds, _) = crate::localize::localize_files(
             &files,
             inv.as_ref(),

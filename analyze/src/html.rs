@@ -12,16 +12,16 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use crate::ingest::{NO_TOR, Plan, Probes, Rnic, UNKNOWN_RNIC};
+use crate::ingest::Plan;
 use crate::inspect::utc;
 use crate::localize::ServiceImpact;
-use crate::probe::Class;
-use crate::quantile::nearest_rank_index;
 use crate::report::{Meta, Prepared, ReportError, Row, Scope, Sla, Span};
 
+mod p99;
 pub mod timeline;
+use p99::PairP99;
 use timeline::Timeline;
 
 /// At most this many RNICs per axis of the RNIC x RNIC heatmap (and ToRs of the ToR one).
@@ -154,7 +154,7 @@ impl HtmlReport {
         plan.rewind();
         for &(from, to) in ranges {
             let probes = plan.read(from, to);
-            p99.count(&probes, 0);
+            p99.count(&probes, 0)?;
             let prepared = crate::report::prepare_with(probes, &plan.ds.rnics, &plan.ds.services, window_ns)?;
             unknown_outcomes += prepared.unknown_outcomes;
             if let Some((a, b)) = prepared.windows {
@@ -186,7 +186,7 @@ impl HtmlReport {
             p99.select(level - 1)?;
             plan.rewind();
             for &(from, to) in ranges {
-                p99.count(&plan.read(from, to), level);
+                p99.count(&plan.read(from, to), level)?;
             }
         }
         p99.select(PairP99::LEVELS - 1)?;
@@ -215,133 +215,6 @@ impl HtmlReport {
         let range_ns =
             windows.map(|(a, b)| (a.saturating_mul(window_ns), b.saturating_add(1).saturating_mul(window_ns)));
         Ok((HtmlReport { meta, range_ns, tor_pairs, rnic_pairs, violations, timeline }, unknown_outcomes))
-    }
-}
-
-/// Exact whole-range RTT p99 per ToR pair and RNIC pair, over reads of the same ranges: the
-/// nearest rank of each pair's ok probes' RTTs, one byte of the (order-preserving, unsigned)
-/// value per read, each pair counting 256 buckets of the values that share the bytes chosen so
-/// far. Memory: 2 KiB per pair, whatever the hours read. Every read must see the records the
-/// first one saw (a file that grew or changed between reads would make the selection pick a
-/// value no record has): each level's buckets must add up to the bucket chosen before, or the
-/// page is not written.
-struct PairP99 {
-    /// ToR id by RNIC id (the last: an unknown RNIC), as `report` names ToRs.
-    tor_of: Vec<u32>,
-    /// Ids by the names rows give the ends (the first RNIC of a name, as `report` keys them).
-    tor_ids: HashMap<String, u32>,
-    rnic_ids: HashMap<String, u32>,
-    /// The unknown RNIC's id.
-    unknown: u32,
-    /// (pair scope's index, from, to) -> pair index.
-    ids: HashMap<(u8, u32, u32), usize>,
-    pairs: Vec<Selection>,
-}
-
-/// One pair's selection so far.
-struct Selection {
-    /// Ok probes (counted in the first read).
-    n: u64,
-    /// The value's bytes chosen so far, and the rank still wanted among the values sharing them.
-    prefix: u32,
-    rank: u64,
-    /// How many values share `prefix`: what the next read's buckets must add up to.
-    sharing: u64,
-    /// u64: one bucket can hold every ok probe of a pair over weeks (past 2^32).
-    buckets: [u64; 256],
-}
-
-impl PairP99 {
-    /// Bytes of a 32-bit value: reads of the ranges.
-    const LEVELS: u32 = 4;
-
-    fn new(rnics: &[Rnic]) -> PairP99 {
-        let mut tor_ids: HashMap<String, u32> = HashMap::new();
-        let tor_of: Vec<u32> = rnics
-            .iter()
-            .map(|r| r.tor.as_str())
-            .chain([NO_TOR])
-            .map(|t| {
-                let t = if t.is_empty() { NO_TOR } else { t };
-                let next = tor_ids.len() as u32;
-                *tor_ids.entry(t.to_owned()).or_insert(next)
-            })
-            .collect();
-        let mut rnic_ids: HashMap<String, u32> = HashMap::new();
-        for (i, name) in rnics.iter().map(|r| r.name.as_str()).chain([UNKNOWN_RNIC]).enumerate() {
-            rnic_ids.entry(name.to_owned()).or_insert(i as u32);
-        }
-        PairP99 { tor_of, tor_ids, rnic_ids, unknown: rnics.len() as u32, ids: HashMap::new(), pairs: Vec::new() }
-    }
-
-    /// Counts one read's ok probes into the buckets of `level` (the first read finds the pairs).
-    fn count(&mut self, p: &Probes, level: u32) {
-        let unknown = self.unknown;
-        for i in 0..p.len() {
-            if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
-                continue;
-            }
-            let v = (p.network_rtt_ns[i] as u32) ^ 0x8000_0000;
-            let (a, b) = (p.prober[i].min(unknown), p.target[i].min(unknown));
-            let (ta, tb) = (self.tor_of[a as usize], self.tor_of[b as usize]);
-            for key in [(0u8, ta, tb), (1u8, a, b)] {
-                let at = match self.ids.get(&key) {
-                    Some(&at) => at,
-                    None if level == 0 => {
-                        self.pairs.push(Selection { n: 0, prefix: 0, rank: 0, sharing: 0, buckets: [0; 256] });
-                        self.ids.insert(key, self.pairs.len() - 1);
-                        self.pairs.len() - 1
-                    }
-                    None => continue,
-                };
-                let s = &mut self.pairs[at];
-                let shift = 8 * (Self::LEVELS - 1 - level);
-                if level > 0 && v >> (shift + 8) != s.prefix {
-                    continue;
-                }
-                if level == 0 {
-                    s.n += 1;
-                }
-                s.buckets[((v >> shift) & 0xff) as usize] += 1;
-            }
-        }
-    }
-
-    /// After the read of `level`: each pair's next byte, the bucket holding its rank.
-    fn select(&mut self, level: u32) -> Result<(), ReportError> {
-        for s in &mut self.pairs {
-            if level == 0 {
-                s.rank = nearest_rank_index(s.n as usize, 0.99) as u64;
-                s.sharing = s.n;
-            }
-            let counted: u64 = s.buckets.iter().sum();
-            if counted != s.sharing {
-                return Err(ReportError::Columns(format!(
-                    "read {} of the input counted {counted} ok probes of a pair where read {level} counted {}: a segment changed between the reads (an agent still writing it?); run again on sealed segments",
-                    level + 1,
-                    s.sharing
-                )));
-            }
-            let mut below = 0u64;
-            for (d, &c) in s.buckets.iter().enumerate() {
-                if below + c > s.rank {
-                    s.prefix = (s.prefix << 8) | d as u32;
-                    s.rank -= below;
-                    s.sharing = c;
-                    break;
-                }
-                below += c;
-            }
-            s.buckets = [0; 256];
-        }
-        Ok(())
-    }
-
-    /// The p99 of the pair with `ends` in `scope`, and its ok probes; `None` without any.
-    fn value(&self, scope: Scope, (a, b): &(String, String)) -> Option<(i32, u64)> {
-        let (ids, index) = if scope == Scope::TorPair { (&self.tor_ids, 0u8) } else { (&self.rnic_ids, 1u8) };
-        let s = &self.pairs[*self.ids.get(&(index, *ids.get(a)?, *ids.get(b)?))?];
-        (s.n > 0).then_some(((s.prefix ^ 0x8000_0000) as i32, s.n))
     }
 }
 
@@ -840,84 +713,6 @@ mod tests {
             sla_violations: Vec::new(),
             service: None,
         }
-    }
-
-    /// The radix selection over reads gives the nearest-rank p99 of every ok RTT of a pair,
-    /// negative and extreme values included, split over several reads (ranges) in any order;
-    /// lost probes are no sample.
-    #[test]
-    fn pair_p99_is_the_nearest_rank_of_every_ok_rtt() {
-        let rnics: Vec<Rnic> = ["a", "b"]
-            .iter()
-            .map(|n| Rnic {
-                name: format!("{n}/d"),
-                tor: if *n == "a" { "t0".into() } else { String::new() },
-                host: (*n).into(),
-            })
-            .collect();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut values: Vec<i32> = (0..5_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as i32 - (1 << 22)
-            })
-            .collect();
-        values.extend([i32::MIN, i32::MAX, -1, 0, i32::MAX, i32::MAX]);
-        let read = |part: &[i32], target: u32| Probes {
-            t1_unix_ns: vec![0; part.len() + 1],
-            network_rtt_ns: part.iter().copied().chain([i32::MAX]).collect(),
-            prober_delay_ns: vec![0; part.len() + 1],
-            responder_delay_ns: vec![0; part.len() + 1],
-            prober: vec![0; part.len() + 1],
-            target: vec![target; part.len() + 1],
-            // The last record is lost: its RTT must not count.
-            outcome: part.iter().map(|_| 0).chain([1]).collect(),
-            arrived: vec![0; part.len() + 1],
-            ts_source: vec![0; part.len() + 1],
-            ..Probes::default()
-        };
-        let (first, second) = values.split_at(1_234);
-        let mut p99 = PairP99::new(&rnics);
-        for level in 0..PairP99::LEVELS {
-            if level > 0 {
-                p99.select(level - 1).expect("every read saw the same records");
-            }
-            // The reads of a level come in another order each time; the pair to an id no
-            // dictionary defined is the unknown RNIC's.
-            let parts = if level % 2 == 0 { [second, first] } else { [first, second] };
-            for part in parts {
-                p99.count(&read(part, 1), level);
-                p99.count(&read(&part[..3], 7), level);
-            }
-        }
-        p99.select(PairP99::LEVELS - 1).expect("every read saw the same records");
-        let mut sorted = values.clone();
-        sorted.sort_unstable();
-        let want = sorted[nearest_rank_index(sorted.len(), 0.99)];
-        let ends = |a: &str, b: &str| (a.to_owned(), b.to_owned());
-        assert_eq!(p99.value(Scope::Pair, &ends("a/d", "b/d")), Some((want, values.len() as u64)));
-        assert_eq!(p99.value(Scope::TorPair, &ends("t0", NO_TOR)).map(|v| v.1), Some(values.len() as u64 + 6));
-        let mut unknown: Vec<i32> = first[..3].iter().chain(&second[..3]).copied().collect();
-        unknown.sort_unstable();
-        let want = unknown[nearest_rank_index(6, 0.99)];
-        assert_eq!(p99.value(Scope::Pair, &ends("a/d", UNKNOWN_RNIC)), Some((want, 6)));
-        assert_eq!(p99.value(Scope::Pair, &ends("b/d", "a/d")), None);
-
-        // A read that misses records the first one counted (a file changed between them) is
-        // an error, not a value no record has.
-        let mut p99 = PairP99::new(&rnics);
-        p99.count(&read(&values, 1), 0);
-        p99.select(0).expect("one read");
-        let top = |v: i32| (v as u32 ^ 0x8000_0000) >> 24;
-        let prefix = p99.pairs[0].prefix;
-        let in_bucket = values.iter().filter(|&&v| top(v) == prefix).count();
-        assert!(in_bucket > 1, "the chosen bucket holds {in_bucket}");
-        let one: Vec<i32> = values.iter().copied().filter(|&v| top(v) == prefix).take(1).collect();
-        p99.count(&read(&one, 1), 1);
-        let e = p99.select(1).expect_err("records missing from the second read");
-        assert!(e.to_string().contains("a segment changed between the reads"), "{e}");
     }
 
     #[test]
