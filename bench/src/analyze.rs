@@ -57,7 +57,7 @@ pub struct Options {
     /// A second input of this many records, in this directory: `analyze report` alone runs on
     /// it too, so one run states how peak memory follows the input's length.
     pub scale: Option<(u64, PathBuf)>,
-    /// Thread counts to run report, localize and export under once each (`--threads`).
+    /// Thread counts to run report, localize, export and html under once each (`--threads`).
     pub threads: Vec<usize>,
     /// Every analyze process of this run held to this many threads (rayon's pool and
     /// polars'); `None`: as many as the machine has.
@@ -373,6 +373,18 @@ fn time_export(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
     })
 }
 
+/// `analyze html` of `segments` into `output` (localisation from the summaries, as it chooses
+/// on sealed segments), the median run.
+fn time_html(opt: &Options, segments: &Path, output: &Path) -> Result<Timed> {
+    let window = opt.window_s.to_string();
+    median_of(opt.runs, || {
+        run_timed(
+            analyze_cmd(opt).args(["html", "--window-s", &window, "--output"]).arg(output).arg(segments),
+            "analyze html",
+        )
+    })
+}
+
 /// The analyze binary, held to `opt.pin_threads` threads where set. Both pools are capped:
 /// analyze's own work runs on rayon's global pool, polars' on its own.
 fn analyze_cmd(opt: &Options) -> Command {
@@ -383,13 +395,15 @@ fn analyze_cmd(opt: &Options) -> Command {
     cmd
 }
 
-/// `--threads`: report, localize from the records and from the summaries, and export (medians
-/// of `--runs`) under every thread count, against the first count's wall time: how
-/// each step scales with the cores it is given, in one run on one machine.
+/// `--threads`: report, localize from the records and from the summaries, export and html
+/// (medians of `--runs`) under every thread count, against the first count's wall time: how
+/// each step scales with the cores it is given, in one run on one machine. Every count must
+/// write the same page.
 fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Result<()> {
     let dir = opt.dir.join("threads");
     std::fs::create_dir_all(&dir)?;
-    let mut first: Option<(usize, [f64; 4])> = None;
+    let mut first: Option<(usize, [f64; 5])> = None;
+    let mut first_page: Option<Vec<u8>> = None;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     for &n in &opt.threads {
         let o = Options { pin_threads: Some(n), ..opt.clone() };
@@ -401,7 +415,15 @@ fn measure_threads(opt: &Options, segments: &Path, out: &mut Vec<Figure>) -> Res
                 time_localize(&o, segments, &dir.join("summaries.json"), None, "summaries")?,
             ),
             ("analyze export", time_export(&o, segments, &dir.join("probes.parquet"))?),
+            ("analyze html", time_html(&o, segments, &dir.join("page.html"))?),
         ];
+        let page = std::fs::read(dir.join("page.html"))?;
+        ensure!(
+            *first_page.get_or_insert_with(|| page.clone()) == page,
+            "analyze html: held to {n} threads it wrote another page than held to {} ({})",
+            opt.threads[0],
+            dir.join("page.html").display()
+        );
         let (n0, base) = *first.get_or_insert((n, steps.each_ref().map(|(_, t)| t.wall_s)));
         for ((what, t), b) in steps.iter().zip(base) {
             out.push(Figure {
