@@ -7,8 +7,9 @@
 //! chosen so far. Memory: 2 KiB per pair, whatever the hours read.
 //!
 //! The count of a read runs in batches of records, each in two passes. The first cuts the batch
-//! into parts, one per thread; each part finds its records' pairs and writes an entry (the
-//! pair's index and the byte) into one list per shard of the pairs. The second gives each shard
+//! into parts, at most one per thread; each part finds its records' pairs and writes an entry
+//! (the pair's index and the byte) for each of an ok probe's two pairs into one list per shard
+//! of the pairs. The second gives each shard
 //! to one thread, which adds its lists' entries to the buckets of the pairs it alone owns. The
 //! counts are sums, so any number of threads counts the same.
 
@@ -22,8 +23,9 @@ use crate::quantile::nearest_rank_index;
 use crate::report::{ReportError, Scope};
 
 /// Records per batch: their entries (at most two a record, 4 bytes each) are held at once,
-/// 32 MiB, whatever a range's size. The tests' few thousand records make several batches.
-const BATCH: usize = if cfg!(test) { 1 << 10 } else { 1 << 22 };
+/// 16 MiB, whatever a range's size; with the lists' spare capacity ([`PairP99::count_batch`])
+/// at most 64 MiB. The tests' few thousand records make several batches.
+const BATCH: usize = if cfg!(test) { 1 << 10 } else { 1 << 21 };
 /// Fewest records a part is given, so that a small batch is not cut finer than is worth a thread.
 const PART_MIN: usize = if cfg!(test) { 1 << 6 } else { 1 << 14 };
 /// An entry packs a pair's index within its shard above the byte.
@@ -125,7 +127,13 @@ impl PairP99 {
             if level == 0 {
                 self.add_pairs(p, batch.clone())?;
             }
-            self.count_batch(p, batch, level);
+            let strangers = self.count_batch(p, batch, level);
+            if strangers > 0 {
+                return Err(ReportError::Columns(format!(
+                    "read {} of the input found {strangers} ok probes of RNIC pairs the first read did not have: a segment changed between the reads (an agent still writing it?); run again on sealed segments",
+                    level + 1
+                )));
+            }
         }
         Ok(())
     }
@@ -186,7 +194,7 @@ impl PairP99 {
     /// A new pair's index.
     fn add_pair(&mut self) -> Result<u32, ReportError> {
         let (g, n) = (self.len, self.shards.len());
-        if g / n >= INDEX_MAX - 1 {
+        if g / n >= INDEX_MAX - 1 || g >= u32::MAX as usize {
             return Err(ReportError::Columns(format!(
                 "more than {g} ToR and RNIC pairs for the page's heatmaps; run `analyze report --scope pair` instead"
             )));
@@ -198,18 +206,26 @@ impl PairP99 {
         Ok(g as u32)
     }
 
-    /// Counts the ok probes of `batch` (whose pairs all have an index) into the buckets of
-    /// `level`: the parts write entries on every thread, then each shard adds its own.
-    fn count_batch(&mut self, p: &Probes, batch: std::ops::Range<usize>, level: u32) {
+    /// Counts the ok probes of `batch` into the buckets of `level`: the parts write entries on
+    /// every thread, then each shard adds its own. Returns the ok probes of RNIC pairs that have
+    /// no index (none in the first read, which gives every pair one first). A part's lists keep
+    /// their capacity from batch to batch unless together they hold more than twice what a part
+    /// can write (two entries a record): then they are freed, so that a batch that filled some
+    /// shards' lists and the next that filled others cannot leave every list at its largest.
+    fn count_batch(&mut self, p: &Probes, batch: std::ops::Range<usize>, level: u32) -> u64 {
         let parts = self.parts(batch);
         let used = parts.len();
         let shift = 8 * (Self::LEVELS - 1 - level);
         let Self { pairs, shards, entries, unknown, .. } = self;
         let (pairs, unknown, n) = (&*pairs, *unknown, shards.len());
         let prefix: Vec<&[u32]> = shards.iter().map(|s| s.prefix.as_slice()).collect();
-        entries.par_iter_mut().zip(parts.into_par_iter()).for_each(|(out, r)| {
+        let strangers = entries.par_iter_mut().zip(parts.into_par_iter()).map(|(out, r)| {
             out.iter_mut().for_each(Vec::clear);
+            if out.iter().map(Vec::capacity).sum::<usize>() > 4 * r.len() {
+                out.iter_mut().for_each(Vec::shrink_to_fit);
+            }
             let mut recent = [(NO_KEY, [0u32; 2]); RECENT];
+            let mut strangers = 0u64;
             for i in r {
                 if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
                     continue;
@@ -217,9 +233,10 @@ impl PairP99 {
                 let k = key(p.prober[i].min(unknown), p.target[i].min(unknown));
                 let slot = &mut recent[k as usize % RECENT];
                 if slot.0 != k {
-                    // Pairs are found in the first read: one only a later read has (a file
-                    // that changed between the reads) has no selection to count into.
-                    let Some(&g) = pairs.get(&k) else { continue };
+                    let Some(&g) = pairs.get(&k) else {
+                        strangers += 1;
+                        continue;
+                    };
                     *slot = (k, g);
                 }
                 let v = (p.network_rtt_ns[i] as u32) ^ 0x8000_0000;
@@ -231,7 +248,9 @@ impl PairP99 {
                     out[s].push((at << 8) | ((v >> shift) & 0xff));
                 }
             }
+            strangers
         });
+        let strangers = strangers.sum();
         // A small batch leaves the lists past its last part as an earlier batch wrote them.
         let entries = &entries[..used];
         shards.par_iter_mut().enumerate().for_each(|(s, shard)| {
@@ -241,11 +260,14 @@ impl PairP99 {
                 }
             }
         });
+        strangers
     }
 
     /// After the read of `level`: each pair's next byte, the bucket holding its rank.
     pub(super) fn select(&mut self, level: u32) -> Result<(), ReportError> {
-        self.shards.par_iter_mut().try_for_each(|shard| {
+        // Every shard's outcome, so that the error said is the first shard's, however the
+        // threads ran.
+        let outcomes: Vec<Result<(), ReportError>> = self.shards.par_iter_mut().map(|shard| {
             for (s, prefix) in shard.selections.iter_mut().zip(&mut shard.prefix) {
                 let counted: u64 = s.buckets.iter().sum();
                 if level == 0 {
@@ -273,7 +295,8 @@ impl PairP99 {
                 s.buckets = [0; 256];
             }
             Ok(())
-        })
+        }).collect();
+        outcomes.into_iter().collect()
     }
 
     /// The p99 of the pair with `ends` in `scope`, and its ok probes; `None` without any.
@@ -434,5 +457,16 @@ mod tests {
         p99.count(&read(&in_bucket[..1]), 1).expect("second read");
         let e = p99.select(1).expect_err("records missing from the second read");
         assert!(e.to_string().contains("a segment changed between the reads"), "{e}");
+    }
+
+    /// A later read with an RNIC pair the first read did not have (a file that grew or
+    /// changed) is refused too: its probes have no selection to count into.
+    #[test]
+    fn a_read_with_a_pair_the_first_did_not_have_is_refused() {
+        let mut p99 = PairP99::new(&rnics(3));
+        p99.count(&read(&[(0, 1, 5_000, true)]), 0).expect("first read");
+        p99.select(0).expect("one read");
+        let e = p99.count(&read(&[(0, 1, 5_000, true), (0, 2, 5_000, true)]), 1).expect_err("a new pair");
+        assert!(e.to_string().contains("1 ok probes of RNIC pairs the first read did not have"), "{e}");
     }
 }
