@@ -78,9 +78,10 @@ pub enum What {
         /// Also run report, localize (from the records and from the summaries), export and html
         /// once under each of these thread counts, `all` for every core (`--threads 1,2,4,all`):
         /// how each step scales, in one run (every count must write the same page). Each
-        /// process is held to N threads through RAYON_NUM_THREADS and POLARS_MAX_THREADS. A count above the machine's cores also
-        /// gives the wall time projected on that many cores from the threads the process kept
-        /// runnable (a model, not a measurement: docs/PERFORMANCE.md says what it leaves out).
+        /// process is held to N threads through RAYON_NUM_THREADS and POLARS_MAX_THREADS. A
+        /// count above the machine's cores also gives the wall time projected on that many
+        /// cores from the threads the process kept runnable (a model, not a measurement:
+        /// docs/PERFORMANCE.md says what it leaves out).
         #[arg(long, value_delimiter = ',', value_parser = parse_threads)]
         threads: Vec<usize>,
     },

@@ -9,9 +9,9 @@
 //! The count of a read runs in batches of records, each in two passes. The first cuts the batch
 //! into parts, at most one per thread; each part finds its records' pairs and writes an entry
 //! (the pair's index and the byte) for each of an ok probe's two pairs into one list per shard
-//! of the pairs. The second gives each shard
-//! to one thread, which adds its lists' entries to the buckets of the pairs it alone owns. The
-//! counts are sums, so any number of threads counts the same.
+//! of the pairs. The second gives each shard to one thread, which adds its lists' entries to the
+//! buckets of the pairs it alone owns. The counts are sums, so any number of threads counts the
+//! same.
 
 use std::collections::HashMap;
 
@@ -55,8 +55,6 @@ pub(super) struct PairP99 {
     tor_pairs: HashMap<u64, u32>,
     /// Pair `g` is `shards[g % shards.len()]`'s `g / shards.len()`.
     shards: Vec<Shard>,
-    /// Pairs over all shards.
-    len: usize,
     /// The entries of the batch being counted, by part then shard (kept between batches).
     entries: Vec<Vec<Vec<u32>>>,
 }
@@ -84,6 +82,14 @@ struct Selection {
 /// The map key of two ids.
 fn key(a: u32, b: u32) -> u64 {
     (u64::from(a) << 32) | u64::from(b)
+}
+
+/// The key of record `i`'s prober and target if it is an ok probe (ids past the dictionary's
+/// `unknown` as the unknown RNIC).
+#[inline]
+fn ok_key(p: &Probes, i: usize, unknown: u32) -> Option<u64> {
+    (Class::of(p.outcome[i], p.arrived[i]) == Class::Ok)
+        .then(|| key(p.prober[i].min(unknown), p.target[i].min(unknown)))
 }
 
 impl PairP99 {
@@ -115,7 +121,6 @@ impl PairP99 {
             pairs: HashMap::new(),
             tor_pairs: HashMap::new(),
             shards: (0..threads).map(|_| Shard::default()).collect(),
-            len: 0,
             entries: vec![vec![Vec::new(); threads]; threads],
         }
     }
@@ -155,10 +160,7 @@ impl PairP99 {
                 let mut seen = [NO_KEY; RECENT];
                 let mut new = Vec::new();
                 for i in r {
-                    if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
-                        continue;
-                    }
-                    let k = key(p.prober[i].min(unknown), p.target[i].min(unknown));
+                    let Some(k) = ok_key(p, i, unknown) else { continue };
                     let slot = &mut seen[k as usize % RECENT];
                     if *slot != k {
                         *slot = k;
@@ -193,7 +195,7 @@ impl PairP99 {
 
     /// A new pair's index.
     fn add_pair(&mut self) -> Result<u32, ReportError> {
-        let (g, n) = (self.len, self.shards.len());
+        let (g, n) = (self.shards.iter().map(|s| s.prefix.len()).sum::<usize>(), self.shards.len());
         if g / n >= INDEX_MAX - 1 || g >= u32::MAX as usize {
             return Err(ReportError::Columns(format!(
                 "more than {g} ToR and RNIC pairs for the page's heatmaps; run `analyze report --scope pair` instead"
@@ -202,7 +204,6 @@ impl PairP99 {
         let shard = &mut self.shards[g % n];
         shard.prefix.push(0);
         shard.selections.push(Selection { n: 0, rank: 0, sharing: 0, buckets: [0; 256] });
-        self.len += 1;
         Ok(g as u32)
     }
 
@@ -227,10 +228,7 @@ impl PairP99 {
             let mut recent = [(NO_KEY, [0u32; 2]); RECENT];
             let mut strangers = 0u64;
             for i in r {
-                if Class::of(p.outcome[i], p.arrived[i]) != Class::Ok {
-                    continue;
-                }
-                let k = key(p.prober[i].min(unknown), p.target[i].min(unknown));
+                let Some(k) = ok_key(p, i, unknown) else { continue };
                 let slot = &mut recent[k as usize % RECENT];
                 if slot.0 != k {
                     let Some(&g) = pairs.get(&k) else {
